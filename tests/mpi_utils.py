@@ -1,0 +1,83 @@
+"""Launch real MPI ranks from a test: ``mpiexec -n N python worker.py ...`` as a subprocess.
+
+Every distributed test goes through :func:`run_mpi`, so a hang fails the test after ``timeout``
+seconds instead of freezing the suite, and a crash on any rank shows every rank's output.
+Workers live in ``tests/workers/`` and write their results (npz / JSON) into a temp directory
+that the test passes as an argument and reads back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+WORKERS = Path(__file__).parent / "workers"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mpiexec_path() -> str:
+    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: install the project with `pip install -e \".[dev]\"`")
+    return found
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for ranks: one BLAS/OpenMP thread each so oversubscribed ranks don't fight for cores."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_mpi(
+    n: int,
+    script: str | Path,
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n python script *args``; return the finished process.
+
+    ``script`` is a path, or a file name inside ``tests/workers``. With ``check`` (default), a
+    non-zero exit raises ``AssertionError`` showing stdout and stderr. A run longer than
+    ``timeout`` seconds is killed (the whole process group, so no rank is left behind) and
+    raises ``AssertionError`` naming the timeout.
+    """
+    path = Path(script)
+    if not path.is_absolute() and not path.exists():
+        path = WORKERS / path
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(env),
+        start_new_session=True,  # its own process group: on timeout we kill mpiexec and every rank
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{' '.join(cmd)} did not finish within {timeout} s (hang?)\n--- stdout\n{out}\n--- stderr\n{err}"
+        ) from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+        )
+    return result
