@@ -1,0 +1,339 @@
+"""Reverse-mode automatic differentiation: ``Tensor``, ``Function`` and ``backward``.
+
+A ``Tensor`` wraps a backend array (``numpy.ndarray`` or ``cupy.ndarray``). Every differentiable
+operation is a ``Function`` subclass (in ``minidist/ops/``) whose ``forward`` computes the result
+from arrays and whose ``backward`` maps the gradient of the output to the gradients of the inputs
+(the vector-Jacobian product). Calling an op on tensors that require gradients records the
+``Function`` on the output tensor (``tensor._ctx``), so the tensors form a directed acyclic graph.
+
+``loss.backward()`` walks that graph once in reverse topological order (found iteratively, so a
+chain of 50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a
+tensor, and *accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
+
+Source: the chain rule in reverse mode, as in Griewank & Walther, "Evaluating Derivatives" (2008),
+ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout micrograd (Karpathy 2020).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from minidist import backend
+
+# --- grad mode ----------------------------------------------------------------------------------
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Context manager: ops inside record no graph (for evaluation and optimizer updates)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    """False inside ``no_grad()``."""
+    return _grad_enabled
+
+
+# --- callbacks run when the current backward pass ends (used by DistributedDataParallel) ---------
+_end_of_backward_callbacks: list[Callable[[], None]] = []
+_in_backward = False
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` once, after the backward pass that is running now has finished.
+
+    Raises ``RuntimeError`` outside a backward pass. DDP uses it to finish its gradient
+    communication before ``loss.backward()`` returns, as PyTorch's autograd engine does.
+    """
+    if not _in_backward:
+        raise RuntimeError("queue_callback() can only be called from a hook during backward()")
+    _end_of_backward_callbacks.append(callback)
+
+
+DEFAULT_DTYPE = np.float32
+
+
+class Tensor:
+    """An n-dimensional array that remembers how it was computed.
+
+    Attributes:
+        data: the backend array (NumPy on CPU, CuPy on GPU), any shape.
+        grad: a backend array of ``data.shape``, or ``None``; ``backward()`` accumulates into it.
+        requires_grad: whether gradients flow to this tensor.
+    """
+
+    # Makes ``ndarray + Tensor`` call ``Tensor.__radd__`` instead of NumPy's elementwise loop.
+    __array_priority__ = 1000
+
+    def __init__(self, data: Any, requires_grad: bool = False) -> None:
+        self.data = data
+        self.grad: Any = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx: Function | None = None  # the op that produced this tensor (None for a leaf)
+        self._post_accumulate_hooks: list[Callable[[Tensor], None]] = []
+
+    # -- basic properties ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({backend.to_numpy(self.data)!r}{grad})"
+
+    def numpy(self) -> np.ndarray:
+        """A host NumPy copy of the data (detached from the graph)."""
+        return np.array(backend.to_numpy(self.data))
+
+    def item(self) -> float:
+        """The value of a one-element tensor as a Python number."""
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.data.reshape(-1)[0].item()
+
+    def detach(self) -> Tensor:
+        """A new leaf tensor sharing this data, cut from the graph."""
+        return Tensor(self.data, requires_grad=False)
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> None:
+        """Call ``hook(tensor)`` each time backward has finished accumulating into this leaf's ``.grad``."""
+        if not self.is_leaf:
+            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaf tensors")
+        self._post_accumulate_hooks.append(hook)
+
+    # -- backward --------------------------------------------------------------------------------
+    def backward(self, grad: Any = None) -> None:
+        """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf that requires gradients.
+
+        Args:
+            grad: gradient of some scalar with respect to this tensor, same shape as ``self``.
+                May be omitted only when ``self`` has one element (then it is 1).
+
+        Raises:
+            RuntimeError: ``self`` does not require grad, or is not a scalar and ``grad`` is None.
+            ValueError: ``grad`` has the wrong shape.
+        """
+        global _in_backward
+        if not self.requires_grad:
+            raise RuntimeError(
+                "backward() called on a tensor that does not require grad: no input of the computation had "
+                "requires_grad=True (or it ran inside no_grad())"
+            )
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError(
+                    f"backward() on a non-scalar tensor of shape {self.shape} needs a gradient argument; "
+                    "reduce it first (e.g. loss.mean()) or pass grad=an array of the same shape"
+                )
+            grad = backend.xp().ones_like(self.data)
+        else:
+            grad = backend.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+            if grad.shape != self.data.shape:
+                raise ValueError(f"backward(): grad has shape {grad.shape}, expected {self.shape}")
+
+        _in_backward = True
+        succeeded = False
+        try:
+            pending = {id(self): grad}  # gradients summed so far, per tensor, not yet passed on
+            for node in reversed(_topological_order(self)):  # outputs before the inputs they use
+                g = pending.pop(id(node), None)
+                if g is None:
+                    continue
+                if node._ctx is None:  # a leaf: all contributions have arrived, because of the order
+                    node.grad = g.copy() if node.grad is None else node.grad + g
+                    for hook in node._post_accumulate_hooks:
+                        hook(node)
+                    continue
+                for inp, g_inp in zip(node._ctx.inputs, node._ctx.backward(g)):
+                    if g_inp is None or not inp.requires_grad:
+                        continue
+                    key = id(inp)
+                    pending[key] = g_inp if key not in pending else pending[key] + g_inp
+            succeeded = True
+        finally:
+            _in_backward = False
+            if not succeeded:  # a failed pass must not leave callbacks for the next, unrelated one
+                _end_of_backward_callbacks.clear()
+        callbacks = list(_end_of_backward_callbacks)
+        _end_of_backward_callbacks.clear()
+        for callback in callbacks:
+            callback()
+
+    # -- operators (the ops live in minidist/ops; imported at the bottom of this file) ----------
+    def __add__(self, other): return ops.add(self, other)  # fmt: skip
+
+    def __radd__(self, other): return ops.add(other, self)  # fmt: skip
+
+    def __sub__(self, other): return ops.sub(self, other)  # fmt: skip
+
+    def __rsub__(self, other): return ops.sub(other, self)  # fmt: skip
+
+    def __mul__(self, other): return ops.mul(self, other)  # fmt: skip
+
+    def __rmul__(self, other): return ops.mul(other, self)  # fmt: skip
+
+    def __truediv__(self, other): return ops.div(self, other)  # fmt: skip
+
+    def __rtruediv__(self, other): return ops.div(other, self)  # fmt: skip
+
+    def __matmul__(self, other): return ops.matmul(self, other)  # fmt: skip
+
+    def __rmatmul__(self, other): return ops.matmul(other, self)  # fmt: skip
+
+    def __pow__(self, exponent): return ops.pow(self, exponent)  # fmt: skip
+
+    def __neg__(self): return ops.neg(self)  # fmt: skip
+
+    def __getitem__(self, index): return ops.getitem(self, index)  # fmt: skip
+
+    def exp(self) -> Tensor: return ops.exp(self)  # fmt: skip
+
+    def log(self) -> Tensor: return ops.log(self)  # fmt: skip
+
+    def tanh(self) -> Tensor: return ops.tanh(self)  # fmt: skip
+
+    def sigmoid(self) -> Tensor: return ops.sigmoid(self)  # fmt: skip
+
+    def relu(self) -> Tensor: return ops.relu(self)  # fmt: skip
+
+    def sum(self, axis=None, keepdims: bool = False) -> Tensor:
+        return ops.sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
+        return ops.mean(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims: bool = False) -> Tensor:
+        return ops.max(self, axis=axis, keepdims=keepdims)
+
+    def reshape(self, *shape) -> Tensor:
+        return ops.reshape(self, *shape)
+
+    def transpose(self, *axes) -> Tensor:
+        return ops.transpose(self, *axes)
+
+    @property
+    def T(self) -> Tensor:
+        return ops.transpose(self)
+
+
+def _topological_order(root: Tensor) -> list[Tensor]:
+    """Tensors reachable from ``root`` that require grad, every input before the tensors using it.
+
+    An explicit stack replaces recursion: a node is pushed once to expand its inputs and once more
+    (``expanded=True``) to be emitted after all of them.
+    """
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for inp in node._ctx.inputs:
+                if inp.requires_grad and id(inp) not in visited:
+                    stack.append((inp, False))
+    return order
+
+
+class Function:
+    """One differentiable operation: ``forward`` on arrays, ``backward`` = vector-Jacobian product.
+
+    Subclasses implement ``forward(self, *arrays, **options) -> array`` (saving on ``self`` what
+    ``backward`` needs) and ``backward(self, grad) -> tuple`` with one gradient (or ``None``) per
+    input, each of that input's shape. Users call ``MyFunction.apply(*tensors, **options)``.
+    """
+
+    inputs: tuple[Tensor, ...] = ()
+
+    def forward(self, *arrays: Any, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def backward(self, grad: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs: Any, **options: Any) -> Tensor:
+        """Run the op on tensors (Python numbers and arrays are lifted to constant tensors)."""
+        like = next((x for x in inputs if isinstance(x, Tensor)), None)
+        tensors = tuple(_lift(x, like) for x in inputs)
+        fn = cls()
+        result = fn.forward(*(t.data for t in tensors), **options)
+        # Full reductions give NumPy scalars; keep .data a (0-d) backend array so in-place writes work.
+        if isinstance(result, np.generic):
+            result = _asarray_like(result, tensors)
+        out = Tensor(result)
+        if _grad_enabled and any(t.requires_grad for t in tensors):
+            out.requires_grad = True
+            out._ctx = fn
+            fn.inputs = tensors
+        return out
+
+
+def _asarray_like(value: Any, tensors: tuple[Tensor, ...]) -> Any:
+    xp = backend.array_module(tensors[0].data) if tensors else backend.xp()
+    return xp.asarray(value)
+
+
+def _lift(x: Any, like: Tensor | None) -> Tensor:
+    """A constant tensor from a number or array, in the dtype of ``like`` (2 * float32 stays float32)."""
+    if isinstance(x, Tensor):
+        return x
+    # Only a floating tensor imposes its dtype: int tensor + 0.5 must not truncate 0.5 to 0.
+    dtype = like.dtype if like is not None and like.dtype.kind == "f" else None
+    return Tensor(backend.asarray(x, dtype=dtype))
+
+
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Create a leaf tensor from a list, scalar, NumPy or CuPy array (copied to the backend device).
+
+    Floating-point data becomes float32 unless ``dtype`` is given (PyTorch's default dtype);
+    integer and boolean data keep their dtype (class labels stay integers).
+
+    Raises ``TypeError`` if ``requires_grad`` is asked for on non-floating data.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    array = backend.asarray(data, dtype=dtype)
+    if dtype is None and array.dtype.kind == "f" and array.dtype != DEFAULT_DTYPE:
+        array = array.astype(DEFAULT_DTYPE)
+    if requires_grad and array.dtype.kind != "f":
+        raise TypeError(f"only floating-point tensors can require gradients, got dtype {array.dtype}")
+    return Tensor(array, requires_grad=requires_grad)
+
+
+from minidist import ops  # noqa: E402  (ops import Tensor/Function from this module)

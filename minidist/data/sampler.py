@@ -1,0 +1,196 @@
+"""DistributedSampler: which sample indices each data-parallel rank reads in one epoch.
+
+In data parallelism every rank holds the whole model and a different slice of each batch. The
+ranks never exchange data; instead each one computes the *same* permutation of the data set from a
+shared seed and keeps only its own share of it. Two ways of sharing are offered:
+
+* **Strided** (``batch_size=None``, PyTorch's layout): rank r takes ``perm[r::R]``. Unlike
+  PyTorch we never pad with repeated samples, so every sample is used exactly once per epoch; the
+  price is that when R does not divide N the ranks' lengths differ by one.
+* **Global batch** (``batch_size=B``): the permutation is cut into global batches of B samples and
+  each global batch is split across the R ranks in ``numpy.array_split`` order. Step k of an R-rank
+  run then sees exactly the samples that step k of a one-process run with batch B sees, which is
+  what lets us test "N processes == 1 process" even when R does not divide B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from minidist.data._checks import check_int
+
+
+def dataset_length(dataset: Any) -> int:
+    """The number of samples in ``dataset``: an int length, a tuple ``(x, y, ...)`` or a sized object.
+
+    A tuple or list of arrays counts as the length of its first array (the samples), not as the
+    number of arrays. Raises ``TypeError`` for anything else and ``ValueError`` for a negative int.
+    """
+    if isinstance(dataset, (int, np.integer)) and not isinstance(dataset, bool):
+        if dataset < 0:
+            raise ValueError(f"a data set length must be >= 0, got {dataset}.")
+        return int(dataset)
+    if isinstance(dataset, (tuple, list)) and len(dataset) > 0 and hasattr(dataset[0], "__len__"):
+        return len(dataset[0])
+    if hasattr(dataset, "__len__"):
+        return len(dataset)
+    raise TypeError(
+        f"cannot tell how many samples a {type(dataset).__name__} holds; pass an int length, "
+        "a tuple of arrays (x, y), or an object with __len__."
+    )
+
+
+def _default_world() -> tuple[int, int]:
+    """(world size, rank) from ``minidist.dist``, imported only when the caller gave neither.
+
+    ``dist`` sits above ``data`` in the layer diagram, so we import it lazily and only as a
+    convenience default; passing ``num_replicas`` and ``rank`` keeps this module MPI-free.
+    """
+    try:
+        from minidist import dist  # noqa: PLC0415  (lazy: the sampler itself does not need MPI)
+
+        return int(dist.get_world_size()), int(dist.get_rank())
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            "DistributedSampler could not ask minidist.dist for the world size and rank "
+            f"({err}); pass num_replicas= and rank= explicitly."
+        ) from err
+
+
+class DistributedSampler:
+    """Yields this rank's share of a (shuffled) permutation of ``range(N)``, as Python ints.
+
+    Args:
+        dataset: an int N, a tuple ``(x, y)`` (N = ``len(x)``), or anything with ``len()``.
+        num_replicas: the number of data-parallel ranks R (default: ``dist.get_world_size()``).
+        rank: this rank, in ``[0, R)`` (default: ``dist.get_rank()``).
+        shuffle: if True the permutation is ``np.random.default_rng((seed, epoch)).permutation(N)``,
+            the same on every rank; if False it is ``0, 1, ..., N-1``.
+        seed: shared by all ranks; an int >= 0.
+        drop_last: strided mode: cut the permutation to the largest multiple of R so all ranks have
+            the same length (each sample used at most once). Global-batch mode: drop the trailing
+            partial global batch.
+        batch_size: None for strided mode, or the GLOBAL batch size B (summed over all ranks) for
+            global-batch mode; then B >= R is required so that no rank gets an empty batch.
+
+    Call ``set_epoch(epoch)`` at the start of every epoch, as in PyTorch: otherwise every epoch
+    repeats the order of epoch 0.
+
+    Uneven shares: with ``drop_last=False`` and R not dividing N (strided), or a trailing partial
+    global batch smaller than R (global-batch mode), some ranks may get one batch fewer than others.
+    A training loop whose every step is a collective (DDP) would then hang, so use ``drop_last=True``
+    there. In global-batch mode with R not dividing B the local pieces differ in size by one: the
+    one-process loss is then ``sum over ranks of local_mean * local_size / B``, which equals DDP's
+    plain average of the local means only when every local size is B / R.
+
+    Global-batch mode is used as
+    ``DataLoader(data, batch_size=sampler.local_batch_size, sampler=sampler, drop_last=False)``.
+
+    Raises:
+        TypeError: a non-int ``num_replicas``, ``rank``, ``seed`` or ``batch_size``.
+        ValueError: ``num_replicas < 1``; ``rank`` outside ``[0, num_replicas)``; ``seed < 0``;
+            ``batch_size < num_replicas``; or no ``num_replicas``/``rank`` and no usable ``minidist.dist``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        self.dataset_len = dataset_length(dataset)
+        if num_replicas is None or rank is None:
+            world_size, world_rank = _default_world()
+            num_replicas = world_size if num_replicas is None else num_replicas
+            rank = world_rank if rank is None else rank
+        self.num_replicas = check_int("num_replicas", num_replicas, 1)
+        self.rank = check_int("rank", rank, 0)
+        if self.rank >= self.num_replicas:
+            raise ValueError(
+                f"rank must be in [0, num_replicas) = [0, {self.num_replicas}), got {self.rank}."
+            )
+        self.seed = check_int("seed", seed, 0)  # default_rng((seed, epoch)) rejects negative seeds
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        if self.batch_size is not None and self.batch_size < self.num_replicas:
+            raise ValueError(
+                f"global batch_size={self.batch_size} is smaller than num_replicas={self.num_replicas}, "
+                "so some ranks would get empty batches; use a global batch size >= the number of ranks."
+            )
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0)."""
+        self.epoch = check_int("epoch", epoch, 0)
+
+    @property
+    def local_batch_size(self) -> int:
+        """This rank's share of a full global batch: ``len(np.array_split(range(B), R)[rank])``.
+
+        Raises ``ValueError`` in strided mode (``batch_size=None``), where it is not defined.
+        """
+        if self.batch_size is None:
+            raise ValueError(
+                "local_batch_size is only defined in global-batch mode; "
+                "create the DistributedSampler with batch_size=<global batch size>."
+            )
+        # array_split gives the first B % R ranks one extra sample each.
+        base, extra = divmod(self.batch_size, self.num_replicas)
+        return base + (1 if self.rank < extra else 0)
+
+    def permutation(self) -> np.ndarray:
+        """The order of all N samples this epoch, identical on every rank: int64 array of shape (N,)."""
+        if self.shuffle:
+            return np.random.default_rng((self.seed, self.epoch)).permutation(self.dataset_len)
+        return np.arange(self.dataset_len)
+
+    def indices(self) -> np.ndarray:
+        """This rank's sample indices for the current epoch, in order: int64 array of shape (len(self),)."""
+        perm = self.permutation()
+        if self.batch_size is None:
+            return self._strided(perm)
+        return self._global_batches(perm)
+
+    def _strided(self, perm: np.ndarray) -> np.ndarray:
+        R = self.num_replicas
+        if self.drop_last:
+            perm = perm[: len(perm) // R * R]  # the remainder would give some ranks one sample more
+        return perm[self.rank :: R]
+
+    def _global_batches(self, perm: np.ndarray) -> np.ndarray:
+        B, R = self.batch_size, self.num_replicas
+        n_full = len(perm) // B
+        # Every full global batch is split the same way, so this rank's piece is one column range
+        # [start, stop) of the (n_full, B) matrix of full batches.
+        start = (B // R) * self.rank + min(self.rank, B % R)
+        stop = start + self.local_batch_size
+        pieces = perm[: n_full * B].reshape(n_full, B)[:, start:stop].ravel()
+        tail = perm[n_full * B :]
+        if self.drop_last or len(tail) == 0:
+            return pieces
+        # The partial last global batch is split in array_split order too (maybe empty on some ranks).
+        return np.concatenate([pieces, np.array_split(tail, R)[self.rank]])
+
+    def __len__(self) -> int:
+        """The number of indices this rank yields per epoch (the same for every epoch).
+
+        Computed by arithmetic, without drawing the permutation; the tests check it against
+        ``len(self.indices())``.
+        """
+        N, R = self.dataset_len, self.num_replicas
+        if self.batch_size is None:
+            return N // R if self.drop_last else N // R + (1 if self.rank < N % R else 0)
+        n_full, tail = divmod(N, self.batch_size)
+        tail_piece = 0 if self.drop_last else tail // R + (1 if self.rank < tail % R else 0)
+        return n_full * self.local_batch_size + tail_piece
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices().tolist())  # tolist() turns numpy int64 into Python ints

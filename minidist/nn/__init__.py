@@ -1,0 +1,7 @@
+"""Neural-network building blocks: ``Module``, ``Parameter``, layers and ``functional``."""
+
+from minidist.nn import functional
+from minidist.nn.layers import GELU, Dropout, Linear, ReLU, Sequential, Tanh
+from minidist.nn.module import Module, Parameter
+
+__all__ = ["Module", "Parameter", "Linear", "Sequential", "ReLU", "GELU", "Tanh", "Dropout", "functional"]

@@ -1,0 +1,115 @@
+"""Layers: ``Linear``, the activation modules, ``Dropout`` and the ``Sequential`` container."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from minidist import random
+from minidist.autograd import DEFAULT_DTYPE, Tensor
+from minidist.nn import functional as F
+from minidist.nn.module import Module, Parameter
+
+
+def uniform(shape: tuple[int, ...], bound: float, dtype: Any = DEFAULT_DTYPE) -> Parameter:
+    """A parameter drawn from U(-bound, bound) with minidist's seeded generator (drawn on the host)."""
+    values = random.generator().uniform(-bound, bound, size=shape)
+    return Parameter(values.astype(dtype))
+
+
+class Linear(Module):
+    """y = x W^T + b, for x of shape (..., in_features); y has shape (..., out_features).
+
+    ``weight`` has shape (out_features, in_features) and ``bias`` (out_features,), as in PyTorch,
+    and both start from PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
+    a = sqrt(5); He et al. 2015). The weight is drawn before the bias.
+
+    Raises ``ValueError`` for non-positive sizes.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = DEFAULT_DTYPE):
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"Linear needs positive sizes, got in={in_features}, out={out_features}")
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = uniform((out_features, in_features), bound, dtype)
+        self.bias = uniform((out_features,), bound, dtype) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}: "
+                f"its last dimension must be {self.in_features}"
+            )
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+class ReLU(Module):
+    """max(x, 0) elementwise."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x)
+
+
+class GELU(Module):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x)
+
+
+class Tanh(Module):
+    """tanh(x) elementwise."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.tanh(x)
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training mode (scaled by 1/(1-p)); identity in eval."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout probability must be between 0 and 1, got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Sequential(Module):
+    """Apply modules in order; submodules are named ``"0"``, ``"1"``, ... as in PyTorch."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential argument {i} is a {type(m).__name__}, not a Module")
+            setattr(self, str(i), m)
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i: int | slice) -> Module:
+        """The i-th module, or a ``Sequential`` of a slice of them (sharing the same modules)."""
+        modules = list(self._modules.values())
+        return Sequential(*modules[i]) if isinstance(i, slice) else modules[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())

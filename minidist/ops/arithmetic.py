@@ -1,0 +1,175 @@
+"""Arithmetic ops with NumPy broadcasting: add, sub, mul, div, neg, pow, matmul.
+
+Broadcasting copies an input along new or size-1 axes, so in backward the gradient of every copy
+is summed back into the original: :func:`unbroadcast` does that for every binary op here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minidist.autograd import Function
+
+
+def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum ``grad`` over the axes that broadcasting added or stretched, giving an array of ``shape``."""
+    extra = grad.ndim - len(shape)
+    if extra > 0:  # leading axes that did not exist in the input
+        grad = grad.sum(axis=tuple(range(extra)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if stretched:  # axes of length 1 that were repeated
+        grad = grad.sum(axis=stretched, keepdims=True)
+    return grad
+
+
+def _check_broadcast(name: str, a: Any, b: Any) -> None:
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(
+            f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast together "
+            "(trailing dimensions must be equal or 1); reshape one of them"
+        ) from None
+
+
+class Add(Function):
+    """z = a + b;  dz/da = 1, dz/db = 1."""
+
+    def forward(self, a, b):
+        _check_broadcast("add", a, b)
+        self.shapes = a.shape, b.shape
+        return a + b
+
+    def backward(self, grad):
+        return unbroadcast(grad, self.shapes[0]), unbroadcast(grad, self.shapes[1])
+
+
+class Sub(Function):
+    """z = a - b;  dz/da = 1, dz/db = -1."""
+
+    def forward(self, a, b):
+        _check_broadcast("sub", a, b)
+        self.shapes = a.shape, b.shape
+        return a - b
+
+    def backward(self, grad):
+        return unbroadcast(grad, self.shapes[0]), unbroadcast(-grad, self.shapes[1])
+
+
+class Mul(Function):
+    """z = a * b;  dz/da = b, dz/db = a."""
+
+    def forward(self, a, b):
+        _check_broadcast("mul", a, b)
+        self.a, self.b = a, b
+        return a * b
+
+    def backward(self, grad):
+        return unbroadcast(grad * self.b, self.a.shape), unbroadcast(grad * self.a, self.b.shape)
+
+
+class Div(Function):
+    """z = a / b;  dz/da = 1/b, dz/db = -a/b^2."""
+
+    def forward(self, a, b):
+        _check_broadcast("div", a, b)
+        self.a, self.b = a, b
+        return a / b
+
+    def backward(self, grad):
+        grad_a = grad / self.b
+        grad_b = -grad * self.a / (self.b * self.b)
+        return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
+
+
+class Neg(Function):
+    """z = -a;  dz/da = -1."""
+
+    def forward(self, a):
+        return -a
+
+    def backward(self, grad):
+        return (-grad,)
+
+
+class Pow(Function):
+    """z = a^p for a constant number p;  dz/da = p * a^(p-1)."""
+
+    def forward(self, a, exponent: float):
+        self.a, self.p = a, exponent
+        return a**exponent
+
+    def backward(self, grad):
+        if self.p == 0:  # a^0 = 1 is constant; avoid 0 * 0^-1 = nan at a = 0
+            return (grad * 0,)
+        return (grad * self.p * self.a ** (self.p - 1),)
+
+
+class MatMul(Function):
+    """Z = A @ B for A (..., n, k) and B (..., k, m), batch axes broadcast;  Z is (..., n, m).
+
+    dL/dA = dL/dZ @ B^T and dL/dB = A^T @ dL/dZ (transposing the last two axes), summed over
+    broadcast batch axes.
+    """
+
+    def forward(self, a, b):
+        if a.ndim < 2 or b.ndim < 2:
+            raise ValueError(
+                f"matmul needs operands with at least 2 dimensions, got shapes {tuple(a.shape)} and "
+                f"{tuple(b.shape)}; reshape a vector v to (1, n) or (n, 1) first"
+            )
+        if a.shape[-1] != b.shape[-2]:
+            raise ValueError(
+                f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: the last dimension "
+                f"of the first ({a.shape[-1]}) must equal the second-to-last of the second ({b.shape[-2]})"
+            )
+        try:
+            np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise ValueError(
+                f"matmul: batch dimensions of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be "
+                "broadcast together"
+            ) from None
+        self.a, self.b = a, b
+        return a @ b
+
+    def backward(self, grad):
+        grad_a = grad @ self.b.swapaxes(-1, -2)
+        grad_b = self.a.swapaxes(-1, -2) @ grad
+        return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
+
+
+def add(a, b):
+    return Add.apply(a, b)
+
+
+def sub(a, b):
+    return Sub.apply(a, b)
+
+
+def mul(a, b):
+    return Mul.apply(a, b)
+
+
+def div(a, b):
+    return Div.apply(a, b)
+
+
+def neg(a):
+    return Neg.apply(a)
+
+
+def pow(a, exponent: float):  # noqa: A001  (mirrors Tensor.__pow__)
+    """``a ** exponent`` for a constant Python number ``exponent``; raises ``TypeError`` otherwise."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"pow: the exponent must be a Python number, got {type(exponent).__name__}; "
+            "for a tensor exponent use exp(b * log(a))"
+        )
+    return Pow.apply(a, exponent=float(exponent))
+
+
+def matmul(a, b):
+    return MatMul.apply(a, b)

@@ -1,0 +1,116 @@
+"""Elementwise functions of one tensor: exp, log, tanh, sigmoid, relu, gelu.
+
+Each backward multiplies the incoming gradient by the local derivative f'(x), evaluated from
+what forward saved.
+"""
+
+from __future__ import annotations
+
+import math
+
+from minidist.autograd import Function
+from minidist.backend import array_module as _xp
+
+
+class Exp(Function):
+    """y = e^x;  dy/dx = e^x = y."""
+
+    def forward(self, x):
+        self.y = _xp(x).exp(x)
+        return self.y
+
+    def backward(self, grad):
+        return (grad * self.y,)
+
+
+class Log(Function):
+    """y = ln x (natural log; x > 0);  dy/dx = 1/x."""
+
+    def forward(self, x):
+        self.x = x
+        return _xp(x).log(x)
+
+    def backward(self, grad):
+        return (grad / self.x,)
+
+
+class Tanh(Function):
+    """y = tanh x;  dy/dx = 1 - y^2."""
+
+    def forward(self, x):
+        self.y = _xp(x).tanh(x)
+        return self.y
+
+    def backward(self, grad):
+        return (grad * (1 - self.y * self.y),)
+
+
+class Sigmoid(Function):
+    """y = 1 / (1 + e^-x);  dy/dx = y (1 - y).
+
+    Computed as (1 + tanh(x/2)) / 2, an identity that never overflows e^-x for large negative x.
+    """
+
+    def forward(self, x):
+        self.y = 0.5 * (1 + _xp(x).tanh(0.5 * x))
+        return self.y
+
+    def backward(self, grad):
+        return (grad * self.y * (1 - self.y),)
+
+
+class ReLU(Function):
+    """y = max(x, 0);  dy/dx = 1 where x > 0, else 0 (we pick 0 at x = 0, as PyTorch does)."""
+
+    def forward(self, x):
+        self.positive = x > 0
+        return x * self.positive
+
+    def backward(self, grad):
+        return (grad * self.positive,)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_C = 0.044715
+
+
+class GELU(Function):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in §2):
+
+    y = x/2 (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+    dy/dx = (1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),  t = tanh(u)
+    """
+
+    def forward(self, x):
+        self.x = x
+        self.t = _xp(x).tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x**3))
+        return 0.5 * x * (1 + self.t)
+
+    def backward(self, grad):
+        x, t = self.x, self.t
+        du_dx = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * x * x)
+        return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du_dx),)
+
+
+def exp(x):
+    return Exp.apply(x)
+
+
+def log(x):
+    return Log.apply(x)
+
+
+def tanh(x):
+    return Tanh.apply(x)
+
+
+def sigmoid(x):
+    return Sigmoid.apply(x)
+
+
+def relu(x):
+    return ReLU.apply(x)
+
+
+def gelu(x):
+    return GELU.apply(x)

@@ -1,0 +1,62 @@
+"""Stochastic gradient descent with momentum, Nesterov momentum and L2 weight decay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from minidist.autograd import Tensor, no_grad
+from minidist.optim.optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    """SGD in PyTorch's formulation (Sutskever et al. 2013 for momentum and Nesterov):
+
+    g = grad + weight_decay * p
+    b = g on the first step, else momentum * b + (1 - dampening) * g
+    g = g + momentum * b if nesterov else b           (only when momentum > 0)
+    p = p - lr * g
+
+    Raises ``ValueError`` for negative momentum or weight decay, or nesterov without momentum
+    (or with dampening).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
+        super().__init__(
+            params,
+            dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov),
+        )
+
+    def step(self) -> None:
+        """Update every parameter that has a gradient, in place."""
+        d = self.defaults
+        with no_grad():
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if d["weight_decay"]:
+                    g = g + d["weight_decay"] * p.data
+                if d["momentum"]:
+                    state = self.state.setdefault(i, {})
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = g.copy()
+                    else:
+                        buf = state["momentum_buffer"]
+                        buf *= d["momentum"]
+                        buf += (1 - d["dampening"]) * g
+                    buf = state["momentum_buffer"]
+                    g = g + d["momentum"] * buf if d["nesterov"] else buf
+                p.data -= d["lr"] * g
+        self.step_count += 1
