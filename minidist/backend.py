@@ -52,7 +52,8 @@ def _choose() -> ModuleType:
     if wanted == "cuda":
         raise RuntimeError(
             "MINIDIST_DEVICE=cuda but CuPy with a visible GPU is not available; "
-            "install it with `pip install -e \".[gpu]\"` on a machine with a CUDA GPU, or use MINIDIST_DEVICE=cpu."
+            'install it with `pip install -e ".[gpu]"` on a machine with a CUDA GPU, '
+            "or use MINIDIST_DEVICE=cpu."
         )
     return np
 

@@ -26,7 +26,7 @@ def mpiexec_path() -> str:
         return str(beside)
     found = shutil.which("mpiexec")
     if found is None:
-        raise RuntimeError("mpiexec not found: install the project with `pip install -e \".[dev]\"`")
+        raise RuntimeError('mpiexec not found: install the project with `pip install -e ".[dev]"`')
     return found
 
 

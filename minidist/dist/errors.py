@@ -1,0 +1,29 @@
+"""Exceptions for failures that only happen when several processes work together.
+
+Misuse that one process can see on its own (a bad argument, a wrong dtype) raises the ordinary
+``ValueError`` or ``TypeError``. The classes here are for problems that involve other ranks: a message
+that does not fit, ranks that disagree about which collective they are in, a peer that never answers.
+They all derive from :class:`DistributedError`, so ``except DistributedError`` catches every one of them.
+"""
+
+from __future__ import annotations
+
+
+class DistributedError(RuntimeError):
+    """Base class: something went wrong between ranks (e.g. a received message has the wrong length)."""
+
+
+class CollectiveMismatchError(DistributedError):
+    """Ranks of one group called collectives that do not match.
+
+    For example one rank calls ``all_reduce`` while another calls ``broadcast``, or the ranks pass arrays
+    of different lengths or dtypes. MPI itself cannot always tell; unchecked, such a mismatch gives wrong
+    numbers or a hang.
+    """
+
+
+class CollectiveTimeoutError(DistributedError):
+    """A collective or point-to-point operation did not complete within the allowed time.
+
+    Usually one rank crashed, or took a different code path and never joined the collective.
+    """

@@ -1,0 +1,66 @@
+"""Reduction operators: how two ranks' contributions are combined.
+
+A reduction collective combines the arrays of all ranks element by element. The operator must be
+associative and commutative (up to floating-point rounding), because each algorithm combines the
+contributions in its own order: a ring adds them in ring order, MPI in whatever order it likes.
+
+==========  ===========================  ============  ======================================
+op          combines two arrays with     MPI operator  dtypes
+==========  ===========================  ============  ======================================
+``"sum"``   ``numpy.add``                ``MPI.SUM``   ints, unsigned ints, floats
+``"avg"``   ``numpy.add``, then ``/ n``  ``MPI.SUM``   floats only (an int mean would truncate)
+``"max"``   ``numpy.maximum``            ``MPI.MAX``   ints, unsigned ints, floats
+``"min"``   ``numpy.minimum``            ``MPI.MIN``   ints, unsigned ints, floats
+==========  ===========================  ============  ======================================
+
+``"avg"`` is not an MPI operator: it is a sum followed by one division by the group size ``n``, done by
+:func:`finish` once, on the final result, rather than at every step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.dist.validate import check_choice
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+_COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
+_MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def check_op(op: str, dtype: np.dtype) -> None:
+    """Check that ``op`` is a known reduction and makes sense for ``dtype``.
+
+    Raises ``ValueError`` for an unknown ``op`` (listing the valid ones) and ``TypeError`` for a dtype
+    that cannot be reduced (bool, complex, strings, ...) or for ``"avg"`` on an integer dtype.
+    """
+    check_choice(op, REDUCE_OPS, "reduction op")
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iuf":
+        raise TypeError(
+            f"cannot reduce arrays of dtype {dtype}; reductions support integer and float dtypes "
+            "(e.g. int32, int64, float16, float32, float64)"
+        )
+    if op == "avg" and dtype.kind != "f":
+        raise TypeError(
+            f"op='avg' needs a float dtype, got {dtype}: an integer mean would be silently truncated; "
+            "convert to float (a.astype(np.float64)) or use op='sum' and divide yourself"
+        )
+
+
+def combine_ufunc(op: str) -> np.ufunc:
+    """The NumPy ufunc that combines two contributions, used as ``combine(mine, theirs, out=mine)``."""
+    return _COMBINE[op]
+
+
+def mpi_op(op: str) -> MPI.Op:
+    """The MPI operator for ``op`` (``"avg"`` maps to ``MPI.SUM``; call :func:`finish` afterwards)."""
+    return _MPI_OP[op]
+
+
+def finish(op: str, reduced: np.ndarray, group_size: int) -> None:
+    """Complete a reduction in place: for ``"avg"`` divide the summed ``reduced`` by ``group_size``."""
+    if op == "avg":
+        np.divide(reduced, group_size, out=reduced)

@@ -1,0 +1,122 @@
+"""Collectives equal the NumPy reduction of all ranks' inputs (DESIGN.md §3, properties 2 and 5).
+
+Hypothesis draws a *batch* of cases in this process (length, shape, dtype, op, algorithm, group, root,
+seed); one ``mpiexec -n W`` job then runs the whole batch, because starting MPI costs far more than a
+case. The worker (``tests/workers/coll_check.py``) builds each rank's input from ``(seed, rank)``,
+computes the expected result with NumPy and reports failures, which we assert are none.
+
+The bad-input tests check that misuse raises a clear ``ValueError``/``TypeError`` on every rank, and that
+a message of the wrong length raises ``DistributedError`` and ends the job instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi_utils import run_mpi
+
+FLOATS = ["float16", "float32", "float64"]
+INTS = ["int32", "int64"]
+MAX_LENGTH = 100_000
+# Each example starts an MPI job, so take an eighth of the profile's budget: 3 under "ci", 25 under "dev".
+EXAMPLES_PER_WORLD_SIZE = max(1, settings.default.max_examples // 8)
+
+
+@st.composite
+def cases(draw, world_size: int) -> dict:
+    """One test case for the worker, as a JSON-able dict."""
+    # Half the time a length around the world size (0, 1, fewer elements than ranks, ...).
+    length = draw(st.one_of(st.integers(0, world_size + 2), st.integers(0, MAX_LENGTH)))
+    rows = draw(st.sampled_from([r for r in (1, 2, 3) if length % r == 0]))
+    dtype = draw(st.sampled_from(FLOATS + INTS))
+    ops = ["sum", "avg", "max", "min"] if dtype in FLOATS else ["sum", "max", "min"]
+    return {
+        "length": length,
+        "shape": [length] if rows == 1 else [rows, length // rows],
+        "dtype": dtype,
+        "op": draw(st.sampled_from(ops)),
+        "algorithm": draw(st.sampled_from(["ring", "mpi", "auto"])),
+        "group": draw(st.sampled_from(["world", "parity"] if world_size > 1 else ["world"])),
+        "src": draw(st.integers(0, world_size - 1)),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
+
+
+def edge_cases(world_size: int) -> list[dict]:
+    """Lengths every batch must include: 0, 1 and just below and above the world size."""
+
+    def case(length, dtype, op, algorithm, group):
+        return dict(length=length, shape=[length], dtype=dtype, op=op, algorithm=algorithm, group=group,
+                    src=world_size - 1, seed=length)  # fmt: skip
+
+    group = "parity" if world_size > 1 else "world"
+    return [
+        case(0, "float32", "sum", "ring", "world"),
+        case(0, "float64", "avg", "mpi", group),
+        case(1, "float64", "avg", "ring", group),
+        case(1, "int32", "max", "mpi", "world"),
+        case(max(world_size - 1, 0), "float32", "avg", "ring", "world"),
+        case(world_size + 1, "int64", "min", "auto", group),
+    ]
+
+
+def run_batch(world_size: int, batch: list[dict]) -> None:
+    """Run ``batch`` in one ``mpiexec -n world_size`` job and assert every rank found no failure."""
+    # A fresh directory per example (pytest's tmp_path would be shared by all hypothesis examples).
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = Path(tmp)
+        cases_file = out_dir / "cases.json"
+        cases_file.write_text(json.dumps(batch))
+        run_mpi(world_size, "coll_check.py", out_dir, cases_file, timeout=120)
+        for rank in range(world_size):
+            report = json.loads((out_dir / f"rank{rank}.json").read_text())
+            assert report["failures"] == [], "\n".join(report["failures"])
+            # 4 reduction checks (skipped if this MPI can't reduce the dtype) + 3 data-movement checks.
+            assert report["checks"] == 7 * len(batch) - 4 * report["skipped"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("world_size", range(1, 9))
+@settings(max_examples=EXAMPLES_PER_WORLD_SIZE)
+@given(data=st.data())
+def test_collectives_match_numpy(world_size, data):
+    """all_reduce, reduce_scatter, all_gather and broadcast on 1..8 ranks equal the NumPy reduction."""
+    batch = data.draw(st.lists(cases(world_size), min_size=6, max_size=6), label="batch")
+    run_batch(world_size, edge_cases(world_size) + batch)
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.mpi
+def test_misuse_raises_clear_errors_on_every_rank(tmp_path):
+    run_mpi(2, "coll_bad_input.py", tmp_path, timeout=60)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["failures"] == [], "\n".join(report["failures"])
+        assert report["checks"] > 10
+
+
+EXPECTED_4_FROM_0 = "rank 1 expected 4 elements of float64 (32 bytes) from rank 0 (tag 0), but rank 0 "
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("recv-long", EXPECTED_4_FROM_0 + "sent a longer message"),
+        ("recv-short", EXPECTED_4_FROM_0 + "sent 24 bytes (= 3 elements of float64)"),
+        ("all_reduce-lengths", "DistributedError: rank"),
+    ],
+)
+def test_length_mismatch_raises_and_ends_the_job(tmp_path, mode, message):
+    result = run_mpi(2, "dist_mismatch.py", mode, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "DistributedError" in output, output
+    assert message in output, output
