@@ -1,0 +1,78 @@
+"""The README's first command: examples/train_mlp.py on real MPI ranks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from mpi_utils import REPO, mpi_env, run_mpi
+
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+
+
+def final_accuracy(output: str) -> float:
+    match = re.search(r"^final test accuracy: (\d\.\d{4})$", output, re.MULTILINE)
+    assert match, f"no 'final test accuracy' line in:\n{output}"
+    return float(match.group(1))
+
+
+@pytest.mark.mpi
+def test_default_run_on_8_ranks_reaches_95_percent():
+    result = run_mpi(8, EXAMPLE, timeout=300)
+    assert final_accuracy(result.stdout) >= 0.95
+    # The final line of rank 0's output is the accuracy line (the progress bar goes to stderr).
+    assert result.stdout.strip().splitlines()[-1].startswith("final test accuracy: ")
+
+
+@pytest.mark.mpi
+def test_any_world_size_gives_the_same_accuracy():
+    # 3, 5 and 7 do not divide the global batch of 128: the sampler splits it 43+43+42 etc.
+    args = ("--epochs", "4", "--hidden", "32")
+    accuracies = {n: final_accuracy(run_mpi(n, EXAMPLE, *args, timeout=180).stdout) for n in (1, 3, 4, 7)}
+    assert len(set(accuracies.values())) == 1, accuracies
+
+
+@pytest.mark.mpi
+def test_global_batch_smaller_than_world_is_an_error_on_every_rank():
+    result = run_mpi(4, EXAMPLE, "--batch-size", "3", timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(4):
+        assert f"[rank {rank}] error: global batch_size=3 is smaller than num_replicas=4" in result.stderr
+
+
+def test_unknown_dataset_lists_the_valid_ones():
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dataset", "cifar"],
+        capture_output=True, text=True, env=mpi_env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "invalid choice: 'cifar'" in result.stderr and "'digits', 'mnist'" in result.stderr
+
+
+def test_mnist_without_files_names_the_missing_files(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dataset", "mnist", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, env=mpi_env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "train-images-idx3-ubyte" in result.stderr
+
+
+def test_info_command_reports_mpi_and_backend():
+    result = subprocess.run(
+        [sys.executable, "-m", "minidist", "info"], capture_output=True, text=True, env=mpi_env(), timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    for field in (
+        "minidist",
+        "numpy",
+        "mpi4py",
+        "MPI library",
+        "MPICH",
+        "backend",
+        "numpy on cpu",
+        "CUDA-aware",
+    ):
+        assert field in result.stdout, result.stdout
