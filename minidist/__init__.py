@@ -1,6 +1,6 @@
 """minidist: an educational, from-scratch distributed deep-learning framework.
 
-Reading order: backend -> autograd (+ ops) -> nn -> optim -> dist -> parallel -> examples.
+Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> dist -> parallel -> examples.
 ``minidist.dist`` (MPI) is imported only when you use it: ``from minidist import dist``.
 """
 

@@ -138,9 +138,13 @@ class Tensor:
             grad: gradient of some scalar with respect to this tensor, same shape as ``self``.
                 May be omitted only when ``self`` has one element (then it is 1).
 
+        The graph is kept (as with PyTorch's ``retain_graph=True``): calling ``backward()`` again on
+        the same output accumulates the same gradients a second time.
+
         Raises:
             RuntimeError: ``self`` does not require grad, or is not a scalar and ``grad`` is None.
-            ValueError: ``grad`` has the wrong shape.
+            ValueError: ``grad`` has the wrong shape, or an op's backward returned a wrong shape.
+            TypeError: an op's backward did not return a tuple.
         """
         global _in_backward
         if not self.requires_grad:
@@ -173,7 +177,7 @@ class Tensor:
                     for hook in node._post_accumulate_hooks:
                         hook(node)
                     continue
-                for inp, g_inp in zip(node._ctx.inputs, node._ctx.backward(g)):
+                for inp, g_inp in zip(node._ctx.inputs, _checked_backward(node._ctx, g)):
                     if g_inp is None or not inp.requires_grad:
                         continue
                     key = id(inp)
@@ -243,6 +247,30 @@ class Tensor:
     @property
     def T(self) -> Tensor:
         return ops.transpose(self)
+
+
+def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
+    """Call ``fn.backward(grad)`` and check it returned one gradient of the right shape per input.
+
+    A wrong return value (a bare array instead of a tuple, a missing gradient, a wrong shape) would
+    otherwise be zipped against the inputs silently and give wrong gradients: the most common mistake
+    when writing a new op, so the error names the op and what was wrong.
+    """
+    name = type(fn).__name__
+    grads = fn.backward(grad)
+    if not isinstance(grads, tuple):
+        raise TypeError(
+            f"{name}.backward must return a tuple (one gradient per input), got {type(grads).__name__}"
+        )
+    if len(grads) != len(fn.inputs):
+        raise ValueError(f"{name}.backward returned {len(grads)} gradients for {len(fn.inputs)} inputs")
+    for i, (inp, g) in enumerate(zip(fn.inputs, grads)):
+        if g is not None and tuple(g.shape) != inp.shape:
+            raise ValueError(
+                f"{name}.backward returned a gradient of shape {tuple(g.shape)} for input {i} of shape "
+                f"{inp.shape}; each gradient must have its input's shape"
+            )
+    return grads
 
 
 def _topological_order(root: Tensor) -> list[Tensor]:

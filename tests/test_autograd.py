@@ -429,3 +429,45 @@ def test_cross_entropy_accepts_target_tensor_and_matches_numpy():
     out = F.cross_entropy(md.tensor(logits, dtype=np.float64), md.tensor(targets))
     log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     assert out.item() == pytest.approx(-log_p[[0, 1], targets].mean(), rel=1e-12)
+
+
+class _BareArrayBackward(md.Function):
+    def forward(self, a):
+        return a * 2
+
+    def backward(self, grad):
+        return grad * 2  # mistake: not a tuple
+
+
+class _WrongShapeBackward(md.Function):
+    def forward(self, a):
+        return a * 2
+
+    def backward(self, grad):
+        return (grad.sum(axis=0),)  # mistake: wrong shape
+
+
+class _TooFewGradients(md.Function):
+    def forward(self, a, b):
+        return a * b
+
+    def backward(self, grad):
+        return (grad,)  # mistake: one gradient for two inputs
+
+
+def test_engine_rejects_a_backward_that_returns_a_bare_array():
+    x = md.tensor(np.ones((1, 4)), requires_grad=True)
+    with pytest.raises(TypeError, match="_BareArrayBackward.backward must return a tuple"):
+        _BareArrayBackward.apply(x).sum().backward()
+
+
+def test_engine_rejects_a_gradient_of_the_wrong_shape():
+    x = md.tensor(np.ones((3, 4)), requires_grad=True)
+    with pytest.raises(ValueError, match=r"shape \(4,\) for input 0 of shape \(3, 4\)"):
+        _WrongShapeBackward.apply(x).sum().backward()
+
+
+def test_engine_rejects_too_few_gradients():
+    a, b = md.tensor(np.ones(3), requires_grad=True), md.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(ValueError, match="returned 1 gradients for 2 inputs"):
+        _TooFewGradients.apply(a, b).sum().backward()
