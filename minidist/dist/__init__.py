@@ -1,18 +1,26 @@
 """``minidist.dist``: processes that talk to each other, with hand-written collectives.
 
-Reading order: ``comm.py`` (communicators, send/recv) -> ``ring.py`` (ring all-reduce) -> ``broadcast.py``
-(binomial tree) -> ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own
-collectives, the reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py``
-names the reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions.
+Reading order: ``comm.py`` (communicators, send/recv) -> ``ring.py`` (ring all-reduce, reduce-scatter,
+all-gather) -> ``recursive_doubling.py`` (all-reduce for short messages; folding a group to a power of
+two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) -> ``broadcast.py``
+(binomial tree) -> ``scatter_allgather.py`` (broadcast for long messages) -> ``tree_reduce.py``
+(binomial-tree reduce to one rank) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
+``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
+reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
+reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions.
+
+When things go wrong: ``debug.py`` (``MINIDIST_DEBUG=1``: ranks compare each collective call before
+running it; also home of the ``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
+(``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the whole job,
+after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last).
 
 This package uses only ``minidist.backend`` from the rest of minidist: it knows nothing of autograd or
 modules. Importing it initialises MPI.
 """
 
-from minidist.dist.collectives import ALGORITHMS, all_gather, all_reduce, broadcast, reduce_scatter
+from minidist.dist.collectives import ALGORITHMS, all_gather, all_reduce, broadcast, reduce, reduce_scatter
 from minidist.dist.comm import (
     Communicator,
-    barrier,
     get_local_rank,
     get_rank,
     get_world_size,
@@ -21,9 +29,11 @@ from minidist.dist.comm import (
     recv,
     send,
 )
+from minidist.dist.debug import barrier, collective_call, debug_enabled
 from minidist.dist.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
 from minidist.dist.reduce_ops import REDUCE_OPS
 from minidist.dist.staging import mpi_is_cuda_aware
+from minidist.dist.watchdog import timeout_seconds
 
 __all__ = [
     "ALGORITHMS",
@@ -36,6 +46,8 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "collective_call",
+    "debug_enabled",
     "get_local_rank",
     "get_rank",
     "get_world_size",
@@ -43,6 +55,8 @@ __all__ = [
     "is_initialized",
     "mpi_is_cuda_aware",
     "recv",
+    "reduce",
     "reduce_scatter",
     "send",
+    "timeout_seconds",
 ]

@@ -1,4 +1,4 @@
-"""The public collectives: ``all_reduce``, ``reduce_scatter``, ``all_gather`` and ``broadcast``.
+"""The public collectives: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast`` and ``reduce``.
 
 A collective is called by *every* rank of a group, with matching arguments, and involves all of them.
 Each function here does the same four things, in order, and leaves the algorithm itself to another file:
@@ -7,8 +7,11 @@ Each function here does the same four things, in order, and leaves the algorithm
    clear message instead of deep inside MPI;
 2. resolve ``group`` (``None`` = the world);
 3. stage GPU arrays through host memory (``staging.py``);
-4. run the chosen algorithm: hand-written ``"ring"`` (``ring.py``) or ``"tree"`` (``broadcast.py``), or
-   ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the reference the others are tested against.
+4. run the chosen algorithm, each in its own file: hand-written ``"ring"`` (``ring.py``),
+   ``"recursive_doubling"`` (``recursive_doubling.py``), ``"rabenseifner"`` (``rabenseifner.py``),
+   ``"tree"`` (``broadcast.py``, ``tree_reduce.py``), ``"scatter_allgather"`` (``scatter_allgather.py``),
+   or ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the reference the others are tested against.
+   ``"auto"`` picks one by message size and group size from the table in ``tuning.py``.
 
 Arrays may have any shape and any length, including 0, 1 and lengths smaller than the group size. The
 chunk layout of ``reduce_scatter`` and ``all_gather`` is ``numpy.array_split`` order over the flattened
@@ -24,34 +27,53 @@ import numpy as np
 
 from minidist.dist.broadcast import tree_broadcast
 from minidist.dist.comm import Communicator, group_or_world
+from minidist.dist.debug import collective_call
 from minidist.dist.mpi_builtin import (
     mpi_all_gather,
     mpi_all_gather_counts,
     mpi_all_reduce,
     mpi_broadcast,
+    mpi_reduce,
     mpi_reduce_scatter,
 )
+from minidist.dist.rabenseifner import rabenseifner_all_reduce
+from minidist.dist.recursive_doubling import recursive_doubling_all_reduce
 from minidist.dist.reduce_ops import check_op
-from minidist.dist.ring import chunk_bounds, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from minidist.dist.staging import host_copy, host_view, like
+from minidist.dist.ring import chunk_bounds, ring_all_gather, ring_all_reduce, ring_reduce_scatter_chunk
+from minidist.dist.scatter_allgather import scatter_allgather_broadcast
+from minidist.dist.staging import host_view, like
+from minidist.dist.tree_reduce import tree_reduce
+from minidist.dist.tuning import choose
 from minidist.dist.validate import check_array, check_choice, check_rank
 
-# The algorithms each collective offers, and what "auto" means for it today. ("auto" is where a
-# size-based choice would go: a tree for short messages, a ring for long ones.)
+# The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
+# group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
 ALGORITHMS = {
-    "all_reduce": ("auto", "ring", "mpi"),
+    "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "mpi"),
     "reduce_scatter": ("auto", "ring", "mpi"),
     "all_gather": ("auto", "ring", "mpi"),
-    "broadcast": ("auto", "tree", "mpi"),
+    "broadcast": ("auto", "tree", "scatter_allgather", "mpi"),
+    "reduce": ("auto", "tree", "mpi"),
 }
-_AUTO = {"all_reduce": "ring", "reduce_scatter": "ring", "all_gather": "ring", "broadcast": "tree"}
+_ALL_REDUCE = {
+    "ring": ring_all_reduce,
+    "recursive_doubling": recursive_doubling_all_reduce,
+    "rabenseifner": rabenseifner_all_reduce,
+    "mpi": mpi_all_reduce,
+}
+_BROADCAST = {"tree": tree_broadcast, "scatter_allgather": scatter_allgather_broadcast, "mpi": mpi_broadcast}
 
 
-def _pick(collective: str, algorithm: str) -> str:
+def _check_algorithm(collective: str, algorithm: str) -> None:
     check_choice(algorithm, ALGORITHMS[collective], f"algorithm for {collective}")
-    return _AUTO[collective] if algorithm == "auto" else algorithm
 
 
+def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
+    """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank)."""
+    return choose(collective, nbytes, group.size) if algorithm == "auto" else algorithm
+
+
+@collective_call("all_reduce")
 def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Reduce ``a`` element-wise over all ranks of ``group``, in place on every rank; return ``a``.
 
@@ -59,30 +81,42 @@ def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algor
     with the same shape and dtype on every rank. Afterwards every rank's ``a`` holds ``op`` applied over
     the ranks' arrays (``"avg"``: the sum divided by the group size). The returned object *is* ``a``.
 
-    ``algorithm``: ``"ring"`` (what ``"auto"`` picks): reduce-scatter then all-gather (Patarasuk & Yuan
-    2009), cost ``2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma`` (see ``ring.py``); ``"mpi"``:
-    ``MPI_Allreduce`` with ``MPI_IN_PLACE``.
+    ``algorithm`` (costs for ``N = a.nbytes`` bytes: alpha per message, beta per byte sent, gamma per
+    byte reduced; Thakur, Rabenseifner & Gropp 2005):
+
+    * ``"ring"``: reduce-scatter then all-gather around a ring (Patarasuk & Yuan 2009), cost
+      ``2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma`` (``ring.py``); long messages.
+    * ``"recursive_doubling"``: ``log2 n`` whole-vector exchanges, cost ``log2(n) (alpha + N beta +
+      N gamma)`` (``recursive_doubling.py``); short messages.
+    * ``"rabenseifner"``: recursive-halving reduce-scatter, then recursive-doubling all-gather, cost
+      ``2 log2(n) alpha + 2(n-1)/n N beta + (n-1)/n N gamma`` (``rabenseifner.py``); long messages.
+      For ``n`` not a power of two both recursive algorithms first fold the group to the largest power
+      of two ``<= n``, which adds ``2 alpha + 2 N beta + N gamma``.
+    * ``"mpi"``: ``MPI_Allreduce`` with ``MPI_IN_PLACE``.
+    * ``"auto"``: one of the hand-written ones, by ``N`` and ``n``, from the table in ``tuning.py``.
+
+    The hand-written algorithms leave bit-identical results on all ranks (each element is combined in
+    one place and then copied, or both partners of an exchange combine the same two values).
 
     Raises ``ValueError`` for an unknown ``op`` or ``algorithm`` (listing the valid ones) and for a
     non-contiguous or read-only ``a``; ``TypeError`` for a non-array, a dtype that cannot be reduced,
     ``"avg"`` on integers, or ``"mpi"`` with a dtype this MPI cannot reduce (float16 on some builds);
-    ``DistributedError`` if the ring receives a chunk of unexpected length (the ranks' ``a`` differ).
+    ``DistributedError`` if a hand-written algorithm receives a message of unexpected length (the
+    ranks' ``a`` differ).
     """
-    algorithm = _pick("all_reduce", algorithm)
+    _check_algorithm("all_reduce", algorithm)
     check_array(a, writable=True)
     check_op(op, a.dtype)
     group = group_or_world(group)
     if group.size == 1:
         return a  # nothing to combine; "avg" would divide by 1
+    run = _ALL_REDUCE[_resolve("all_reduce", algorithm, a.nbytes, group)]
     with host_view(a, copy_in=True, copy_out=True) as host:
-        flat = host.reshape(-1)  # a view, not a copy: host is C-contiguous
-        if algorithm == "ring":
-            ring_all_reduce(group, flat, op)
-        else:
-            mpi_all_reduce(group, flat, op)
+        run(group, host.reshape(-1), op)  # reshape: a view, not a copy, as host is C-contiguous
     return a
 
 
+@collective_call("reduce_scatter")
 def reduce_scatter(
     a: Any, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto"
 ) -> Any:
@@ -94,27 +128,27 @@ def reduce_scatter(
     in rank order gives ``all_reduce(a)`` flattened.
 
     ``algorithm``: ``"ring"`` (``"auto"``), cost ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N gamma``; it
-    works on a private copy of ``a`` (one extra ``a.nbytes``), because the ring overwrites its buffer.
-    ``"mpi"``: ``MPI_Reduce_scatter``. Raises like :func:`all_reduce` (``a`` need not be writable).
+    reads ``a`` in place and passes partial results in two chunk-sized buffers (``ring.py``,
+    :func:`~minidist.dist.ring.ring_reduce_scatter_chunk`). ``"mpi"``: ``MPI_Reduce_scatter``. Raises
+    like :func:`all_reduce` (``a`` need not be writable).
     """
-    algorithm = _pick("reduce_scatter", algorithm)
+    _check_algorithm("reduce_scatter", algorithm)
     check_array(a)
     check_op(op, a.dtype)
     group = group_or_world(group)
     if group.size == 1:
         return a.reshape(-1).copy()
+    algorithm = _resolve("reduce_scatter", algorithm, a.nbytes, group)
     bounds = chunk_bounds(a.size, group.size)
-    start, stop = bounds[group.rank]
-    if algorithm == "ring":
-        work = host_copy(a).reshape(-1)
-        ring_reduce_scatter(group, work, op, bounds)
-        mine = work[start:stop].copy()  # copy, so the caller does not keep all of work alive
-    else:
-        with host_view(a, copy_in=True) as host:
+    with host_view(a, copy_in=True) as host:
+        if algorithm == "ring":
+            mine = ring_reduce_scatter_chunk(group, host.reshape(-1), op, bounds)
+        else:
             mine = mpi_reduce_scatter(group, host.reshape(-1), op, [hi - lo for lo, hi in bounds])
     return like(mine, a)
 
 
+@collective_call("all_gather", same_shape=False)
 def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Return the 1-D concatenation of every rank's ``chunk`` (flattened), in rank order.
 
@@ -130,11 +164,14 @@ def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "
     ``ValueError``/``TypeError`` for a bad ``chunk`` or ``algorithm`` (as :func:`all_reduce`) and
     ``DistributedError`` if the ring receives a message of unexpected length.
     """
-    algorithm = _pick("all_gather", algorithm)
+    _check_algorithm("all_gather", algorithm)
     check_array(chunk, "chunk")
     group = group_or_world(group)
     if group.size == 1:
         return chunk.reshape(-1).copy()
+    # Only one hand-written algorithm so far: "auto" needs no sizes (all ranks must pick alike, and
+    # the total size is only known after the lengths are gathered).
+    algorithm = _resolve("all_gather", algorithm, 0, group)
     with host_view(chunk, copy_in=True) as host:
         mine = host.reshape(-1)
         if algorithm == "ring":
@@ -154,29 +191,71 @@ def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "
     return like(out, chunk)
 
 
+@collective_call("broadcast")
 def broadcast(a: Any, src: int = 0, group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Copy ``a`` from rank ``src`` of ``group`` into ``a`` on every other rank, in place; return ``a``.
 
     ``a``: any shape, C-contiguous, same shape and dtype on every rank (``a.nbytes`` bytes are sent to
-    each rank). ``algorithm``: ``"tree"`` (``"auto"``), a binomial tree, cost
-    ``ceil(log2 n)(alpha + N beta)`` (see ``broadcast.py``); ``"mpi"``: ``MPI_Bcast``.
+    each rank). ``algorithm``, for ``N = a.nbytes``: ``"tree"``, a binomial tree, cost
+    ``ceil(log2 n)(alpha + N beta)`` (``broadcast.py``), for short messages; ``"scatter_allgather"``,
+    binomial scatter of ``n`` chunks then ring all-gather, cost
+    ``(ceil(log2 n) + n - 1) alpha + 2(n-1)/n N beta`` (``scatter_allgather.py``), for long messages;
+    ``"mpi"``: ``MPI_Bcast``; ``"auto"``: by ``N`` and ``n`` from ``tuning.py``.
 
     Raises ``ValueError`` for an unknown ``algorithm``, a ``src`` outside the group, or a
     non-contiguous/read-only ``a``; ``TypeError`` for a non-array or a non-int ``src``;
-    ``DistributedError`` (tree) if a rank's ``a`` has a different length than the root's.
+    ``DistributedError`` (hand-written algorithms) if a rank's ``a`` has a different length than the
+    root's.
     """
-    algorithm = _pick("broadcast", algorithm)
+    _check_algorithm("broadcast", algorithm)
     check_array(a, writable=True)
     group = group_or_world(group)
     check_rank(src, group.size, "src")
     if group.size == 1:
         return a
+    run = _BROADCAST[_resolve("broadcast", algorithm, a.nbytes, group)]
     is_root = group.rank == src
-    # The root only sends (needs its data on the host, changes nothing); the others only receive.
+    # The root only sends (needs its data on the host, changes nothing: scatter_allgather writes the same
+    # values back); the others only receive.
     with host_view(a, copy_in=is_root, copy_out=not is_root) as host:
+        run(group, host.reshape(-1), src)
+    return a
+
+
+@collective_call("reduce")
+def reduce(
+    a: Any, dst: int = 0, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto"
+) -> Any:
+    """Reduce ``a`` element-wise over all ranks of ``group`` into ``a`` on rank ``dst``; return ``a``.
+
+    ``a``: a C-contiguous NumPy or CuPy array of any shape (``N = a.nbytes`` bytes), with the same shape
+    and dtype on every rank. Afterwards ``a`` on rank ``dst`` holds ``op`` applied over the ranks' arrays
+    (``"avg"``: divided by the group size); on every other rank ``a`` is left unchanged (the algorithms
+    accumulate in scratch buffers, never in a non-root's ``a``). The returned object *is* ``a``.
+
+    ``algorithm``: ``"tree"``, a binomial tree, cost ``ceil(log2 n)(alpha + N beta + N gamma)``
+    (``tree_reduce.py``); ``"mpi"``: ``MPI_Reduce`` (``MPI_IN_PLACE`` on the root); ``"auto"``: from
+    ``tuning.py``.
+
+    Raises ``ValueError`` for an unknown ``op`` or ``algorithm``, a ``dst`` outside the group, or a
+    non-contiguous/read-only ``a``; ``TypeError`` for a non-array, a non-int ``dst``, a dtype that cannot
+    be reduced, ``"avg"`` on integers, or ``"mpi"`` with a dtype this MPI cannot reduce;
+    ``DistributedError`` (tree) if a rank's ``a`` has a different length than its tree neighbours'.
+    """
+    _check_algorithm("reduce", algorithm)
+    check_array(a, writable=True)
+    check_op(op, a.dtype)
+    group = group_or_world(group)
+    check_rank(dst, group.size, "dst")
+    if group.size == 1:
+        return a
+    algorithm = _resolve("reduce", algorithm, a.nbytes, group)
+    is_root = group.rank == dst
+    # Every rank's data is read; only the root's array is written.
+    with host_view(a, copy_in=True, copy_out=is_root) as host:
         flat = host.reshape(-1)
         if algorithm == "tree":
-            tree_broadcast(group, flat, src)
+            tree_reduce(group, flat, op, dst)
         else:
-            mpi_broadcast(group, flat, src)
+            mpi_reduce(group, flat, op, dst)
     return a

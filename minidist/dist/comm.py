@@ -13,6 +13,10 @@ from them:
 * ``sendrecv(x, dst, y, src)``: send ``x`` to ``dst`` *and* receive ``y`` from ``src`` at the same time,
   the step of a ring algorithm.
 
+Every receive checks the length of the message, always. With ``MINIDIST_TIMEOUT`` set, each blocking
+call becomes a non-blocking one plus a wait with a deadline (``watchdog.py``), and ``init()`` makes an
+uncaught exception on any rank end the whole job (``MPI_Abort``) instead of leaving the others waiting.
+
 Importing this module imports ``mpi4py.MPI``, which initialises MPI (``MPI_Init``). A process started
 without ``mpiexec`` becomes a world of size 1.
 """
@@ -28,13 +32,16 @@ from minidist import backend
 from minidist.dist.errors import DistributedError
 from minidist.dist.staging import host_view, mpi_buffer
 from minidist.dist.validate import check_array, check_rank, check_tag
+from minidist.dist.watchdog import CallTracker, install_excepthook
 
 
 class Communicator:
     """A group of ranks that can exchange arrays: a thin wrapper over an mpi4py communicator.
 
     Attributes: ``rank`` (this process's rank in the group), ``size`` (number of ranks), ``mpi`` (the raw
-    ``mpi4py.MPI.Comm``, for calling MPI directly) and ``collective_channel`` (see below).
+    ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below) and ``calls`` (a
+    :class:`~minidist.dist.watchdog.CallTracker` that numbers the group's collectives, shared with the
+    channel).
 
     Creating a Communicator is *collective*: every rank of ``mpi_comm`` must create it at the same point,
     because it duplicates the communicator (``MPI_Comm_dup``).
@@ -52,8 +59,10 @@ class Communicator:
         self.size: int = mpi_comm.Get_size()
         if _is_channel:  # this *is* a collective channel; it needs no channel of its own
             self.collective_channel = self
+            self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)
         else:
             self.collective_channel = Communicator(mpi_comm.Dup(), _is_channel=True)
+            self.calls = self.collective_channel.calls
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size})"
@@ -73,8 +82,11 @@ class Communicator:
         return Communicator(new)
 
     def barrier(self) -> None:
-        """Block until every rank of the group has called ``barrier``."""
-        self.mpi.Barrier()
+        """Block until every rank of the group has called ``barrier`` (``dist.barrier`` adds debug checks)."""
+        if not self.calls.timed():
+            self.mpi.Barrier()
+        else:
+            self.calls.wait([self.mpi.Ibarrier()], ["every rank of the group to enter barrier"])
 
     def send(self, a: Any, dst: int, tag: int = 0) -> None:
         """Send array ``a`` (any shape, ``a.nbytes`` bytes) to rank ``dst``; blocks until ``a`` is reusable.
@@ -88,7 +100,10 @@ class Communicator:
         check_array(a)
         check_tag(tag)
         with host_view(a, copy_in=True) as host:
-            self.mpi.Send(mpi_buffer(host), dest=dst, tag=tag)
+            if not self.calls.timed():
+                self.mpi.Send(mpi_buffer(host), dest=dst, tag=tag)
+            else:
+                self.calls.wait([self.mpi.Isend(mpi_buffer(host), dest=dst, tag=tag)], [_to(dst, tag)])
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
         """Receive a message from rank ``src`` into the preallocated array ``a``; return ``a``.
@@ -97,7 +112,8 @@ class Communicator:
         naming the sender and both lengths if it does not: a longer message would not fit, and a shorter
         one would leave a stale tail in ``a`` that nobody notices. (MPI carries no type information, so a
         different dtype is caught only when the byte count differs too.) Raises ``TypeError``/
-        ``ValueError`` for bad arguments, as :meth:`send` does.
+        ``ValueError`` for bad arguments, as :meth:`send` does. With ``MINIDIST_TIMEOUT`` set, this and
+        every other call here raises ``CollectiveTimeoutError`` if its peer does not answer in time.
         """
         self._check_peer(src, "src")
         check_array(a, writable=True)
@@ -129,10 +145,16 @@ class Communicator:
             # length is now checked from the receive's status instead.)
             status = MPI.Status()
             try:
-                self.mpi.Sendrecv(
-                    mpi_buffer(out), dest=dst, sendtag=sendtag,
-                    recvbuf=mpi_buffer(into), source=src, recvtag=recvtag, status=status,
-                )  # fmt: skip
+                if not self.calls.timed():
+                    self.mpi.Sendrecv(
+                        mpi_buffer(out), dest=dst, sendtag=sendtag,
+                        recvbuf=mpi_buffer(into), source=src, recvtag=recvtag, status=status,
+                    )  # fmt: skip
+                else:  # the same two messages, started together, then awaited with a deadline
+                    sending = self.mpi.Isend(mpi_buffer(out), dest=dst, tag=sendtag)
+                    receiving = self.mpi.Irecv(mpi_buffer(into), source=src, tag=recvtag)
+                    waits = [_to(dst, sendtag), _from(src, recvtag)]
+                    self.calls.wait([sending, receiving], waits, [MPI.Status(), status])
             except MPI.Exception as error:
                 self._raise_if_truncated(error, into, src, recvtag)
                 raise
@@ -148,10 +170,14 @@ class Communicator:
             )
 
     def _checked_receive(self, host: np.ndarray, src: int, tag: int) -> None:
-        """Receive one message from ``src`` into ``host``; raise unless it holds exactly ``host.size`` items."""
+        """Receive one message from ``src`` into ``host``; raise unless it has exactly ``host.size`` items."""
         status = MPI.Status()
         try:
-            self.mpi.Recv(mpi_buffer(host), source=src, tag=tag, status=status)
+            if not self.calls.timed():
+                self.mpi.Recv(mpi_buffer(host), source=src, tag=tag, status=status)
+            else:
+                request = self.mpi.Irecv(mpi_buffer(host), source=src, tag=tag)
+                self.calls.wait([request], [_from(src, tag)], [status])
         except MPI.Exception as error:
             self._raise_if_truncated(error, host, src, tag)
             raise
@@ -178,6 +204,14 @@ class Communicator:
             ) from error
 
 
+def _to(dst: int, tag: int) -> str:
+    return f"rank {dst} to receive this rank's message (tag {tag})"
+
+
+def _from(src: int, tag: int) -> str:
+    return f"a message from rank {src} (tag {tag})"
+
+
 # --- the world communicator and module-level shortcuts -------------------------------------------------
 
 # The only global state of dist: the world communicator and this process's rank on its node.
@@ -191,7 +225,9 @@ def init() -> Communicator:
     Collective the first time: every rank must call it. Also finds this process's *node-local* rank (its
     rank among the processes sharing its machine, via ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) and
     pins the process to GPU ``local_rank % n_gpus`` through ``minidist.backend.use_local_rank``
-    (a no-op on the CPU backend).
+    (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
+    uncaught exception abort every rank (``watchdog.install_excepthook``). Raises ``ValueError`` for a
+    malformed ``MINIDIST_TIMEOUT`` or ``MINIDIST_ABORT_GRACE``.
     """
     global _world, _local_rank
     if _world is None:
@@ -201,6 +237,8 @@ def init() -> Communicator:
         node.Free()
         backend.use_local_rank(_local_rank)
         _world = Communicator(world)
+        if world.Get_size() > 1:
+            install_excepthook(world)
     return _world
 
 
@@ -239,11 +277,6 @@ def get_local_rank() -> int:
     init()
     assert _local_rank is not None  # set by init()
     return _local_rank
-
-
-def barrier(group: Communicator | None = None) -> None:
-    """Block until every rank of ``group`` (default: the world) has called ``barrier``."""
-    group_or_world(group).barrier()
 
 
 def send(a: Any, dst: int, group: Communicator | None = None, tag: int = 0) -> None:

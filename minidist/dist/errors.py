@@ -18,12 +18,15 @@ class CollectiveMismatchError(DistributedError):
 
     For example one rank calls ``all_reduce`` while another calls ``broadcast``, or the ranks pass arrays
     of different lengths or dtypes. MPI itself cannot always tell; unchecked, such a mismatch gives wrong
-    numbers or a hang.
+    numbers or a hang. Raised on every rank of the group, with the same message, in debug mode
+    (``MINIDIST_DEBUG=1``, see ``debug.py``).
     """
 
 
 class CollectiveTimeoutError(DistributedError):
     """A collective or point-to-point operation did not complete within the allowed time.
 
-    Usually one rank crashed, or took a different code path and never joined the collective.
+    Usually one rank crashed, or took a different code path and never joined the collective. Raised only
+    when ``MINIDIST_TIMEOUT`` is set (see ``watchdog.py``); the message names the collective, its
+    sequence number on the group, what this rank waited for and which ranks never arrived.
     """

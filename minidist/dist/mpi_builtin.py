@@ -5,10 +5,10 @@ and group size, so these calls are both the correctness reference for our hand-w
 speed to beat. Like the ring functions, they take host (NumPy) arrays; ``collectives.py`` does the
 staging and the argument checks.
 
-MPI's reductions must know the arithmetic type of the data, so :func:`mpi_all_reduce` and
-:func:`mpi_reduce_scatter` raise ``TypeError`` for a dtype that this MPI has no datatype for (for
-example ``float16`` on an MPI without that extension). Moving data needs no arithmetic, so
-all-gather and broadcast work for every dtype.
+MPI's reductions must know the arithmetic type of the data, so :func:`mpi_all_reduce`,
+:func:`mpi_reduce` and :func:`mpi_reduce_scatter` raise ``TypeError`` for a dtype that this MPI has no
+datatype for (for example ``float16`` on an MPI without that extension). Moving data needs no
+arithmetic, so all-gather and broadcast work for every dtype.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ def mpi_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:
     """``MPI_Allreduce`` in place (``MPI_IN_PLACE``) on the 1-D host array ``flat``."""
     group.mpi.Allreduce(MPI.IN_PLACE, [flat, _reduction_type(flat.dtype)], op=mpi_op(op))
     finish(op, flat, group.size)
+
+
+def mpi_reduce(group: Communicator, flat: np.ndarray, op: str, dst: int) -> None:
+    """``MPI_Reduce`` to rank ``dst``, in place there (``MPI_IN_PLACE``); other ranks only read ``flat``."""
+    datatype = _reduction_type(flat.dtype)
+    if group.rank == dst:
+        group.mpi.Reduce(MPI.IN_PLACE, [flat, datatype], op=mpi_op(op), root=dst)
+        finish(op, flat, group.size)
+    else:
+        group.mpi.Reduce([flat, datatype], None, op=mpi_op(op), root=dst)
 
 
 def mpi_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, counts: list[int]) -> np.ndarray:

@@ -98,6 +98,41 @@ def ring_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, bounds: 
     finish(op, flat[own_start:own_stop], n)  # "avg": divide only the N/n elements this rank owns
 
 
+def ring_reduce_scatter_chunk(
+    group: Communicator, flat: np.ndarray, op: str, bounds: Bounds | None = None
+) -> np.ndarray:
+    """Like :func:`ring_reduce_scatter`, but ``flat`` is only read: return rank ``r``'s finished chunk.
+
+    The result is a new 1-D array of ``bounds[r]``'s length (``bounds`` defaults to :func:`chunk_bounds`).
+    Same messages, same order of additions, so the same bits as :func:`ring_reduce_scatter`. The partial
+    results travel in two buffers of the largest chunk that take turns: in each step one is sent while
+    the other receives the left neighbour's partial result and then has this rank's own contribution,
+    read straight from ``flat``, added to it. So the memory used is two chunks (one for ``n = 2``)
+    instead of a private copy of the whole of ``flat``, and ``N`` bytes less are copied.
+    """
+    n, r = group.size, group.rank
+    if bounds is None:
+        bounds = chunk_bounds(flat.size, n)
+    link = group.collective_channel
+    right, left = (r + 1) % n, (r - 1) % n
+    combine = combine_ufunc(op)
+    longest = max(stop - start for start, stop in bounds)
+    buffers = [np.empty(longest, dtype=flat.dtype), np.empty(longest if n > 2 else 0, dtype=flat.dtype)]
+
+    # The schedule of ring_reduce_scatter: step s sends chunk (r - s - 1) % n and receives (r - s - 2) % n.
+    send_start, send_stop = bounds[(r - 1) % n]
+    outgoing = flat[send_start:send_stop]  # step 0 sends this rank's raw contribution
+    for step in range(n - 1):
+        recv_start, recv_stop = bounds[(r - step - 2) % n]
+        incoming = buffers[step % 2][: recv_stop - recv_start]
+        link.sendrecv(outgoing, right, incoming, left)
+        combine(flat[recv_start:recv_stop], incoming, out=incoming)
+        outgoing = incoming  # the next step passes this partial result on
+
+    finish(op, outgoing, n)  # after the last step `outgoing` is chunk r, reduced over all ranks
+    return outgoing
+
+
 def ring_all_gather(group: Communicator, flat: np.ndarray, bounds: Bounds | None = None) -> None:
     """Fill every chunk of ``flat`` (1-D) from its owner: before, rank ``r`` has a correct chunk ``r``.
 

@@ -43,9 +43,17 @@ def main(out_dir: str) -> None:
     ops = ["'sum', 'avg', 'max', 'min'"]
     expect(ValueError, ["'prod'", *ops], dist.all_reduce, a, op="prod")
     expect(ValueError, ["'prod'", *ops], dist.reduce_scatter, a, op="prod")
-    expect(ValueError, ["'butterfly'", "'auto', 'ring', 'mpi'"], dist.all_reduce, a, algorithm="butterfly")
+    all_reduce_algorithms = "'auto', 'ring', 'recursive_doubling', 'rabenseifner', 'mpi'"
+    expect(ValueError, ["'butterfly'", all_reduce_algorithms], dist.all_reduce, a, algorithm="butterfly")
     expect(ValueError, ["'tree'", "'auto', 'ring', 'mpi'"], dist.all_gather, a, algorithm="tree")
-    expect(ValueError, ["'ring'", "'auto', 'tree', 'mpi'"], dist.broadcast, a, algorithm="ring")
+    broadcast_algorithms = "'auto', 'tree', 'scatter_allgather', 'mpi'"
+    expect(ValueError, ["'ring'", broadcast_algorithms], dist.broadcast, a, algorithm="ring")
+    expect(ValueError, ["'ring'", "'auto', 'tree', 'mpi'"], dist.reduce, a, algorithm="ring")
+    expect(ValueError, ["'prod'", *ops], dist.reduce, a, op="prod")
+    expect(ValueError, ["dst=2", "0..1"], dist.reduce, a, dst=2)
+    expect(TypeError, ["dst", "int"], dist.reduce, a, dst="0")
+    expect(ValueError, ["read-only"], dist.reduce, read_only)
+    expect(TypeError, ["avg", "float", "int32"], dist.reduce, np.ones(3, dtype=np.int32), op="avg")
     expect(ValueError, ["C-contiguous", "ascontiguousarray"], dist.all_reduce, np.ones((4, 4)).T)
     expect(ValueError, ["C-contiguous"], dist.all_gather, np.ones(8)[::2])
     expect(ValueError, ["read-only"], dist.all_reduce, read_only)
@@ -67,6 +75,11 @@ def main(out_dir: str) -> None:
     report["checks"] += 1
     if not np.array_equal(b, np.full(3, 1.0)):
         report["failures"].append(f"all_reduce after the errors gave {b}")
+    b = np.full(3, float(world.rank + 1))
+    dist.reduce(b, dst=1)
+    report["checks"] += 1
+    if not np.array_equal(b, np.full(3, 3.0 if world.rank == 1 else 1.0)):
+        report["failures"].append(f"reduce after the errors gave {b} on rank {world.rank}")
     write_json(out_dir, f"rank{world.rank}.json", report)
 
 

@@ -3,12 +3,16 @@
 Usage: ``mpiexec -n W python coll_check.py OUT_DIR CASES_JSON``. ``CASES_JSON`` is a list of cases drawn
 by hypothesis in the test (see ``tests/test_collectives.py`` for the fields). Every rank builds its input
 from ``(seed, world rank)`` alone, so every rank can also rebuild *all* ranks' inputs and compute the
-expected result with plain NumPy, without any communication. Each rank writes ``rank<r>.json`` with the
-number of checks it made and a list of failure messages (empty when all is well).
+expected result with plain NumPy, without any communication. Each case runs *every* algorithm of every
+collective (``dist.ALGORITHMS``, "auto" included): starting MPI costs far more than a few more calls.
+Each rank writes ``rank<r>.json`` with the number of checks it made, the number of (case, algorithm)
+pairs skipped because this MPI cannot reduce the dtype, and a list of failure messages (empty when all
+is well).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -67,6 +71,11 @@ def close(got: np.ndarray, want: np.ndarray, tol: np.ndarray, dtype: str) -> boo
     return bool(np.all(np.abs(got.astype(np.float64) - want) <= tol))
 
 
+def mpi_can_reduce(algorithm: str, dtype: str) -> bool:
+    """False for MPI's own reductions on a dtype this MPI has no datatype for (float16 on some builds)."""
+    return not (algorithm == "mpi" and mpi_reduction_datatype(np.dtype(dtype)) is None)
+
+
 def main(out_dir: str, cases_path: str) -> None:
     cases = json.loads(Path(cases_path).read_text())
     world = dist.init()
@@ -79,8 +88,12 @@ def main(out_dir: str, cases_path: str) -> None:
         if not ok:
             report["failures"].append(f"case {case_index} {cases[case_index]}: {what}")
 
+    def same_on_every_rank(a: np.ndarray, group: dist.Communicator) -> bool:
+        """True if every rank of ``group`` holds the same bytes (compared with raw MPI, not our code)."""
+        return len(set(group.mpi.allgather(hashlib.sha256(a.tobytes()).hexdigest()))) == 1
+
     for i, case in enumerate(cases):
-        length, dtype, op, algorithm = case["length"], case["dtype"], case["op"], case["algorithm"]
+        length, dtype, op = case["length"], case["dtype"], case["op"]
         seed, shape = case["seed"], tuple(case["shape"])
         if case["group"] == "world":
             group, members = world, list(range(world.size))
@@ -89,36 +102,60 @@ def main(out_dir: str, cases_path: str) -> None:
         n, me = group.size, group.rank  # members[g] is the world rank of group rank g
         inputs = [rank_input(seed, w, length, dtype) for w in members]
         expected, tol = expected_reduction(inputs, op)
+        root = case["src"] % n  # the root of broadcast and reduce
 
-        # MPI's reductions need an MPI datatype; some MPI builds have none for float16.
-        reduces = not (algorithm == "mpi" and mpi_reduction_datatype(np.dtype(dtype)) is None)
-        if reduces:
-            # all_reduce: in place, returns the very same array, keeps the shape.
+        for algorithm in dist.ALGORITHMS["all_reduce"]:
+            name = f"all_reduce ({algorithm})"
+            if not mpi_can_reduce(algorithm, dtype):
+                report["skipped"] += 1
+                continue
+            # In place, returns the very same array, keeps the shape.
             a = inputs[me].reshape(shape).copy()
             out = dist.all_reduce(a, op=op, group=group, algorithm=algorithm)
-            check(out is a, "all_reduce did not return its input array", i)
-            check(a.shape == shape and close(a.reshape(-1), expected, tol, dtype), "all_reduce result", i)
+            check(out is a, f"{name} did not return its input array", i)
+            check(a.shape == shape and close(a.reshape(-1), expected, tol, dtype), f"{name} result", i)
+            if algorithm != "mpi":  # ours combine each element once, or both partners identically
+                check(same_on_every_rank(a, group), f"{name} differs between ranks", i)
 
-            # reduce_scatter: this rank's array_split chunk of the reduction; the input is untouched.
+        for algorithm in dist.ALGORITHMS["reduce_scatter"]:
+            name = f"reduce_scatter ({algorithm})"
+            if not mpi_can_reduce(algorithm, dtype):
+                report["skipped"] += 1
+                continue
+            # This rank's array_split chunk of the reduction; the input is untouched.
             a = inputs[me].reshape(shape).copy()
             chunk = dist.reduce_scatter(a, op=op, group=group, algorithm=algorithm)
-            want = np.array_split(expected, n)[me]
-            check(close(chunk, want, np.array_split(tol, n)[me], dtype), "reduce_scatter chunk", i)
-            check(np.array_equal(a.reshape(-1), inputs[me]), "reduce_scatter modified its input", i)
-        else:
-            report["skipped"] += 1
+            want, want_tol = np.array_split(expected, n)[me], np.array_split(tol, n)[me]
+            check(close(chunk, want, want_tol, dtype), f"{name} chunk", i)
+            check(np.array_equal(a.reshape(-1), inputs[me]), f"{name} modified its input", i)
+
+        for algorithm in dist.ALGORITHMS["reduce"]:
+            name = f"reduce ({algorithm}) to {root}"
+            if not mpi_can_reduce(algorithm, dtype):
+                report["skipped"] += 1
+                continue
+            # In place on the root; every other rank's array is left as it was.
+            a = inputs[me].reshape(shape).copy()
+            out = dist.reduce(a, dst=root, op=op, group=group, algorithm=algorithm)
+            check(out is a and a.shape == shape, f"{name} did not return its input array", i)
+            if me == root:
+                check(close(a.reshape(-1), expected, tol, dtype), f"{name} result", i)
+            else:
+                check(np.array_equal(a.reshape(-1), inputs[me]), f"{name} changed a non-root's array", i)
 
         # all_gather: chunks of different lengths (some possibly empty), concatenated in rank order.
         pieces = [x[: gather_length(seed, w, length)] for x, w in zip(inputs, members, strict=True)]
-        gathered = dist.all_gather(pieces[me].copy(), group=group, algorithm=algorithm)
-        check(np.array_equal(gathered, np.concatenate(pieces)), "all_gather concatenation", i)
-        check(gathered.dtype == np.dtype(dtype), "all_gather dtype", i)
+        for algorithm in dist.ALGORITHMS["all_gather"]:
+            gathered = dist.all_gather(pieces[me].copy(), group=group, algorithm=algorithm)
+            check(np.array_equal(gathered, np.concatenate(pieces)), f"all_gather ({algorithm})", i)
+            check(gathered.dtype == np.dtype(dtype), f"all_gather ({algorithm}) dtype", i)
 
         # broadcast from a hypothesis-chosen root, in place.
-        src = case["src"] % n
-        a = inputs[me].reshape(shape).copy()
-        out = dist.broadcast(a, src=src, group=group, algorithm="tree" if algorithm == "ring" else algorithm)
-        check(out is a and np.array_equal(a.reshape(-1), inputs[src]), f"broadcast from {src}", i)
+        for algorithm in dist.ALGORITHMS["broadcast"]:
+            a = inputs[me].reshape(shape).copy()
+            out = dist.broadcast(a, src=root, group=group, algorithm=algorithm)
+            ok = out is a and np.array_equal(a.reshape(-1), inputs[root])
+            check(ok, f"broadcast ({algorithm}) from {root}", i)
 
     write_json(out_dir, f"rank{world.rank}.json", report)
 

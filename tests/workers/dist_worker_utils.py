@@ -8,7 +8,6 @@ every rank at once, so ``mpiexec`` exits non-zero right away with the error in i
 from __future__ import annotations
 
 import json
-import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -16,17 +15,19 @@ from typing import Any
 
 from mpi4py import MPI
 
+from minidist.dist.watchdog import abort_job
+
 
 def run_worker(main: Callable[..., None], *args: Any) -> None:
-    """Call ``main(*args)``; on any exception print it (with this rank) and abort every rank with code 1."""
+    """Call ``main(*args)``; on any exception print it (with this rank) and abort every rank with code 1.
+
+    ``abort_job`` waits a grace period (``MINIDIST_ABORT_GRACE``, 1 s) before ``MPI_Abort``: aborting at
+    once can kill ``mpiexec`` before it has forwarded the traceback, and the test would not see it.
+    """
     try:
         main(*args)
     except BaseException:
-        print(f"rank {MPI.COMM_WORLD.Get_rank()} failed:", file=sys.stderr)
-        traceback.print_exc()
-        sys.stderr.flush()
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(MPI.COMM_WORLD, f"failed:\n{traceback.format_exc()}")  # abort_job prefixes the rank
 
 
 def write_json(out_dir: str | Path, name: str, data: Any) -> None:
