@@ -4,11 +4,15 @@ Read it top to bottom: arguments -> data -> model -> training loop -> evaluation
 Every rank runs this same file (SPMD). Each global batch of ``--batch-size`` samples is split
 across the ranks; DistributedDataParallel averages the gradients, so any number of ranks trains
 the same model as one process, from the same seed.
+
+    mpirun -n 4 python examples/train_mlp.py --bucket-cap-mb 0.1 --trace trace.json   # open in Perfetto
+    mpirun -n 4 python examples/train_mlp.py --grad-accum 4      # same result, 4 micro-batches per step
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -22,7 +26,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, optim  # noqa: E402
+from minidist import dist, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
@@ -37,9 +41,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
     p.add_argument("--dataset", choices=["digits", "mnist"], default="digits")
     p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (for --dataset mnist)")
+    # --- how DDP communicates (the result is the same for every choice, up to float rounding)
+    p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
+    p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per global batch (no_sync)")
+    p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Perfetto/Chrome timeline")
+    # --zero {0,1,2}: ZeRO stage for the optimizer (being written separately; wired in here later).
     args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1:
-        p.error("--epochs, --batch-size, --hidden must be >= 1 and --lr > 0")
+    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
+        p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
+    if args.bucket_cap_mb <= 0:
+        p.error("--bucket-cap-mb must be > 0")
     return args
 
 
@@ -80,12 +92,24 @@ def main(argv: list[str] | None = None) -> float:
         len(x_train), shuffle=True, seed=args.seed, drop_last=True, batch_size=args.batch_size
     )
     loader = DataLoader((x_train, y_train), batch_size=sampler.local_batch_size, sampler=sampler)
+    if args.grad_accum > args.batch_size // world_size:
+        raise ValueError(
+            f"--grad-accum {args.grad_accum} needs that many samples per rank in each global batch, but "
+            f"{args.batch_size} samples on {world_size} ranks give some rank {args.batch_size // world_size}"
+        )
 
     # --- model: same seed on every rank; DDP broadcasts rank 0's weights anyway.
     md.manual_seed(args.seed)
     n_classes = int(y_train.max()) + 1
-    model = DistributedDataParallel(build_mlp(x_train.shape[1], args.hidden, n_classes), group=world)
+    model = DistributedDataParallel(
+        build_mlp(x_train.shape[1], args.hidden, n_classes), group=world,
+        bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap,
+    )  # fmt: skip
+    # ZeRO goes here: with --zero 1/2 the optimizer (and, for 2, the gradients) are sharded instead.
     optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    if args.trace:
+        world.barrier()  # every rank's timeline starts at (nearly) the same instant
+        trace.enable()
 
     # --- training loop
     bar = tqdm(total=args.epochs * len(loader), disable=rank != 0, desc="train", unit="step")
@@ -93,17 +117,30 @@ def main(argv: list[str] | None = None) -> float:
         sampler.set_epoch(epoch)
         loss_sum = np.zeros(2)  # [sum of per-sample losses, samples], summed over ranks at the end
         for xb, yb in loader:
-            logits = model(md.tensor(xb))
-            # Sum over my samples / global batch * world size: after DDP averages over the ranks this
-            # is the gradient of the mean loss over the global batch, even when ranks hold unequal
-            # shares (e.g. 128 samples on 3 ranks: 43 + 43 + 42).
-            local_sum = nn.functional.cross_entropy(logits, yb, reduction="sum")
-            loss = local_sum * (world_size / args.batch_size)
             optimizer.zero_grad()
-            loss.backward()  # returns with gradients already averaged over all ranks
-            optimizer.step()
-            loss_sum += [local_sum.item(), len(yb)]
+            # Gradient accumulation: K micro-batches. All but the last backward run in no_sync, so the
+            # gradients add up locally; the last backward all-reduces the sum, once.
+            for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
+                with trace.span("forward", "forward"):
+                    logits = model(md.tensor(xb[micro]))
+                    # Sum over my samples / global batch * world size: after DDP averages over the ranks
+                    # this is the gradient of the mean loss over the global batch, even when ranks hold
+                    # unequal shares (e.g. 128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
+                    local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
+                    loss = local_sum * (world_size / args.batch_size)
+                last = k == args.grad_accum - 1
+                with (
+                    trace.span("backward", trace.BACKWARD),
+                    contextlib.nullcontext() if last else model.no_sync(),
+                ):
+                    loss.backward()  # the last one returns with gradients averaged over all ranks
+                loss_sum += [local_sum.item(), len(micro)]
+            with trace.span("optimizer step", "optimizer"):
+                optimizer.step()
             bar.update()
+        # No batches left on this rank. If another rank still had one, both would raise a clear error
+        # here instead of waiting forever for each other (DistributedDataParallel.join).
+        model.join()
         dist.all_reduce(loss_sum, op="sum", group=world)
         accuracy = evaluate(model, x_test, y_test, world)
         if rank == 0:
@@ -112,9 +149,24 @@ def main(argv: list[str] | None = None) -> float:
                 f"test accuracy {accuracy:.4f}"
             )
     bar.close()
+    if args.trace:
+        save_trace(args.trace, world)
     if rank == 0:
         print(f"final test accuracy: {accuracy:.4f}")
     return accuracy
+
+
+def save_trace(path: str, world: dist.Communicator) -> None:
+    """Gather every rank's spans on rank 0, write one Chrome-trace JSON and print the overlap fraction."""
+    trace.disable()
+    everyone = world.mpi.gather(trace.events(), root=0)  # a pickled Python list per rank
+    if world.rank == 0:
+        trace.save_chrome_trace(path, everyone)
+        hidden = [trace.overlap_fraction(events) for events in everyone]
+        print(
+            f"trace written to {path}; communication hidden behind backward: "
+            f"{np.mean(hidden):.1%} (mean over ranks, min {min(hidden):.1%})"
+        )
 
 
 if __name__ == "__main__":

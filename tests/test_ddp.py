@@ -1,7 +1,9 @@
 """DistributedDataParallel equals single-process training (DESIGN.md §3, property 3).
 
 The reference trains the same model, from the same seed, on the whole global batch in this
-process (no MPI). The MPI run splits every global batch across N real ranks.
+process (no MPI). The MPI run splits every global batch across N real ranks, with every way of
+communicating DDP offers: overlapped or after backward, one bucket or one per parameter or a few
+parameters per bucket, and k accumulated micro-steps (no_sync) per step.
 """
 
 from __future__ import annotations
@@ -45,9 +47,36 @@ def single_process(seed: int, steps: int, batch: int, opt_name: str, dtype: str)
     return model.state_dict(), losses
 
 
-def check_equivalence(tmp_path, world_size, seed, steps, batch, opt_name, dtype):
-    run_mpi(world_size, "ddp_equivalence.py", tmp_path, seed, steps, batch, opt_name, dtype, timeout=120)
-    ref_params, ref_losses = single_process(seed, steps, batch, opt_name, dtype)
+def single_process_two_heads(seed: int, steps: int, batch: int, opt_name: str, world_size: int):
+    """TwoHeads, where rank r's share uses the `extra` head only in some steps: the reference loss is the
+    same sum of per-share losses, computed in one process (float64)."""
+    x, y = ddp_common.make_data(seed, 64)
+    model = ddp_common.TwoHeads(seed, np.float64)
+    opt = ddp_common.make_optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(steps):
+        xb, yb = ddp_common.global_batch(x, y, step, batch)
+        total = 0
+        for rank in range(world_size):
+            mine = ddp_common.share(batch, world_size, rank)
+            logits = model(md.tensor(xb[mine], dtype=np.float64), ddp_common.uses_extra(rank, step))
+            total = total + nn.functional.cross_entropy(logits, yb[mine], reduction="sum")
+        loss = total * (1 / batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model.state_dict(), losses
+
+
+def check_equivalence(tmp_path, world_size, seed, steps, batch, opt_name, dtype, *options):
+    """Run the worker with ``options`` (its --flags) and compare every rank with the reference."""
+    args = (seed, steps, batch, opt_name, dtype, *options)
+    run_mpi(world_size, "ddp_equivalence.py", tmp_path, *args, timeout=120)
+    if "--two-heads" in options:
+        ref_params, ref_losses = single_process_two_heads(seed, steps, batch, opt_name, world_size)
+    else:
+        ref_params, ref_losses = single_process(seed, steps, batch, opt_name, dtype)
     tol = TOLERANCE[dtype]
     for rank in range(world_size):
         params = np.load(tmp_path / f"params_rank{rank}.npz")
@@ -86,3 +115,44 @@ def test_ddp_matches_single_process_in_float32(tmp_path):
 def test_ddp_equivalence_property(tmp_path_factory, world_size, batch, seed, opt_name):
     tmp_path = tmp_path_factory.mktemp("ddp")
     check_equivalence(tmp_path, world_size, seed, steps=3, batch=batch, opt_name=opt_name, dtype="float64")
+
+
+# Buckets: 1e-6 MiB is smaller than any parameter (one bucket per parameter, 6 buckets); 0.0005 MiB
+# (524 bytes) holds a few small float64 parameters per bucket (16*8 weights = 1 KiB gets its own); 25 is
+# the default (one bucket). Overlap on and off. Each row is one mpiexec run, so the rows are few.
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "world_size, opt_name, options",
+    [
+        (2, "sgd", ("--bucket-cap-mb", "1e-6")),
+        (3, "adamw", ("--bucket-cap-mb", "1e-6", "--no-overlap")),
+        (4, "adamw", ("--bucket-cap-mb", "0.0005")),
+        (2, "sgd", ("--bucket-cap-mb", "0.0005", "--no-overlap")),
+    ],
+)
+def test_ddp_matches_single_process_for_bucket_sizes_and_overlap(tmp_path, world_size, opt_name, options):
+    check_equivalence(tmp_path, world_size, 11, 4, 12, opt_name, "float64", *options)
+
+
+# no_sync: k micro-steps of (global batch / k) on N ranks, each micro-step's loss scaled by 1/k (here:
+# by world_size / global batch on the summed loss, which is the same thing for equal shares and stays
+# exact for unequal ones), equal one step on the whole global batch in one process. 14 samples in 3
+# micro-batches (5, 5, 4) on 2 or 3 ranks also gives unequal shares.
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "world_size, opt_name, options",
+    [
+        (2, "sgd", ("--grad-accum", "3", "--bucket-cap-mb", "1e-6")),
+        (3, "adamw", ("--grad-accum", "2", "--no-overlap")),
+    ],
+)
+def test_no_sync_accumulation_matches_one_big_step(tmp_path, world_size, opt_name, options):
+    check_equivalence(tmp_path, world_size, 13, 4, 14, opt_name, "float64", *options)
+
+
+# find_unused_parameters=True: the `extra` head is used by some ranks only, and its bucket starts late;
+# the average with zeros for the ranks without it equals the gradient of the summed per-share losses.
+@pytest.mark.mpi
+@pytest.mark.parametrize("options", [("--bucket-cap-mb", "1e-6"), ("--no-overlap",)])
+def test_find_unused_parameters_matches_single_process(tmp_path, options):
+    check_equivalence(tmp_path, 3, 17, 4, 12, "sgd", "float64", "--two-heads", *options)

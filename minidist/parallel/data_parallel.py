@@ -10,56 +10,93 @@ If each rank's loss is the mean over its equal share of the global batch, the av
 ranks' gradients is exactly the gradient of the mean loss over the whole global batch, so N ranks
 train the same model as one process would (up to float rounding of the summation order).
 
-This first version communicates once, after backward: a hook on each parameter notices that its
-gradient is complete; the first hook of a backward pass queues a callback that the autograd engine
-runs when backward ends; the callback packs every gradient into one flat buffer and averages it
-with one ring all-reduce (fewer, larger messages: the latency term alpha is paid 2(n-1) times per
-step instead of per parameter). Bucketing and overlapping communication with backward come later.
+**Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped
+into buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward
+has finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts
+at once, while backward goes on computing earlier layers. Buckets start strictly in index order: a
+bucket that fills early waits until every earlier bucket has started, so all ranks issue the same
+collectives in the same order even if their gradients arrive in different orders. A callback queued
+with ``autograd.queue_callback`` runs when backward ends; it starts any bucket not yet started, waits
+for all of them, and only then does ``loss.backward()`` return. ``overlap=False`` keeps the simple
+version for teaching and comparison: nothing is sent during backward, and the callback all-reduces the
+buckets one after another. Overlap needs an autograd engine that accumulates each parameter's
+gradient (and runs its hook) as soon as that gradient is complete, i.e. right after its layer's
+backward; one that accumulates every leaf only at the end of backward leaves nothing to overlap with
+(the timeline from ``minidist.trace`` shows which case you are in).
 
-Source: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
-VLDB 2020, §3.
+**Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while
+the main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some
+thread is inside an MPI call; our hooks run a few times per backward (once per parameter), so a
+non-blocking all-reduce would progress in a few bursts and mostly finish in the final wait. It would
+also have to be MPI's ``Iallreduce``, not our hand-written ring. A thread instead runs the ordinary,
+blocking ``dist.all_reduce`` and progresses continuously. It needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks
+for it; we check ``MPI.Query_thread()`` and fall back to ``overlap=False`` with a warning) and its own
+communicator: the thread talks only over a duplicate of ``group`` reserved for DDP, so its messages can
+never be matched by a collective the main thread calls on ``group`` meanwhile. The GIL is no obstacle:
+BLAS matmuls and mpi4py calls release it. The price is CPU time: a blocking MPI call *spins* while it
+waits for the peer (MPICH yields the core only every 1000 polls, ``MPIR_CVAR_POLLS_BEFORE_YIELD``),
+and on a machine with one core per rank that spinning thread competes with the compute thread. So
+overlap helps most when the ranks are in step (a bucket's partners are ready when it starts) and the
+cores are not oversubscribed; the packing copies and the additions of the ring cost CPU time either way.
+
+**Bookkeeping that travels with the gradients.** Two mistakes would make ranks disagree about which
+collectives to run, and hang: a parameter that gets no gradient on some rank (its bucket never fills
+there), and a rank that runs out of batches before the others. Rather than spend an extra collective
+per step, the last bucket carries ``P + 1`` extra numbers: one "got a gradient" flag per parameter and
+one "still training" flag. Averaged with the gradients, they tell every rank how many ranks produced each
+gradient and how many were training, so every rank raises the same error. A rank missing a gradient
+starts the remaining buckets anyway at the end of backward (its own gradient, or zeros if it has none),
+so all collectives complete first. A rank with no batches left calls :meth:`join`, which takes part in
+the same bucket all-reduces with zeros and a "not training" flag: if another rank was still training,
+both sides learn it from the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from minidist import autograd, backend, dist
+import numpy as np
+from mpi4py import MPI
+
+from minidist import autograd, backend, dist, trace
 from minidist.nn.module import Module, Parameter
-
-
-def _flatten(arrays: list[Any]) -> Any:
-    """One contiguous 1-D copy of ``arrays``, concatenated in order."""
-    return backend.array_module(arrays[0]).concatenate([a.reshape(-1) for a in arrays])
-
-
-def _unflatten_into(flat: Any, arrays: list[Any]) -> None:
-    """Copy consecutive pieces of ``flat`` back into ``arrays`` (in place)."""
-    offset = 0
-    for a in arrays:
-        a[...] = flat[offset : offset + a.size].reshape(a.shape)
-        offset += a.size
+from minidist.parallel.buckets import Bucket, flatten, plan_buckets, unflatten_into
+from minidist.parallel.comm_thread import CommThread, Job
 
 
 class DistributedDataParallel(Module):
-    """Wrap ``module`` so that ``loss.backward()`` leaves gradients averaged over ``group``.
+    """Wrap ``module`` so that ``loss.backward()`` returns with gradients averaged over ``group``.
 
     Args:
         module: the model; ``ddp(x)`` calls ``module(x)``. Its parameters are overwritten with rank
             0's when wrapping (a collective: every rank of ``group`` must construct DDP together).
         group: the data-parallel communicator from ``dist`` (default: the world).
-        bucket_cap_mb, overlap: accepted for the public API; this first version uses a single bucket
-            after backward whatever their values (bucketed, overlapped communication is a later step).
+        bucket_cap_mb: bucket size limit in MiB (2**20 bytes) of gradients; a parameter bigger than
+            the cap gets a bucket of its own. Every bucket is one ``dist.all_reduce(op="avg")``.
+        overlap: start each bucket's all-reduce during backward, in a communication thread (True), or
+            all-reduce every bucket after backward on the calling thread (False).
+        find_unused_parameters: if False, a backward pass in which some parameter got no gradient on
+            some rank raises ``RuntimeError`` on every rank. If True, a missing gradient counts as
+            zeros: that parameter's ``.grad`` becomes the average over ranks with zeros for the ranks
+            that lacked it (all zeros if no rank had one). Buckets after such a parameter start only
+            at the end of backward.
 
-    Gradients are averaged with ``dist.all_reduce(op="avg")`` over one flat buffer of all gradients
-    (4 bytes x number of parameters for float32). ``state_dict()`` names start with ``"module."``,
-    as in PyTorch.
+    Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
+    elements of bookkeeping). ``state_dict()`` names start with ``"module."``, as in PyTorch.
 
-    Raises:
-        RuntimeError: after a backward pass in which some parameter received no gradient (its name is
-            given); every rank must produce gradients for the same parameters.
+    Raises (from ``loss.backward()``, identically on every rank):
+        RuntimeError: some parameter got no gradient on some rank (names it; see above).
+        CollectiveMismatchError: some rank had called :meth:`join` (it had no batches left) while
+            this one ran another backward pass.
+        ValueError: ``bucket_cap_mb <= 0`` (at construction); TypeError: ``module`` is not a Module.
+
+    Limitation: a rank whose backward reaches *none* of the parameters runs no hook, so it does not
+    take part at all and the other ranks wait for it.
     """
 
     def __init__(
@@ -68,27 +105,54 @@ class DistributedDataParallel(Module):
         group: Any = None,
         bucket_cap_mb: float = 25,
         overlap: bool = True,
+        find_unused_parameters: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self.module = module
         self.group = group if group is not None else dist.init()
         self.bucket_cap_mb = bucket_cap_mb
-        self.overlap = overlap
+        self.find_unused_parameters = find_unused_parameters
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self._sync_enabled = True
-        self._ready: set[int] = set()  # ids of parameters whose gradient this backward pass completed
-        self._callback_queued = False
+        params = [p for _, p in self._named]
 
         # Rule 1: identical start. One broadcast of all parameters packed together.
-        params = [p.data for p in module.parameters()]
-        if params:
-            flat = _flatten(params)
+        all_params = [p.data for p in module.parameters()]
+        if all_params:
+            flat = flatten(all_params)
             dist.broadcast(flat, src=0, group=self.group)
-            _unflatten_into(flat, params)
+            unflatten_into(flat, all_params)
 
-        for _, p in self._named:
+        # The same plan on every rank: it depends only on the parameters' sizes and dtypes.
+        plan = plan_buckets([p.data.nbytes for p in params], [p.dtype for p in params], bucket_cap_mb * 2**20)
+        self._buckets = [
+            Bucket(b, [params[i] for i in idx], extra=len(params) + 1 if b == len(plan) - 1 else 0)
+            for b, idx in enumerate(plan)
+        ]
+        self._bucket_of = {i: b for b, idx in enumerate(plan) for i in idx}
+        self._index_of = {id(p): i for i, p in enumerate(params)}
+
+        # A private channel for gradient traffic (collective: every rank duplicates together), and the
+        # thread that uses it. A group of one rank has nothing to communicate.
+        self._comm = dist.Communicator(self.group.mpi.Dup()) if self.group.size > 1 and params else None
+        if overlap and self._comm is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            warnings.warn(
+                "DistributedDataParallel: MPI was initialised without MPI_THREAD_MULTIPLE, so gradients "
+                "cannot be all-reduced from a communication thread; using overlap=False",
+                stacklevel=2,
+            )
+            overlap = False
+        self.overlap = overlap
+        self._thread = CommThread("ddp-comm") if overlap and self._comm is not None else None
+        if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
+            weakref.finalize(self, self._thread.close, False)
+
+        self._sync_enabled = True
+        self._reset_pass()
+        for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -98,9 +162,11 @@ class DistributedDataParallel(Module):
     def no_sync(self) -> Iterator[None]:
         """Skip gradient communication inside this block: gradients accumulate locally in ``.grad``.
 
-        The first backward outside the block averages the accumulated sums. For k micro-steps of
-        local batch b on N ranks, each with a mean loss, divide each loss by k to get the gradient
-        of the mean over the k*N*b samples.
+        The first backward outside the block all-reduces the accumulated sums. Averaging semantics: k
+        micro-steps of local batch b on N ranks, each micro-step's mean loss divided by k (k - 1 of them
+        inside ``no_sync``), give the same gradient as one step on one process with the mean loss over
+        the k*N*b samples. No communication happens inside, so :meth:`join` and the unused-parameter
+        check only look at the synchronising backward.
         """
         previous, self._sync_enabled = self._sync_enabled, False
         try:
@@ -108,27 +174,125 @@ class DistributedDataParallel(Module):
         finally:
             self._sync_enabled = previous
 
+    def join(self) -> None:
+        """Declare that this rank has no batches left; call it on every rank after its last batch.
+
+        Collective over the group. If every rank calls it, it costs one all-reduce of zeros per bucket
+        and returns. If some rank instead runs another backward pass (it had more batches), this rank
+        takes part in that pass's all-reduces with zeros, and both sides raise the same
+        ``CollectiveMismatchError`` rather than hang. Raises ``RuntimeError`` if called during backward.
+        """
+        if self._pass_active:
+            raise RuntimeError("join() was called during a backward pass; call it after the last batch")
+        if self._comm is None:
+            return
+        with trace.span("join", trace.WAIT):
+            self._buckets[-1].extra[...] = 0  # no gradients, and "not training"
+            for bucket in self._buckets:
+                bucket.pack_zeros()
+                dist.all_reduce(bucket.flat, op="avg", group=self._comm)
+        _, training = self._read_bookkeeping()
+        if training > 0:
+            raise self._uneven_batches_error(training)
+
     # -- called by the autograd engine during loss.backward() -----------------------------------
+    def _reset_pass(self) -> None:
+        self._pass_active = False
+        self._ready = np.zeros(len(self._named), dtype=bool)  # which gradients this pass has finished
+        self._missing = [len(b.params) for b in self._buckets]  # per bucket: gradients not yet ready
+        self._jobs: list[Job] = []  # one per started bucket, in bucket order
+
     def _on_grad_ready(self, param: Parameter) -> None:
         if not self._sync_enabled:
             return
-        self._ready.add(id(param))
-        if not self._callback_queued:
-            self._callback_queued = True
-            autograd.queue_callback(self._all_reduce_gradients)
+        if not self._pass_active:  # the first gradient of this backward pass
+            self._pass_active = True
+            autograd.queue_callback(self._finish_pass)
+        i = self._index_of[id(param)]
+        if self._ready[i]:
+            return
+        self._ready[i] = True
+        self._missing[self._bucket_of[i]] -= 1
+        if self.overlap and self._comm is not None:
+            # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
+            while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
+                self._start_next_bucket()
 
-    def _all_reduce_gradients(self) -> None:
-        """Rule 2: identical steps. Average all gradients over the group, in place."""
-        self._callback_queued = False
-        unused = [name for name, p in self._named if id(p) not in self._ready]
-        self._ready.clear()
-        if unused:
+    def _start_next_bucket(self) -> None:
+        bucket = self._buckets[len(self._jobs)]
+        if bucket is self._buckets[-1]:
+            # Final now: if this runs during backward, every gradient is ready (all earlier buckets
+            # started and this one is full), so the flags cannot change any more.
+            bucket.extra[:-1] = backend.asarray(self._ready, dtype=bucket.flat.dtype)
+            bucket.extra[-1] = 1  # "still training"
+        job = Job(functools.partial(self._all_reduce_bucket, bucket))
+        self._jobs.append(job)
+        if self._thread is not None:
+            self._thread.submit(job)
+        else:
+            job.run()
+
+    def _all_reduce_bucket(self, bucket: Bucket) -> None:
+        """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
+        with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
+            bucket.pack()
+            dist.all_reduce(bucket.flat, op="avg", group=self._comm)
+            bucket.unpack()
+
+    def _finish_pass(self) -> None:
+        """End of backward: start what is left, wait for every bucket, then check the bookkeeping."""
+        try:
+            if self._comm is None:  # one rank: nothing to average, only the local check
+                self._check(self._ready.astype(np.int64), 1)
+                for (_, p), ready in zip(self._named, self._ready):
+                    if not ready and p.grad is None:  # as N ranks would: the average of zeros
+                        p.grad = backend.xp().zeros_like(p.data)
+                return
+            with trace.span("wait for gradients", trace.WAIT):
+                while len(self._jobs) < len(self._buckets):
+                    self._start_next_bucket()
+                for job in self._jobs:
+                    job.wait()
+            self._check(*self._read_bookkeeping())
+        finally:
+            self._reset_pass()
+
+    def _read_bookkeeping(self) -> tuple[np.ndarray, int]:
+        """(per parameter: ranks that had its gradient, ranks still training), from the last bucket."""
+        n = self._comm.size
+        # The flags were averaged: flag * n is a count. rint undoes the rounding of the division.
+        counts = np.rint(backend.to_numpy(self._buckets[-1].extra).astype(np.float64) * n).astype(np.int64)
+        return counts[:-1], int(counts[-1])
+
+    def _uneven_batches_error(self, training: int) -> dist.CollectiveMismatchError:
+        """The same message on every rank: it is built only from numbers every rank received."""
+        n = self.group.size
+        return dist.CollectiveMismatchError(
+            f"DistributedDataParallel: the ranks ran different numbers of batches: {n - training} of {n} "
+            f"ranks had called join() (no batches left) while {training} ran another backward pass. Give "
+            "every rank the same number of batches (e.g. DistributedSampler with drop_last=True) and call "
+            "join() on every rank after its last batch"
+        )
+
+    def _check(self, have_gradient: np.ndarray, training: int) -> None:
+        """After a backward pass: raise if some rank had joined, or (unless allowed) lacked a gradient."""
+        n = self.group.size
+        if training < n:
+            raise self._uneven_batches_error(training)
+        unused = [
+            f"{name!r} (missing on {n - c} of {n} ranks)"
+            for (name, _), c in zip(self._named, have_gradient)
+            if c < n
+        ]
+        if unused and not self.find_unused_parameters:
             raise RuntimeError(
-                f"DistributedDataParallel: parameters {unused} received no gradient in this backward pass; "
-                "every parameter must take part in the loss on every rank (remove unused parameters, or "
-                "freeze them with requires_grad=False before wrapping)"
+                f"DistributedDataParallel: parameters {', '.join(unused)} received no gradient in this "
+                "backward pass. Every parameter must take part in the loss on every rank: remove unused "
+                "parameters, freeze them with requires_grad=False before wrapping, or pass "
+                "find_unused_parameters=True to average missing gradients as zeros"
             )
-        grads = [p.grad for _, p in self._named]
-        flat = _flatten(grads)
-        dist.all_reduce(flat, op="avg", group=self.group)
-        _unflatten_into(flat, grads)
+
+
+def _device_of(array: Any) -> Any:
+    """A context that makes ``array``'s GPU current in this thread (CuPy's current device is per thread)."""
+    return array.device if backend.is_gpu_array(array) else contextlib.nullcontext()

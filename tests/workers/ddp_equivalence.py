@@ -1,10 +1,15 @@
 """MPI worker: train with DistributedDataParallel and save each rank's parameters and losses.
 
-argv: out_dir seed steps global_batch optimizer dtype
-Each rank takes its numpy.array_split share of every global batch and scales its summed loss by
-world_size / global_batch, so DDP's average is the gradient of the global-batch mean.
+argv: out_dir seed steps global_batch optimizer dtype [--bucket-cap-mb MB] [--no-overlap]
+      [--grad-accum K] [--two-heads]
+Each global batch is cut into K micro-batches (numpy.array_split order) and each micro-batch into the
+ranks' shares. A rank's loss for one share is its summed loss times world_size / global_batch, so that
+after K accumulated micro-steps (K - 1 of them in no_sync) DDP's average is the gradient of the mean
+loss over the global batch, even when shares are unequal. --two-heads trains ddp_common.TwoHeads with
+find_unused_parameters=True: only some ranks use its `extra` head in a step.
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,26 +23,55 @@ import minidist as md  # noqa: E402
 from minidist import dist, nn  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
-out_dir, seed, steps, batch, opt_name, dtype = sys.argv[1:7]
-seed, steps, batch, dtype = int(seed), int(steps), int(batch), np.dtype(dtype)
+parser = argparse.ArgumentParser()
+for name, kind in [
+    ("out_dir", str),
+    ("seed", int),
+    ("steps", int),
+    ("batch", int),
+    ("opt", str),
+    ("dtype", str),
+]:
+    parser.add_argument(name, type=kind)
+parser.add_argument("--bucket-cap-mb", type=float, default=25)
+parser.add_argument("--no-overlap", action="store_true")
+parser.add_argument("--grad-accum", type=int, default=1)
+parser.add_argument("--two-heads", action="store_true")
+args = parser.parse_args()
+dtype = np.dtype(args.dtype)
+
 world = dist.init()
-x, y = ddp_common.make_data(seed, 64)
+x, y = ddp_common.make_data(args.seed, 64)
 # Different seeds per rank: DDP's broadcast must still make every replica start from rank 0's weights.
-model = DistributedDataParallel(ddp_common.make_model(seed + world.rank, dtype), group=world)
-opt = ddp_common.make_optimizer(opt_name, model.parameters())
+seed = args.seed + world.rank
+module = ddp_common.TwoHeads(seed, dtype) if args.two_heads else ddp_common.make_model(seed, dtype)
+model = DistributedDataParallel(
+    module, group=world, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap,
+    find_unused_parameters=args.two_heads,
+)  # fmt: skip
+opt = ddp_common.make_optimizer(args.opt, model.parameters())
 losses = []
-for step in range(steps):
-    xb, yb = ddp_common.global_batch(x, y, step, batch)
-    mine = np.array_split(np.arange(batch), world.size)[world.rank]
-    local = nn.functional.cross_entropy(model(md.tensor(xb[mine], dtype=dtype)), yb[mine], reduction="sum")
-    loss = local * (world.size / batch)
+for step in range(args.steps):
+    xb, yb = ddp_common.global_batch(x, y, step, args.batch)
     opt.zero_grad()
-    loss.backward()
+    total = np.zeros(1)
+    for micro in range(args.grad_accum):
+        idx = ddp_common.share(args.batch, args.grad_accum, micro)
+        mine = idx[ddp_common.share(len(idx), world.size, world.rank)]
+        inputs = md.tensor(xb[mine], dtype=dtype)
+        logits = model(inputs, ddp_common.uses_extra(world.rank, step)) if args.two_heads else model(inputs)
+        local = nn.functional.cross_entropy(logits, yb[mine], reduction="sum")
+        loss = local * (world.size / args.batch)
+        if micro < args.grad_accum - 1:
+            with model.no_sync():  # accumulate locally; only the last micro-step communicates
+                loss.backward()
+        else:
+            loss.backward()
+        total += local.item()
     opt.step()
-    total = np.array([local.item()])
     dist.all_reduce(total, op="sum", group=world)
-    losses.append(float(total[0]) / batch)
-np.savez(
-    Path(out_dir) / f"params_rank{world.rank}.npz", **{k: v for k, v in model.module.state_dict().items()}
-)
-(Path(out_dir) / f"losses_rank{world.rank}.json").write_text(json.dumps(losses))
+    losses.append(float(total[0]) / args.batch)
+model.join()  # every rank ran the same number of steps: join() returns quietly
+out = Path(args.out_dir)
+np.savez(out / f"params_rank{world.rank}.npz", **model.module.state_dict())
+(out / f"losses_rank{world.rank}.json").write_text(json.dumps(losses))

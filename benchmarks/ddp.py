@@ -1,0 +1,226 @@
+"""Benchmark DistributedDataParallel: scaling from 1 to N ranks, overlap, and PyTorch DDP as the yardstick.
+
+    mpirun -n 2 python benchmarks/ddp.py                       # the numbers in benchmarks/README.md
+    mpirun -n 2 python benchmarks/ddp.py --steps 3 --rounds 2 --trace ddp_trace.json --no-torch
+
+The model is compute-bound on purpose: an MLP of 4 Linear layers 2048 -> 2048 (ReLU between them,
+16.8 M parameters, 67 MB of float32 gradients), a batch of 256 samples *per rank*, cross-entropy over
+2048 classes, plain SGD, float32, one BLAS thread per rank. One launch measures everything:
+
+1. minidist on 1 rank (rank 0 alone, in a group of its own, while the other ranks sleep), then on all
+   N ranks. Scaling efficiency = t(1) / t(N): with a fixed batch per rank (weak scaling) perfect
+   scaling keeps the step time constant, so 100% means communication cost nothing.
+2. The overlap fraction from a timeline trace of one round on N ranks (``minidist.trace``): the share
+   of communication time hidden behind backward, per rank.
+3. If ``import torch`` works (``pip install -e ".[bench]"``): the same model, batch, dtype and thread
+   count with PyTorch's DistributedDataParallel over the gloo backend (CPU, TCP on 127.0.0.1), on 1 and
+   N ranks, and the ratio minidist / PyTorch (< 1 means minidist is faster).
+
+Timing: ``--warmup`` steps, then ``--rounds`` rounds of ``--steps`` steps; a round's step time is its
+wall time / steps on the slowest rank, and the reported time is the median over rounds (the machine
+may be shared: check ``uptime`` first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per rank: the ranks share the cores
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import minidist as md  # noqa: E402
+from minidist import dist, nn, optim, trace  # noqa: E402
+from minidist.parallel import DistributedDataParallel  # noqa: E402
+
+WIDTH, LAYERS, BATCH = 2048, 4, 256
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the median round is reported")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--no-overlap", action="store_true", help="minidist DDP with overlap=False")
+    p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if it is installed")
+    p.add_argument("--trace", default=None, metavar="OUT.json", help="save the traced round's timeline")
+    return p.parse_args()
+
+
+def time_steps(step: Callable[[], None], comm: MPI.Comm, args: argparse.Namespace) -> float:
+    """Median over rounds of (wall time of ``args.steps`` steps on the slowest rank) / steps, in seconds."""
+    for _ in range(args.warmup):
+        step()
+    per_round = []
+    for _ in range(args.rounds):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        per_round.append(comm.allreduce((time.perf_counter() - start) / args.steps, op=MPI.MAX))
+    return statistics.median(per_round)
+
+
+def idle_until(rank0_done: Callable[[], None], world: MPI.Comm) -> None:
+    """Rank 0 runs ``rank0_done``; the other ranks sleep meanwhile (a blocking MPI wait would spin and
+    steal a core from rank 0's single-rank measurement)."""
+    if world.Get_rank() == 0:
+        rank0_done()
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(0.02)
+
+
+# --- minidist ---------------------------------------------------------------------------------------
+
+
+def minidist_step(group: dist.Communicator, args: argparse.Namespace) -> tuple[Callable[[], None], object]:
+    """A closure running one training step of the benchmark MLP under minidist DDP on ``group``."""
+    md.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(LAYERS):
+        layers += [nn.Linear(WIDTH, WIDTH)] + ([nn.ReLU()] if i < LAYERS - 1 else [])
+    model = DistributedDataParallel(
+        nn.Sequential(*layers), group=group, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
+    )
+    opt = optim.SGD(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(group.rank)
+    x = md.tensor(rng.standard_normal((BATCH, WIDTH), dtype=np.float32))
+    y = rng.integers(0, WIDTH, BATCH)
+
+    def step() -> None:
+        with trace.span("forward", "forward"):
+            loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        with trace.span("backward", trace.BACKWARD):
+            loss.backward()
+        with trace.span("optimizer step", "optimizer"):
+            opt.step()
+
+    return step, model
+
+
+def bench_minidist(world: dist.Communicator, args: argparse.Namespace) -> dict[str, float]:
+    results: dict[str, float] = {}
+    alone = world.split(0 if world.rank == 0 else None)  # rank 0 in a group of one; None elsewhere
+
+    def single() -> None:
+        step, _ = minidist_step(alone, args)
+        results["t1"] = time_steps(step, alone.mpi, args)
+
+    idle_until(single, world.mpi)
+    step, _ = minidist_step(world, args)
+    results["tN"] = time_steps(step, world.mpi, args)
+
+    # One more round, traced, for the overlap fraction (tracing costs a few microseconds per span).
+    world.barrier()
+    trace.enable()
+    for _ in range(args.steps):
+        step()
+    trace.disable()
+    everyone = world.mpi.gather(trace.events(), root=0)
+    if world.rank == 0:
+        fractions = [trace.overlap_fraction(events) for events in everyone]
+        results["overlap_mean"], results["overlap_min"] = float(np.mean(fractions)), min(fractions)
+        if args.trace:
+            trace.save_chrome_trace(args.trace, everyone)
+    return results
+
+
+# --- PyTorch ----------------------------------------------------------------------------------------
+
+
+def bench_torch(world: MPI.Comm, args: argparse.Namespace) -> dict[str, float] | None:
+    try:
+        import torch  # noqa: PLC0415  (optional: the "bench" extra)
+        import torch.distributed as tdist  # noqa: PLC0415
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP  # noqa: PLC0415
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    rank, size = world.Get_rank(), world.Get_size()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(world.bcast(_free_port() if rank == 0 else None, root=0))
+    tdist.init_process_group("gloo", rank=rank, world_size=size)
+    alone = tdist.new_group([0])  # collective over all ranks, even those not in the new group
+
+    def make_step(group) -> Callable[[], None]:
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = []
+        for i in range(LAYERS):
+            layers += [torch.nn.Linear(WIDTH, WIDTH)] + ([torch.nn.ReLU()] if i < LAYERS - 1 else [])
+        model = TorchDDP(torch.nn.Sequential(*layers), process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(rank)
+        x = torch.randn(BATCH, WIDTH, generator=gen)
+        y = torch.randint(0, WIDTH, (BATCH,), generator=gen)
+
+        def step() -> None:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        return step
+
+    results: dict[str, float] = {}
+
+    def single() -> None:
+        results["t1"] = time_steps(make_step(alone), MPI.COMM_SELF, args)
+
+    idle_until(single, world)
+    results["tN"] = time_steps(make_step(None), world, args)
+    tdist.destroy_process_group()
+    return results
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    args = parse_args()
+    load_before = os.getloadavg()[0]
+    world = dist.init()
+    n = world.size
+    mini = bench_minidist(world, args)
+    torch_results = None if args.no_torch else bench_torch(world.mpi, args)
+    if world.rank != 0:
+        return
+    params = LAYERS * (WIDTH * WIDTH + WIDTH)
+    print(f"MLP {LAYERS} x Linear({WIDTH}, {WIDTH}), {params / 1e6:.1f} M parameters "
+          f"({4 * params / 1e6:.0f} MB float32 gradients), batch {BATCH} per rank, "
+          f"{os.environ['OMP_NUM_THREADS']} BLAS thread(s) per rank; "
+          f"minidist bucket_cap_mb={args.bucket_cap_mb}, overlap={not args.no_overlap}")  # fmt: skip
+    print(f"1-minute load average before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}")
+    print(f"{'':12s} {'1 rank':>10s} {f'{n} ranks':>10s} {'scaling':>9s}")
+    print(f"{'minidist':12s} {mini['t1']:9.3f}s {mini['tN']:9.3f}s {mini['t1'] / mini['tN']:8.1%}")
+    if torch_results is not None:
+        t1, tn = torch_results["t1"], torch_results["tN"]
+        print(f"{'PyTorch DDP':12s} {t1:9.3f}s {tn:9.3f}s {t1 / tn:8.1%}")
+        print(
+            f"{'ratio':12s} {mini['t1'] / t1:9.2f}x {mini['tN'] / tn:9.2f}x   (minidist / PyTorch step time)"
+        )
+    else:
+        print("PyTorch not importable (or --no-torch): no comparison")
+    print(f"communication hidden behind backward ({n} ranks): mean {mini['overlap_mean']:.1%}, "
+          f"min {mini['overlap_min']:.1%}")  # fmt: skip
+    if args.trace:
+        print(f"timeline: {args.trace} (open in https://ui.perfetto.dev)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""DDP's documented errors are raised on every rank, with the same message, and nobody hangs (DESIGN.md §3.5).
+
+The ddp_errors worker runs every scenario in one mpiexec launch and records what each rank caught; the
+run itself is under a timeout, so a hang fails the test instead of freezing the suite.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mpi_utils import run_mpi
+
+
+def caught(tmp_path, world_size: int) -> list[dict[str, str]]:
+    return [json.loads((tmp_path / f"errors_rank{r}.json").read_text()) for r in range(world_size)]
+
+
+# One bucket per parameter with overlap (the ranks that have every gradient start all buckets during
+# backward while rank 1 cannot start the first one), and one single bucket without overlap.
+@pytest.mark.mpi
+@pytest.mark.parametrize("world_size, cap, overlap", [(3, "1e-6", 1), (2, "25", 0)])
+def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_size, cap, overlap):
+    run_mpi(world_size, "ddp_errors.py", tmp_path, cap, overlap, timeout=60)
+    seen = caught(tmp_path, world_size)
+    for scenario in seen[0]:
+        assert len({s[scenario] for s in seen}) == 1, f"ranks disagree on {scenario}: {seen}"
+    first = seen[0]
+    # Only rank 1 lacked the gradients, but every rank raises, naming both parameters.
+    assert first["unused_on_rank_1"].startswith("RuntimeError: DistributedDataParallel: parameters ")
+    assert f"'extra.weight' (missing on 1 of {world_size} ranks)" in first["unused_on_rank_1"]
+    assert f"'extra.bias' (missing on 1 of {world_size} ranks)" in first["unused_on_rank_1"]
+    assert "find_unused_parameters=True" in first["unused_on_rank_1"]
+    assert f"'extra.weight' (missing on {world_size} of {world_size} ranks)" in first["unused_everywhere"]
+    assert first["still_works"] == "no error"
+    assert first["zeros_if_unused"] == "[true, true]"  # find_unused_parameters=True: zeros, not None
+    assert first["uneven_batches"].startswith(
+        f"CollectiveMismatchError: DistributedDataParallel: the ranks ran different numbers of batches: 1 of "
+        f"{world_size} ranks had called join()"
+    )
+
+
+@pytest.mark.mpi
+def test_one_rank_checks_unused_parameters_too(tmp_path):
+    # A group of one communicates nothing, but keeps the same rules: the error, and zeros with
+    # find_unused_parameters=True (so 1 rank trains like N ranks). "unused_on_rank_1" has no rank 1.
+    run_mpi(1, "ddp_errors.py", tmp_path, "25", 1, timeout=60)
+    (seen,) = caught(tmp_path, 1)
+    assert "'extra.weight' (missing on 1 of 1 ranks)" in seen["unused_everywhere"]
+    assert seen["unused_on_rank_1"] == seen["still_works"] == seen["uneven_batches"] == "no error"
+    assert seen["zeros_if_unused"] == "[true, true]"

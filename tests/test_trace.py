@@ -1,0 +1,174 @@
+"""minidist.trace: spans, the Chrome/Perfetto JSON, and the overlap fraction.
+
+The interval arithmetic is checked against hand-made timelines and, with hypothesis, against a brute
+force count over unit cells; the JSON against the fields chrome://tracing and Perfetto need; and a real
+DDP run on 2 ranks must produce a trace with both ranks, both threads and every bucket, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mpi_utils import run_mpi
+
+import minidist as md
+from minidist import nn, trace
+
+
+def ev(name, cat, start, end, tid=1, thread="MainThread"):
+    return {"name": name, "cat": cat, "start": start, "end": end, "tid": tid, "thread": thread}
+
+
+def test_span_records_name_category_thread_and_times():
+    trace.enable()
+    with trace.span("outer", "forward"):
+        with trace.span("inner", "comm"):
+            pass
+
+    def in_thread():
+        with trace.span("in thread", "comm"):
+            pass
+
+    worker = threading.Thread(target=in_thread, name="helper")
+    worker.start()
+    worker.join()
+    trace.disable()
+    with trace.span("after disable", "x"):
+        pass
+    events = trace.events()
+    assert [e["name"] for e in events] == ["inner", "outer", "in thread"]  # in the order they ended
+    inner, outer, threaded = events
+    assert outer["cat"] == "forward" and inner["cat"] == "comm"
+    assert 0 <= outer["start"] <= inner["start"] <= inner["end"] <= outer["end"]
+    assert outer["thread"] == "MainThread" and threaded["thread"] == "helper"
+    assert threaded["tid"] != outer["tid"]
+    trace.enable()  # enable() starts a new recording
+    assert trace.events() == []
+    trace.disable()
+
+
+def test_span_records_a_block_that_raises():
+    trace.enable()
+    with pytest.raises(KeyError), trace.span("boom", "x"):
+        raise KeyError
+    trace.disable()
+    assert [e["name"] for e in trace.events()] == ["boom"]
+
+
+def test_chrome_trace_has_the_fields_perfetto_needs():
+    rank0 = [
+        ev("backward", "backward", 0.0, 0.5, tid=111),
+        ev("allreduce bucket 0", "comm", 0.1, 0.2, 222, "ddp"),
+    ]
+    rank1 = [ev("forward", "forward", 0.001, 0.25, tid=999)]
+    doc = json.loads(json.dumps(trace.to_chrome_trace([rank0, rank1])))  # JSON-serialisable
+    assert doc["displayTimeUnit"] == "ms"
+    complete = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    assert len(complete) == 3
+    for e in complete:
+        assert set(e) == {"name", "cat", "ph", "ts", "dur", "pid", "tid"}
+        assert isinstance(e["ts"], float) and e["dur"] >= 0 and isinstance(e["tid"], int)
+    bucket = next(e for e in complete if e["name"] == "allreduce bucket 0")
+    assert (bucket["pid"], bucket["tid"], bucket["ts"], bucket["dur"]) == (
+        0,
+        1,
+        pytest.approx(1e5),
+        pytest.approx(1e5),
+    )
+    assert {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "process_name"} == {
+        (0, "rank 0"),
+        (1, "rank 1"),
+    }
+    threads = {(e["pid"], e["tid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
+    assert threads == {(0, 0, "MainThread"), (0, 1, "ddp"), (1, 0, "MainThread")}
+
+
+def test_save_chrome_trace_writes_json(tmp_path):
+    trace.save_chrome_trace(tmp_path / "t.json", [[ev("a", "b", 0, 1)]])
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"][-1]["name"] == "a"
+
+
+@pytest.mark.parametrize(
+    "events, expected",
+    [
+        ([], 0.0),  # no communication at all
+        ([ev("bw", "backward", 0, 10), ev("c", "comm", 2, 4)], 1.0),  # fully hidden
+        ([ev("bw", "backward", 0, 10), ev("c", "comm", 8, 12)], 0.5),  # half after backward
+        ([ev("bw", "backward", 0, 10), ev("c", "comm", 10, 14)], 0.0),  # all after backward
+        # The main thread waits from 6 to 10 inside backward: comm during the wait is not hidden.
+        ([ev("bw", "backward", 0, 10), ev("w", "wait", 6, 10), ev("c", "comm", 4, 10)], 2 / 6),
+        # Two comm spans overlapping each other count once: covered 2..8 (6 s), hidden 2..5 (3 s).
+        ([ev("bw", "backward", 0, 5), ev("c0", "comm", 2, 6), ev("c1", "comm", 3, 8)], 0.5),
+        # Two backward passes: the comm between them is exposed.
+        ([ev("b1", "backward", 0, 2), ev("b2", "backward", 4, 6), ev("c", "comm", 1, 5)], 0.5),
+    ],
+)
+def test_overlap_fraction_on_hand_made_timelines(events, expected):
+    assert trace.overlap_fraction(events) == pytest.approx(expected)
+
+
+intervals = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)).map(sorted).map(tuple), max_size=6)
+
+
+def cells(spans) -> set[int]:
+    return {t for start, end in spans for t in range(start, end)}
+
+
+@given(a=intervals, b=intervals)
+def test_interval_arithmetic_matches_counting_unit_cells(a, b):
+    merged_a, merged_b = trace.merge_intervals(a), trace.merge_intervals(b)
+    assert cells(merged_a) == cells(a)
+    assert all(x[1] < y[0] for x, y in zip(merged_a, merged_a[1:]))  # sorted, disjoint, not touching
+    assert trace.intersection_length(merged_a, merged_b) == len(cells(a) & cells(b))
+    assert cells(trace.subtract_intervals(merged_a, merged_b)) == cells(a) - cells(b)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [True, False])
+def test_ddp_run_gives_a_trace_with_every_bucket_in_order(tmp_path, overlap):
+    run_mpi(2, "ddp_trace.py", tmp_path, int(overlap), timeout=60)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    events = doc["traceEvents"]
+    thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    expected_threads = {(r, "MainThread") for r in (0, 1)} | (
+        {(r, "ddp-comm") for r in (0, 1)} if overlap else set()
+    )
+    assert thread_names == expected_threads
+    for rank in (0, 1):
+        mine = sorted((e for e in events if e["ph"] == "X" and e["pid"] == rank), key=lambda e: e["ts"])
+        names = [e["name"] for e in mine if e["name"].startswith("allreduce bucket")]
+        # 6 parameters, one bucket each; 3 steps; started strictly in bucket order every step.
+        assert names == [f"allreduce bucket {i}" for i in range(6)] * 3
+        assert [e["name"] for e in mine].count("backward") == 3
+        as_spans = [
+            {"name": e["name"], "cat": e["cat"], "start": e["ts"], "end": e["ts"] + e["dur"]} for e in mine
+        ]
+        fraction = trace.overlap_fraction(as_spans)
+        assert 0.0 <= fraction <= 1.0
+        if not overlap:
+            assert fraction == 0.0  # every all-reduce ran on the main thread, inside the wait
+        elif autograd_fires_hooks_early():
+            # Overlap means some bucket started before backward was over, i.e. before the wait began.
+            waits = [e["ts"] for e in mine if e["name"] == "wait for gradients"]
+            first_bucket = [e["ts"] for e in mine if e["name"] == "allreduce bucket 0"]
+            assert all(b < w for b, w in zip(first_bucket, waits)), (first_bucket, waits)
+
+
+def autograd_fires_hooks_early() -> bool:
+    """Does backward give the last layer's parameters their gradients before the first layer's?
+
+    Overlap depends on it: DDP starts a bucket from the parameters' post-accumulate hooks. An autograd
+    that accumulates every leaf only at the end of backward leaves nothing to overlap with.
+    """
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
+    order: list[str] = []
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda _, name=name: order.append(name))
+    model(md.tensor([[1.0, 2.0, 3.0]])).sum().backward()
+    return order.index("2.weight") < order.index("0.weight")

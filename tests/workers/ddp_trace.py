@@ -1,0 +1,41 @@
+"""MPI worker: a few traced DDP steps with one bucket per parameter; rank 0 saves the merged Chrome trace.
+
+argv: out_dir overlap(0|1)
+Writes out_dir/trace.json (trace.save_chrome_trace of every rank's events, gathered on rank 0).
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ddp_common  # noqa: E402
+
+import minidist as md  # noqa: E402
+from minidist import dist, nn, optim, trace  # noqa: E402
+from minidist.parallel import DistributedDataParallel  # noqa: E402
+
+out_dir, overlap = Path(sys.argv[1]), sys.argv[2] == "1"
+world = dist.init()
+md.manual_seed(0)
+# Wide enough that backward takes a while (so a bucket can start before backward ends) yet fast.
+module = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+model = DistributedDataParallel(module, group=world, bucket_cap_mb=1e-6, overlap=overlap)
+opt = optim.SGD(model.parameters(), lr=0.1)
+x, y = ddp_common.make_data(world.rank, 512, n_in=64)
+world.barrier()
+trace.enable()
+for _ in range(3):
+    with trace.span("forward", "forward"):
+        loss = nn.functional.cross_entropy(model(md.tensor(x)), y)
+    opt.zero_grad()
+    with trace.span("backward", trace.BACKWARD):
+        loss.backward()
+    with trace.span("optimizer step", "optimizer"):
+        opt.step()
+trace.disable()
+everyone = world.mpi.gather(trace.events(), root=0)
+if world.rank == 0:
+    trace.save_chrome_trace(out_dir / "trace.json", everyone)
+np.save(out_dir / f"done_rank{world.rank}.npy", np.ones(1))
