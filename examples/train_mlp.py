@@ -23,6 +23,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import minidist as md  # noqa: E402
@@ -32,14 +33,16 @@ from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=30, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch size, split across all ranks")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden layer widths")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
-    p.add_argument("--dataset", choices=["digits", "mnist"], default="digits")
+    p.add_argument("--dataset", choices=["digits", "mnist"], default="digits", help="bundled digits or MNIST")
     p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (for --dataset mnist)")
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
@@ -92,6 +95,11 @@ def main(argv: list[str] | None = None) -> float:
         len(x_train), shuffle=True, seed=args.seed, drop_last=True, batch_size=args.batch_size
     )
     loader = DataLoader((x_train, y_train), batch_size=sampler.local_batch_size, sampler=sampler)
+    if args.batch_size > len(x_train):
+        raise ValueError(
+            f"--batch-size {args.batch_size} is larger than the training set ({len(x_train)} samples), "
+            "so an epoch would have no full batch; use a smaller global batch"
+        )
     if args.grad_accum > args.batch_size // world_size:
         raise ValueError(
             f"--grad-accum {args.grad_accum} needs that many samples per rank in each global batch, but "
@@ -174,6 +182,9 @@ if __name__ == "__main__":
         main()
     except (ValueError, FileNotFoundError) as error:
         # Bad input is detected identically on every rank (it depends only on the arguments), so each
-        # rank prints the message and exits non-zero; no rank is left waiting in a collective.
-        print(f"[rank {dist.get_rank()}] error: {error}", file=sys.stderr)
+        # rank prints the message and exits non-zero; no rank is left waiting in a collective. (Any
+        # other uncaught error ends the whole job through dist's abort hook.) The rank comes straight
+        # from MPI: dist.init() itself may be what failed. One write per message, so that the lines
+        # of different ranks do not interleave.
+        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] error: {error}\n")
         sys.exit(2)

@@ -76,3 +76,21 @@ def test_info_command_reports_mpi_and_backend():
         "CUDA-aware",
     ):
         assert field in result.stdout, result.stdout
+
+
+@pytest.mark.mpi
+def test_global_batch_larger_than_the_data_set_is_an_error_on_every_rank():
+    result = run_mpi(2, EXAMPLE, "--batch-size", "100000", timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}] error: --batch-size 100000 is larger than the training set" in result.stderr
+
+
+def test_bad_device_is_a_clean_error_not_a_traceback():
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True,
+        env=mpi_env({"MINIDIST_DEVICE": "gpu"}), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "[rank 0] error: MINIDIST_DEVICE='gpu' is not one of" in result.stderr
+    assert "Traceback" not in result.stderr
