@@ -47,6 +47,16 @@ def is_grad_enabled() -> bool:
 # --- callbacks run when the current backward pass ends (used by DistributedDataParallel) ---------
 _end_of_backward_callbacks: list[Callable[[], None]] = []
 _in_backward = False
+_backward_passes = 0  # how many backward passes have started in this process
+
+
+def backward_pass_count() -> int:
+    """The number of backward passes started so far; a hook can tell one pass from the next with it.
+
+    DDP stores it when it queues its end-of-pass callback: if a later pass sees a different number
+    while the callback is still pending, the earlier pass failed (its callback was dropped).
+    """
+    return _backward_passes
 
 
 def queue_callback(callback: Callable[[], None]) -> None:
@@ -146,7 +156,7 @@ class Tensor:
             ValueError: ``grad`` has the wrong shape, or an op's backward returned a wrong shape.
             TypeError: an op's backward did not return a tuple.
         """
-        global _in_backward
+        global _in_backward, _backward_passes
         if not self.requires_grad:
             raise RuntimeError(
                 "backward() called on a tensor that does not require grad: no input of the computation had "
@@ -165,6 +175,7 @@ class Tensor:
                 raise ValueError(f"backward(): grad has shape {grad.shape}, expected {self.shape}")
 
         _in_backward = True
+        _backward_passes += 1
         succeeded = False
         try:
             pending = {id(self): grad}  # gradients summed so far, per tensor, not yet passed on

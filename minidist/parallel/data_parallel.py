@@ -205,8 +205,11 @@ class DistributedDataParallel(Module):
     def _on_grad_ready(self, param: Parameter) -> None:
         if not self._sync_enabled:
             return
+        if self._pass_active and self._pass_number != autograd.backward_pass_count():
+            self._abandon_failed_pass()  # an earlier backward raised: its end-of-pass callback never ran
         if not self._pass_active:  # the first gradient of this backward pass
             self._pass_active = True
+            self._pass_number = autograd.backward_pass_count()
             autograd.queue_callback(self._finish_pass)
         i = self._index_of[id(param)]
         if self._ready[i]:
@@ -217,6 +220,19 @@ class DistributedDataParallel(Module):
             # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
             while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
                 self._start_next_bucket()
+
+    def _abandon_failed_pass(self) -> None:
+        """Forget a pass whose backward raised, after letting its started buckets finish (errors dropped).
+
+        Without this, the flag "callback queued" would stay set forever and every later backward would
+        skip communication: replicas would drift apart silently.
+        """
+        for job in self._jobs:
+            try:
+                job.wait()
+            except Exception:  # noqa: BLE001  (the failed pass is discarded, its errors with it)
+                pass
+        self._reset_pass()
 
     def _start_next_bucket(self) -> None:
         bucket = self._buckets[len(self._jobs)]
