@@ -181,10 +181,12 @@ if __name__ == "__main__":
     try:
         main()
     except (ValueError, FileNotFoundError) as error:
-        # Bad input is detected identically on every rank (it depends only on the arguments), so each
-        # rank prints the message and exits non-zero; no rank is left waiting in a collective. (Any
-        # other uncaught error ends the whole job through dist's abort hook.) The rank comes straight
-        # from MPI: dist.init() itself may be what failed. One write per message, so that the lines
-        # of different ranks do not interleave.
-        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] error: {error}\n")
+        # Bad input: print a clean message instead of a traceback. The error may be on this rank only
+        # (the MNIST folder missing on one node), so with several ranks end the whole job (dist.abort:
+        # the message, a short grace period so other failing ranks print theirs, then MPI_Abort);
+        # a plain sys.exit would leave the other ranks waiting forever in their next collective.
+        # (Any other uncaught error ends the job through dist's abort hook, with a traceback.)
+        if MPI.COMM_WORLD.Get_size() > 1:
+            dist.abort(f"error: {error}", code=2)
+        sys.stderr.write(f"[rank 0] error: {error}\n")  # MPI directly: dist.init() may be what failed
         sys.exit(2)

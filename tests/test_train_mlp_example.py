@@ -94,3 +94,19 @@ def test_bad_device_is_a_clean_error_not_a_traceback():
     assert result.returncode == 2
     assert "[rank 0] error: MINIDIST_DEVICE='gpu' is not one of" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.mpi
+def test_an_error_on_one_rank_only_ends_the_whole_job(tmp_path):
+    # Ranks 0-1 are fine; rank 2 points at a missing MNIST folder (as if the data were missing on one
+    # node). Without dist.abort the healthy ranks would wait forever in DDP's first broadcast.
+    from mpi_utils import mpiexec_path
+
+    good = [sys.executable, str(EXAMPLE), "--epochs", "1"]
+    bad = [*good, "--dataset", "mnist", "--data-dir", str(tmp_path / "missing")]
+    result = subprocess.run(
+        [mpiexec_path(), "-n", "2", *good, ":", "-n", "1", *bad],
+        capture_output=True, text=True, env=mpi_env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "[rank 2] error: MNIST folder" in result.stderr

@@ -2,7 +2,8 @@
 
 Reading order: ``comm.py`` (communicators, send/recv) -> ``ring.py`` (ring all-reduce, reduce-scatter,
 all-gather) -> ``recursive_doubling.py`` (all-reduce for short messages; folding a group to a power of
-two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) -> ``broadcast.py``
+two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) ->
+``recursive_halving.py`` (reduce-scatter in ``log2 n`` steps) -> ``broadcast.py``
 (binomial tree) -> ``scatter_allgather.py`` (broadcast for long messages) -> ``tree_reduce.py``
 (binomial-tree reduce to one rank) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
 ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
@@ -33,7 +34,7 @@ from minidist.dist.debug import barrier, collective_call, debug_enabled
 from minidist.dist.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
 from minidist.dist.reduce_ops import REDUCE_OPS
 from minidist.dist.staging import mpi_is_cuda_aware
-from minidist.dist.watchdog import timeout_seconds
+from minidist.dist.watchdog import abort, timeout_seconds
 
 __all__ = [
     "ALGORITHMS",
@@ -52,6 +53,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init",
+    "abort",
     "is_initialized",
     "mpi_is_cuda_aware",
     "recv",

@@ -29,6 +29,7 @@ is not an uncaught exception: it still exits normally, with its own code.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import time
@@ -52,9 +53,9 @@ def _parse_seconds(name: str, value: str) -> float | None:
     try:
         seconds = float(value) if value.strip() else 0.0
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds; e.g. {name}=60 (0 = off)") from None
-    if not seconds >= 0:  # also rejects nan
-        raise ValueError(f"{name}={value!r} must be >= 0 seconds (0 means off)")
+        raise ValueError(f"{name}={value!r} is not a number of seconds; e.g. {name}=60") from None
+    if not 0 <= seconds < math.inf:  # also rejects nan, and inf (an endless grace period is a hang)
+        raise ValueError(f"{name}={value!r} must be a finite number of seconds >= 0")
     return seconds or None
 
 
@@ -200,8 +201,8 @@ def install_excepthook(world: MPI.Comm) -> None:
     sys.excepthook = abort_on_uncaught_exception
 
 
-def abort_job(world: MPI.Comm, text: str) -> None:
-    """Print ``text`` with every line prefixed ``[rank r]``, wait the grace period, abort all ranks (code 1).
+def abort_job(world: MPI.Comm, text: str, code: int = 1) -> None:
+    """Print ``text`` with every line prefixed ``[rank r]``, wait the grace period, abort all ranks.
 
     The grace period (``MINIDIST_ABORT_GRACE`` seconds, default 1) lets ranks that fail at the same
     moment print their own errors before ``MPI_Abort`` ends them. Does not return.
@@ -213,7 +214,17 @@ def abort_job(world: MPI.Comm, text: str) -> None:
     sys.stderr.write("".join(f"[rank {world.Get_rank()}] {line}" for line in lines))
     sys.stderr.flush()
     time.sleep(grace)
-    world.Abort(1)
+    world.Abort(code)
+
+
+def abort(message: str, code: int = 1) -> None:
+    """End the whole job from this rank: print ``message`` (prefixed ``[rank r]``), wait the grace period,
+    then ``MPI_Abort`` every rank of the world with exit ``code``. Does not return.
+
+    Use it for an error that may have happened on this rank only (a file missing on one node): a plain
+    ``sys.exit`` would leave the other ranks waiting forever in their next collective.
+    """
+    abort_job(MPI.COMM_WORLD, message if message.endswith("\n") else message + "\n", code)
 
 
 def _grace() -> float:
