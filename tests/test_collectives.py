@@ -30,9 +30,9 @@ MAX_LENGTH = 100_000
 # Each example starts an MPI job, so take an eighth of the profile's budget: 3 under "ci", 25 under "dev".
 EXAMPLES_PER_WORLD_SIZE = max(1, settings.default.max_examples // 8)
 # Checks coll_check.py makes per case ("auto" counts as an algorithm): all_reduce 5 algorithms x 2 (+1
-# "bit-identical on every rank" for the 4 that are not "mpi"), reduce_scatter 3 x 2, reduce 3 x 2,
+# "bit-identical on every rank" for the 4 that are not "mpi"), reduce_scatter 4 x 2, reduce 3 x 2,
 # all_gather 3 x 2, broadcast 4 x 1.
-CHECKS_PER_CASE = 5 * 2 + 4 + 3 * 2 + 3 * 2 + 3 * 2 + 4 * 1
+CHECKS_PER_CASE = 5 * 2 + 4 + 4 * 2 + 3 * 2 + 3 * 2 + 4 * 1
 CHECKS_PER_SKIP = 2  # a ("mpi", reduction) pair skipped because this MPI cannot reduce the dtype
 
 
@@ -95,6 +95,16 @@ def test_collectives_match_numpy(world_size, data):
     """Every algorithm of every collective, on 1..8 ranks and sub-groups, equals the NumPy reduction."""
     batch = data.draw(st.lists(cases(world_size), min_size=6, max_size=6), label="batch")
     run_batch(world_size, edge_cases(world_size) + batch)
+
+
+@pytest.mark.mpi
+def test_every_algorithm_stages_gpu_arrays_through_the_host(tmp_path):
+    """With a stand-in for CuPy: each algorithm copies a device array to the host and back at most once."""
+    run_mpi(3, "coll_staging.py", tmp_path, timeout=60)
+    for rank in range(3):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["failures"] == [], "\n".join(report["failures"])
+        assert report["checks"] == 2 * (5 + 4 + 3 + 4)  # 2 checks per algorithm of the 4 collectives
 
 
 # ---------------------------------------------------------------------------------------- bad input

@@ -9,6 +9,7 @@ Each function here does the same four things, in order, and leaves the algorithm
 3. stage GPU arrays through host memory (``staging.py``);
 4. run the chosen algorithm, each in its own file: hand-written ``"ring"`` (``ring.py``),
    ``"recursive_doubling"`` (``recursive_doubling.py``), ``"rabenseifner"`` (``rabenseifner.py``),
+   ``"recursive_halving"`` (``recursive_halving.py``),
    ``"tree"`` (``broadcast.py``, ``tree_reduce.py``), ``"scatter_allgather"`` (``scatter_allgather.py``),
    or ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the reference the others are tested against.
    ``"auto"`` picks one by message size and group size from the table in ``tuning.py``.
@@ -38,6 +39,7 @@ from minidist.dist.mpi_builtin import (
 )
 from minidist.dist.rabenseifner import rabenseifner_all_reduce
 from minidist.dist.recursive_doubling import recursive_doubling_all_reduce
+from minidist.dist.recursive_halving import recursive_halving_reduce_scatter
 from minidist.dist.reduce_ops import check_op
 from minidist.dist.ring import chunk_bounds, ring_all_gather, ring_all_reduce, ring_reduce_scatter_chunk
 from minidist.dist.scatter_allgather import scatter_allgather_broadcast
@@ -50,7 +52,7 @@ from minidist.dist.validate import check_array, check_choice, check_rank
 # group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
 ALGORITHMS = {
     "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "mpi"),
-    "reduce_scatter": ("auto", "ring", "mpi"),
+    "reduce_scatter": ("auto", "ring", "recursive_halving", "mpi"),
     "all_gather": ("auto", "ring", "mpi"),
     "broadcast": ("auto", "tree", "scatter_allgather", "mpi"),
     "reduce": ("auto", "tree", "mpi"),
@@ -127,10 +129,12 @@ def reduce_scatter(
     ``N // n + 1`` elements (possibly 0), on the same device as ``a``. Concatenating every rank's result
     in rank order gives ``all_reduce(a)`` flattened.
 
-    ``algorithm``: ``"ring"`` (``"auto"``), cost ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N gamma``; it
-    reads ``a`` in place and passes partial results in two chunk-sized buffers (``ring.py``,
-    :func:`~minidist.dist.ring.ring_reduce_scatter_chunk`). ``"mpi"``: ``MPI_Reduce_scatter``. Raises
-    like :func:`all_reduce` (``a`` need not be writable).
+    ``algorithm``, for ``N = a.nbytes``: ``"ring"``, cost ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N
+    gamma``; it reads ``a`` in place and passes partial results in two chunk-sized buffers (``ring.py``,
+    :func:`~minidist.dist.ring.ring_reduce_scatter_chunk`). ``"recursive_halving"``: the same bytes in
+    ``log2 n`` steps, plus ``2 alpha + (1 + 1/n) N beta + N gamma`` when ``n`` is not a power of two
+    (``recursive_halving.py``). ``"mpi"``: ``MPI_Reduce_scatter``. ``"auto"``: from ``tuning.py``.
+    Raises like :func:`all_reduce` (``a`` need not be writable).
     """
     _check_algorithm("reduce_scatter", algorithm)
     check_array(a)
@@ -143,6 +147,8 @@ def reduce_scatter(
     with host_view(a, copy_in=True) as host:
         if algorithm == "ring":
             mine = ring_reduce_scatter_chunk(group, host.reshape(-1), op, bounds)
+        elif algorithm == "recursive_halving":
+            mine = recursive_halving_reduce_scatter(group, host.reshape(-1), op, bounds)
         else:
             mine = mpi_reduce_scatter(group, host.reshape(-1), op, [hi - lo for lo, hi in bounds])
     return like(mine, a)
