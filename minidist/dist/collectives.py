@@ -17,6 +17,15 @@ Each function here does the same four things, in order, and leaves the algorithm
 Arrays may have any shape and any length, including 0, 1 and lengths smaller than the group size. The
 chunk layout of ``reduce_scatter`` and ``all_gather`` is ``numpy.array_split`` order over the flattened
 array. A group of size 1 returns at once (after the argument checks).
+
+**Arguments that differ between ranks.** Every rank must pass the same shape and dtype (``all_gather``:
+the same dtype) and the same ``op``/``src``/``dst``. A hand-written algorithm that receives a message
+of the wrong length raises ``DistributedError`` -- but only on the rank(s) that receive it; the
+others may finish with results as if nothing happened (the job then ends through the abort hook, see
+``watchdog.py``). ``algorithm="mpi"`` checks even less: MPI's ``Reduce_scatter`` and ``Reduce`` can
+return silently wrong numbers for different lengths, and a different dtype or ``op`` is invisible to
+every algorithm. ``MINIDIST_DEBUG=1`` compares all of this before each call and raises
+``CollectiveMismatchError`` on every rank: use it whenever a result looks wrong.
 """
 
 from __future__ import annotations
