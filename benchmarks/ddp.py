@@ -16,16 +16,16 @@ The model is compute-bound on purpose: an MLP of 4 Linear layers 2048 -> 2048 (R
    count with PyTorch's DistributedDataParallel over the gloo backend (CPU, TCP on 127.0.0.1), on 1 and
    N ranks, and the ratio minidist / PyTorch (< 1 means minidist is faster).
 
-Timing: ``--warmup`` steps, then ``--rounds`` rounds of ``--steps`` steps; a round's step time is its
-wall time / steps on the slowest rank, and the reported time is the median over rounds (the machine
-may be shared: check ``uptime`` first).
+Timing: ``--warmup`` steps, then ``--rounds`` rounds of ``--steps`` steps, alternating between rank 0
+alone and all ranks so both see the same machine conditions. A round's step time is its wall time /
+steps on the slowest rank; the fastest round is reported, because on a shared machine other work only
+ever adds time (check ``uptime`` first; the load is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -46,7 +46,7 @@ WIDTH, LAYERS, BATCH = 2048, 4, 256
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; the median round is reported")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; the fastest round is reported")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--no-overlap", action="store_true", help="minidist DDP with overlap=False")
@@ -55,34 +55,57 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def time_steps(step: Callable[[], None], comm: MPI.Comm, args: argparse.Namespace) -> float:
-    """Median over rounds of (wall time of ``args.steps`` steps on the slowest rank) / steps, in seconds."""
-    for _ in range(args.warmup):
+Step = Callable[[], None]
+
+
+def time_round(step: Step, comm: MPI.Comm, steps: int) -> float:
+    """Wall time of ``steps`` steps / steps, in seconds, on the slowest rank of ``comm``."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
         step()
-    per_round = []
-    for _ in range(args.rounds):
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        per_round.append(comm.allreduce((time.perf_counter() - start) / args.steps, op=MPI.MAX))
-    return statistics.median(per_round)
+    return comm.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
 
 
-def idle_until(rank0_done: Callable[[], None], world: MPI.Comm) -> None:
-    """Rank 0 runs ``rank0_done``; the other ranks sleep meanwhile (a blocking MPI wait would spin and
-    steal a core from rank 0's single-rank measurement)."""
+def on_rank_0_alone(work: Callable[[], None], world: MPI.Comm) -> None:
+    """Rank 0 runs ``work``; the other ranks sleep meanwhile (a blocking MPI wait would spin and steal
+    a core from rank 0's single-rank measurement)."""
     if world.Get_rank() == 0:
-        rank0_done()
+        work()
     request = world.Ibarrier()
     while not request.Test():
         time.sleep(0.02)
 
 
+def measure(
+    single: Step | None, everyone: Step, world: MPI.Comm, args: argparse.Namespace
+) -> dict[str, float]:
+    """Step times on rank 0 alone (``single``, None on other ranks) and on all ranks (``everyone``).
+
+    The rounds alternate (1 rank, N ranks, 1 rank, ...) so both see the same machine conditions, and
+    the fastest round of each is reported: on a shared machine other work only ever adds time.
+    """
+    times: dict[str, list[float]] = {"t1": [], "tN": []}
+
+    def rank_0_round(steps: int, record: bool) -> None:
+        assert single is not None  # on rank 0
+        seconds = time_round(single, MPI.COMM_SELF, steps)
+        if record:
+            times["t1"].append(seconds)
+
+    # Warm-up (caches, the allocator, first-touch page faults), then alternating timed rounds.
+    for steps, record in [(args.warmup, False)] * (args.warmup > 0) + [(args.steps, True)] * args.rounds:
+        on_rank_0_alone(lambda: rank_0_round(steps, record), world)  # noqa: B023  (called at once)
+        seconds = time_round(everyone, world, steps)
+        if record:
+            times["tN"].append(seconds)
+    return {"t1": min(times["t1"]) if times["t1"] else 0.0, "tN": min(times["tN"])}
+
+
 # --- minidist ---------------------------------------------------------------------------------------
 
 
-def minidist_step(group: dist.Communicator, args: argparse.Namespace) -> tuple[Callable[[], None], object]:
+def minidist_step(group: dist.Communicator, args: argparse.Namespace) -> Step:
     """A closure running one training step of the benchmark MLP under minidist DDP on ``group``."""
     md.manual_seed(0)
     layers: list[nn.Module] = []
@@ -105,33 +128,26 @@ def minidist_step(group: dist.Communicator, args: argparse.Namespace) -> tuple[C
         with trace.span("optimizer step", "optimizer"):
             opt.step()
 
-    return step, model
+    return step
 
 
 def bench_minidist(world: dist.Communicator, args: argparse.Namespace) -> dict[str, float]:
-    results: dict[str, float] = {}
     alone = world.split(0 if world.rank == 0 else None)  # rank 0 in a group of one; None elsewhere
+    everyone = minidist_step(world, args)
+    results = measure(minidist_step(alone, args) if alone else None, everyone, world.mpi, args)
 
-    def single() -> None:
-        step, _ = minidist_step(alone, args)
-        results["t1"] = time_steps(step, alone.mpi, args)
-
-    idle_until(single, world.mpi)
-    step, _ = minidist_step(world, args)
-    results["tN"] = time_steps(step, world.mpi, args)
-
-    # One more round, traced, for the overlap fraction (tracing costs a few microseconds per span).
+    # One more round on all ranks, traced, for the overlap fraction (a span costs microseconds).
     world.barrier()
     trace.enable()
     for _ in range(args.steps):
-        step()
+        everyone()
     trace.disable()
-    everyone = world.mpi.gather(trace.events(), root=0)
+    gathered = world.mpi.gather(trace.events(), root=0)
     if world.rank == 0:
-        fractions = [trace.overlap_fraction(events) for events in everyone]
+        fractions = [trace.overlap_fraction(events) for events in gathered]
         results["overlap_mean"], results["overlap_min"] = float(np.mean(fractions)), min(fractions)
         if args.trace:
-            trace.save_chrome_trace(args.trace, everyone)
+            trace.save_chrome_trace(args.trace, gathered)
     return results
 
 
@@ -152,7 +168,7 @@ def bench_torch(world: MPI.Comm, args: argparse.Namespace) -> dict[str, float] |
     tdist.init_process_group("gloo", rank=rank, world_size=size)
     alone = tdist.new_group([0])  # collective over all ranks, even those not in the new group
 
-    def make_step(group) -> Callable[[], None]:
+    def make_step(group) -> Step:
         torch.manual_seed(0)
         layers: list[torch.nn.Module] = []
         for i in range(LAYERS):
@@ -171,13 +187,8 @@ def bench_torch(world: MPI.Comm, args: argparse.Namespace) -> dict[str, float] |
 
         return step
 
-    results: dict[str, float] = {}
-
-    def single() -> None:
-        results["t1"] = time_steps(make_step(alone), MPI.COMM_SELF, args)
-
-    idle_until(single, world)
-    results["tN"] = time_steps(make_step(None), world, args)
+    everyone = make_step(None)
+    results = measure(make_step(alone) if rank == 0 else None, everyone, world, args)
     tdist.destroy_process_group()
     return results
 

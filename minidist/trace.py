@@ -41,6 +41,7 @@ from typing import Any
 COMM = "comm"  # a collective's own work (DDP: pack, all-reduce, unpack of one bucket)
 BACKWARD = "backward"  # the whole loss.backward() call, as the training loop sees it
 WAIT = "wait"  # time a thread spent blocked waiting for communication (inside a backward span)
+LAUNCH = "launch"  # the moment a collective was handed to a communication thread (a very short span)
 
 Event = dict[str, Any]  # {"name", "cat", "start", "end" (seconds since enable), "tid", "thread"}
 

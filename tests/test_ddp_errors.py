@@ -33,6 +33,8 @@ def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_s
     assert "find_unused_parameters=True" in first["unused_on_rank_1"]
     assert f"'extra.weight' (missing on {world_size} of {world_size} ranks)" in first["unused_everywhere"]
     assert first["still_works"] == "no error"
+    names = json.loads(first["state_dict_names"])  # DDP is a Module wrapping ddp.module, as in PyTorch
+    assert names == sorted(f"module.{m}.{p}" for m in ("trunk", "head", "extra") for p in ("weight", "bias"))
     assert first["zeros_if_unused"] == "[true, true]"  # find_unused_parameters=True: zeros, not None
     assert first["uneven_batches"].startswith(
         f"CollectiveMismatchError: DistributedDataParallel: the ranks ran different numbers of batches: 1 of "

@@ -15,8 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
-import minidist as md
-from minidist import nn, trace
+from minidist import trace
 
 
 def ev(name, cat, start, end, tid=1, thread="MainThread"):
@@ -152,23 +151,12 @@ def test_ddp_run_gives_a_trace_with_every_bucket_in_order(tmp_path, overlap):
         assert 0.0 <= fraction <= 1.0
         if not overlap:
             assert fraction == 0.0  # every all-reduce ran on the main thread, inside the wait
-        elif autograd_fires_hooks_early():
-            # Overlap means some bucket started before backward was over, i.e. before the wait began.
-            waits = [e["ts"] for e in mine if e["name"] == "wait for gradients"]
-            first_bucket = [e["ts"] for e in mine if e["name"] == "allreduce bucket 0"]
-            assert all(b < w for b, w in zip(first_bucket, waits)), (first_bucket, waits)
-
-
-def autograd_fires_hooks_early() -> bool:
-    """Does backward give the last layer's parameters their gradients before the first layer's?
-
-    Overlap depends on it: DDP starts a bucket from the parameters' post-accumulate hooks. An autograd
-    that accumulates every leaf only at the end of backward leaves nothing to overlap with.
-    """
-    md.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
-    order: list[str] = []
-    for name, p in model.named_parameters():
-        p.register_post_accumulate_grad_hook(lambda _, name=name: order.append(name))
-    model(md.tensor([[1.0, 2.0, 3.0]])).sum().backward()
-    return order.index("2.weight") < order.index("0.weight")
+        else:
+            starts = [e for e in mine if e["name"].startswith("start bucket")]  # marks on the main thread
+            assert [e["name"] for e in starts] == [f"start bucket {i}" for i in range(6)] * 3
+            # Overlap: the buckets of layers 2 and 1 (buckets 0-3) were handed to the comm thread while
+            # backward still had layer 0 to do (autograd finishes a layer's parameters right after its
+            # backward). When the thread then gets a core is up to the OS, so that is not asserted.
+            marks = [e["ts"] for e in mine if e["name"] == "backward reached layer 0"]
+            fourth = [e["ts"] for e in starts if e["name"] == "start bucket 3"]
+            assert len(marks) == 3 and all(b < m for b, m in zip(fourth, marks)), (fourth, marks)

@@ -39,16 +39,15 @@ and on a machine with one core per rank that spinning thread competes with the c
 overlap helps most when the ranks are in step (a bucket's partners are ready when it starts) and the
 cores are not oversubscribed; the packing copies and the additions of the ring cost CPU time either way.
 
-**Bookkeeping that travels with the gradients.** Two mistakes would make ranks disagree about which
-collectives to run, and hang: a parameter that gets no gradient on some rank (its bucket never fills
-there), and a rank that runs out of batches before the others. Rather than spend an extra collective
-per step, the last bucket carries ``P + 1`` extra numbers: one "got a gradient" flag per parameter and
-one "still training" flag. Averaged with the gradients, they tell every rank how many ranks produced each
-gradient and how many were training, so every rank raises the same error. A rank missing a gradient
-starts the remaining buckets anyway at the end of backward (its own gradient, or zeros if it has none),
-so all collectives complete first. A rank with no batches left calls :meth:`join`, which takes part in
-the same bucket all-reduces with zeros and a "not training" flag: if another rank was still training,
-both sides learn it from the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
+**Bookkeeping that travels with the gradients** (``ddp_checks.py``). A parameter without a gradient on
+some rank, or a rank that ran out of batches, would make the ranks disagree about which collectives to
+run, and hang. Rather than spend an extra collective per step, the last bucket carries one "got a
+gradient" flag per parameter and one "still training" flag; averaged with the gradients, they tell
+every rank the same counts, so every rank raises the same error. A rank missing a gradient starts the
+remaining buckets anyway at the end of backward (its own gradient, or zeros if it has none), so all
+collectives complete first. A rank with no batches left calls :meth:`join`, which takes part in the
+same bucket all-reduces with zeros and a "not training" flag: if another rank was still training, both
+sides learn it from the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from mpi4py import MPI
 
 from minidist import autograd, backend, dist, trace
 from minidist.nn.module import Module, Parameter
+from minidist.parallel import ddp_checks as checks
 from minidist.parallel.buckets import Bucket, flatten, plan_buckets, unflatten_into
 from minidist.parallel.comm_thread import CommThread, Job
 
@@ -186,14 +186,15 @@ class DistributedDataParallel(Module):
             raise RuntimeError("join() was called during a backward pass; call it after the last batch")
         if self._comm is None:
             return
+        last = self._buckets[-1]
         with trace.span("join", trace.WAIT):
-            self._buckets[-1].extra[...] = 0  # no gradients, and "not training"
+            checks.write_flags(last.extra, None, training=False)  # no gradients, not training
             for bucket in self._buckets:
                 bucket.pack_zeros()
                 dist.all_reduce(bucket.flat, op="avg", group=self._comm)
-        _, training = self._read_bookkeeping()
+        _, training = checks.read_counts(last.extra, self._comm.size)
         if training > 0:
-            raise self._uneven_batches_error(training)
+            raise checks.uneven_batches_error(training, self._comm.size)
 
     # -- called by the autograd engine during loss.backward() -----------------------------------
     def _reset_pass(self) -> None:
@@ -239,12 +240,14 @@ class DistributedDataParallel(Module):
         if bucket is self._buckets[-1]:
             # Final now: if this runs during backward, every gradient is ready (all earlier buckets
             # started and this one is full), so the flags cannot change any more.
-            bucket.extra[:-1] = backend.asarray(self._ready, dtype=bucket.flat.dtype)
-            bucket.extra[-1] = 1  # "still training"
+            checks.write_flags(bucket.extra, self._ready, training=True)
         job = Job(functools.partial(self._all_reduce_bucket, bucket))
         self._jobs.append(job)
         if self._thread is not None:
-            self._thread.submit(job)
+            # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread
+            # is the time the job waited for the thread (and the thread for a core).
+            with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
+                self._thread.submit(job)
         else:
             job.run()
 
@@ -259,7 +262,7 @@ class DistributedDataParallel(Module):
         """End of backward: start what is left, wait for every bucket, then check the bookkeeping."""
         try:
             if self._comm is None:  # one rank: nothing to average, only the local check
-                self._check(self._ready.astype(np.int64), 1)
+                self._check(self._ready.astype(np.int64), 1, 1)
                 for (_, p), ready in zip(self._named, self._ready):
                     if not ready and p.grad is None:  # as N ranks would: the average of zeros
                         p.grad = backend.xp().zeros_like(p.data)
@@ -269,44 +272,13 @@ class DistributedDataParallel(Module):
                     self._start_next_bucket()
                 for job in self._jobs:
                     job.wait()
-            self._check(*self._read_bookkeeping())
+            self._check(*checks.read_counts(self._buckets[-1].extra, self._comm.size), self._comm.size)
         finally:
             self._reset_pass()
 
-    def _read_bookkeeping(self) -> tuple[np.ndarray, int]:
-        """(per parameter: ranks that had its gradient, ranks still training), from the last bucket."""
-        n = self._comm.size
-        # The flags were averaged: flag * n is a count. rint undoes the rounding of the division.
-        counts = np.rint(backend.to_numpy(self._buckets[-1].extra).astype(np.float64) * n).astype(np.int64)
-        return counts[:-1], int(counts[-1])
-
-    def _uneven_batches_error(self, training: int) -> dist.CollectiveMismatchError:
-        """The same message on every rank: it is built only from numbers every rank received."""
-        n = self.group.size
-        return dist.CollectiveMismatchError(
-            f"DistributedDataParallel: the ranks ran different numbers of batches: {n - training} of {n} "
-            f"ranks had called join() (no batches left) while {training} ran another backward pass. Give "
-            "every rank the same number of batches (e.g. DistributedSampler with drop_last=True) and call "
-            "join() on every rank after its last batch"
-        )
-
-    def _check(self, have_gradient: np.ndarray, training: int) -> None:
-        """After a backward pass: raise if some rank had joined, or (unless allowed) lacked a gradient."""
-        n = self.group.size
-        if training < n:
-            raise self._uneven_batches_error(training)
-        unused = [
-            f"{name!r} (missing on {n - c} of {n} ranks)"
-            for (name, _), c in zip(self._named, have_gradient)
-            if c < n
-        ]
-        if unused and not self.find_unused_parameters:
-            raise RuntimeError(
-                f"DistributedDataParallel: parameters {', '.join(unused)} received no gradient in this "
-                "backward pass. Every parameter must take part in the loss on every rank: remove unused "
-                "parameters, freeze them with requires_grad=False before wrapping, or pass "
-                "find_unused_parameters=True to average missing gradients as zeros"
-            )
+    def _check(self, have_gradient: np.ndarray, training: int, n: int) -> None:
+        names = [name for name, _ in self._named]
+        checks.check_after_backward(names, have_gradient, training, n, self.find_unused_parameters)
 
 
 def _device_of(array: Any) -> Any:

@@ -8,6 +8,7 @@ error was raised and caught):
   still_works       a normal step afterwards
   zeros_if_unused   find_unused_parameters=True and no rank uses extra: its .grad must be zeros
   uneven_batches    the last rank runs one step fewer and calls join(); the others run another step
+(and state_dict_names: the names of the wrapped model's state_dict)
 """
 
 import json
@@ -51,6 +52,7 @@ def make(find_unused: bool = False):
 
 
 model = make()
+seen["state_dict_names"] = json.dumps(sorted(model.state_dict()))
 expect_error("unused_on_rank_1", model, use_extra=world.rank != 1)
 expect_error("unused_everywhere", model, use_extra=False)
 expect_error("still_works", model, use_extra=True)

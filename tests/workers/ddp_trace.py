@@ -16,11 +16,30 @@ import minidist as md  # noqa: E402
 from minidist import dist, nn, optim, trace  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
+
+class Mark(md.Function):
+    """Identity whose backward records a span: it shows when backward reached this point."""
+
+    def forward(self, x):
+        return x
+
+    def backward(self, grad):
+        with trace.span("backward reached layer 0", "mark"):
+            return (grad,)
+
+
+class MarkLayer(nn.Module):
+    def forward(self, x):
+        return Mark.apply(x)
+
+
 out_dir, overlap = Path(sys.argv[1]), sys.argv[2] == "1"
 world = dist.init()
 md.manual_seed(0)
-# Wide enough that backward takes a while (so a bucket can start before backward ends) yet fast.
-module = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+# The mark sits between layer 0 and layer 1: when backward reaches it, layers 2 and 1 are done.
+module = nn.Sequential(
+    nn.Linear(64, 256), nn.ReLU(), MarkLayer(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)
+)
 model = DistributedDataParallel(module, group=world, bucket_cap_mb=1e-6, overlap=overlap)
 opt = optim.SGD(model.parameters(), lr=0.1)
 x, y = ddp_common.make_data(world.rank, 512, n_in=64)
