@@ -29,7 +29,7 @@ from tqdm import tqdm  # noqa: E402
 import minidist as md  # noqa: E402
 from minidist import dist, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
-from minidist.parallel import DistributedDataParallel  # noqa: E402
+from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per global batch (no_sync)")
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Perfetto/Chrome timeline")
-    # --zero {0,1,2}: ZeRO stage for the optimizer (being written separately; wired in here later).
+    p.add_argument(
+        "--zero", type=int, choices=[0, 1, 2], default=0,
+        help="ZeRO stage: 1 shards optimizer state, 2 also gradients (replaces DDP's gradient averaging)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
@@ -109,12 +112,20 @@ def main(argv: list[str] | None = None) -> float:
     # --- model: same seed on every rank; DDP broadcasts rank 0's weights anyway.
     md.manual_seed(args.seed)
     n_classes = int(y_train.max()) + 1
-    model = DistributedDataParallel(
-        build_mlp(x_train.shape[1], args.hidden, n_classes), group=world,
-        bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap,
-    )  # fmt: skip
-    # ZeRO goes here: with --zero 1/2 the optimizer (and, for 2, the gradients) are sharded instead.
-    optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    mlp = build_mlp(x_train.shape[1], args.hidden, n_classes)
+    if args.zero:
+        # ZeRO (Rajbhandari et al. 2020): no DDP wrapper. The optimizer broadcasts rank 0's weights,
+        # reduce-scatters (averages) the gradients in step(), updates only this rank's shard of the
+        # parameters and all-gathers them, so the result equals DDP + SGD with 1/N of the optimizer state.
+        model = mlp
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optim.SGD, group=world, stage=args.zero, lr=args.lr, momentum=args.momentum
+        )
+    else:
+        model = DistributedDataParallel(
+            mlp, group=world, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
+        )
+        optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if args.trace:
         world.barrier()  # every rank's timeline starts at (nearly) the same instant
         trace.enable()
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> float:
                 last = k == args.grad_accum - 1
                 with (
                     trace.span("backward", trace.BACKWARD),
-                    contextlib.nullcontext() if last else model.no_sync(),
+                    contextlib.nullcontext() if last or args.zero else model.no_sync(),
                 ):
                     loss.backward()  # the last one returns with gradients averaged over all ranks
                 loss_sum += [local_sum.item(), len(micro)]
@@ -148,7 +159,8 @@ def main(argv: list[str] | None = None) -> float:
             bar.update()
         # No batches left on this rank. If another rank still had one, both would raise a clear error
         # here instead of waiting forever for each other (DistributedDataParallel.join).
-        model.join()
+        if not args.zero:  # ZeRO communicates in step(), which every rank calls equally often
+            model.join()
         dist.all_reduce(loss_sum, op="sum", group=world)
         accuracy = evaluate(model, x_test, y_test, world)
         if rank == 0:

@@ -110,3 +110,13 @@ def test_an_error_on_one_rank_only_ends_the_whole_job(tmp_path):
     )  # fmt: skip
     assert result.returncode != 0
     assert "[rank 2] error: MNIST folder" in result.stderr
+
+
+@pytest.mark.mpi
+def test_zero_stages_train_the_same_model_as_ddp():
+    args = ("--epochs", "3", "--hidden", "32")
+    accuracies = {
+        zero: final_accuracy(run_mpi(3, EXAMPLE, *args, "--zero", str(zero), timeout=180).stdout)
+        for zero in (0, 1, 2)
+    }
+    assert len(set(accuracies.values())) == 1, accuracies
