@@ -38,7 +38,7 @@ from mpi4py import MPI  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import dist, nn, optim, trace  # noqa: E402
-from minidist.parallel import DistributedDataParallel  # noqa: E402
+from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 4, 256
 
@@ -131,6 +131,44 @@ def minidist_step(group: dist.Communicator, args: argparse.Namespace) -> Step:
     return step
 
 
+def zero_memory(world: dist.Communicator) -> list[tuple[str, int, int, int]]:
+    """Bytes per rank (the largest over ranks) of optimizer state and gradients after one step, for the
+    plain optimizer (stage 0, what every data-parallel rank holds) and ZeRO stages 1 and 2.
+
+    ZeRO paper (Rajbhandari et al. 2020, §5): with Psi parameters, K bytes of optimizer state each and
+    N ranks, stage 1 holds K*Psi/N of optimizer state (+ rounding of the array_split shards), stage 2
+    also 4*Psi/N of float32 gradients. Returns ``[(optimizer, stage, state_bytes, grad_bytes), ...]``.
+    """
+    rows = []
+    choices = (
+        ("SGD(momentum)", optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
+        ("AdamW", optim.AdamW, {"lr": 1e-3}),
+    )
+    for name, optimizer_class, kwargs in choices:
+        for stage in (0, 1, 2):
+            md.manual_seed(0)
+            model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+            if stage == 0:
+                opt = optimizer_class(model.parameters(), **kwargs)
+            else:
+                opt = ZeroRedundancyOptimizer(
+                    model.parameters(), optimizer_class, group=world, stage=stage, **kwargs
+                )
+            x = md.tensor(np.ones((8, WIDTH), dtype=np.float32))
+            model(x).sum().backward()
+            opt.step()
+            if stage == 0:
+                state = sum(v.nbytes for s in opt.state.values() for v in s.values() if hasattr(v, "nbytes"))
+                grads = sum(p.grad.nbytes for p in model.parameters())
+            else:
+                report = opt.memory_report()
+                state, grads = report["optimizer_state"], report["gradients"]
+            largest = np.array([state, grads], dtype=np.int64)
+            dist.all_reduce(largest, op="max", group=world)
+            rows.append((name, stage, int(largest[0]), int(largest[1])))
+    return rows
+
+
 def bench_minidist(world: dist.Communicator, args: argparse.Namespace) -> dict[str, float]:
     alone = world.split(0 if world.rank == 0 else None)  # rank 0 in a group of one; None elsewhere
     everyone = minidist_step(world, args)
@@ -208,6 +246,7 @@ def main() -> None:
     n = world.size
     mini = bench_minidist(world, args)
     torch_results = None if args.no_torch else bench_torch(world.mpi, args)
+    zero_rows = zero_memory(world)
     if world.rank != 0:
         return
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
@@ -230,6 +269,15 @@ def main() -> None:
           f"min {mini['overlap_min']:.1%}")  # fmt: skip
     if args.trace:
         print(f"timeline: {args.trace} (open in https://ui.perfetto.dev)")
+    print(f"\nZeRO memory per rank after one step (largest over the {n} ranks; paper: stage 1 keeps 1/N of")
+    print("the optimizer state, stage 2 also 1/N of the gradients)")
+    header = ("optimizer", "stage", "opt. state MB", "vs plain", "gradients MB", "vs plain")
+    print("{:14s} {:>5s} {:>14s} {:>9s} {:>13s} {:>9s}".format(*header))
+    plain = {name: (state, grads) for name, stage, state, grads in zero_rows if stage == 0}
+    for name, stage, state, grads in zero_rows:
+        print(f"{name:14s} {stage:5d} {state / 1e6:14.2f} {state / plain[name][0]:9.3f} "
+              f"{grads / 1e6:13.2f} {grads / plain[name][1]:9.3f}")  # fmt: skip
+    print(f"(1/N = {1 / n:.3f})")
     sys.stdout.flush()
 
 
