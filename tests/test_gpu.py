@@ -23,6 +23,14 @@ def train_on(device: str, out) -> np.lib.npyio.NpzFile:
     return np.load(out)
 
 
+def run_worker_expecting_failure(device: str, tmp_path) -> subprocess.CompletedProcess:
+    env = mpi_env({"MINIDIST_DEVICE": device})
+    return subprocess.run(
+        [sys.executable, str(WORKERS / "gpu_train.py"), str(tmp_path / "x.npz")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
 @needs_gpu
 def test_training_on_gpu_equals_cpu(tmp_path):
     cpu, gpu = train_on("cpu", tmp_path / "cpu.npz"), train_on("cuda", tmp_path / "gpu.npz")
@@ -36,20 +44,12 @@ def test_training_on_gpu_equals_cpu(tmp_path):
 def test_cuda_request_without_gpu_is_a_clear_error(tmp_path):
     if _try_import_cupy() is not None:
         pytest.skip("a GPU is present")
-    env = mpi_env({"MINIDIST_DEVICE": "cuda"})
-    result = subprocess.run(
-        [sys.executable, str(WORKERS / "gpu_train.py"), str(tmp_path / "x.npz")],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    result = run_worker_expecting_failure("cuda", tmp_path)
     assert result.returncode != 0
     assert "MINIDIST_DEVICE=cuda but CuPy with a visible GPU is not available" in result.stderr
 
 
 def test_unknown_device_name_lists_the_valid_ones(tmp_path):
-    env = mpi_env({"MINIDIST_DEVICE": "tpu"})
-    result = subprocess.run(
-        [sys.executable, str(WORKERS / "gpu_train.py"), str(tmp_path / "x.npz")],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    result = run_worker_expecting_failure("tpu", tmp_path)
     assert result.returncode != 0
     assert "MINIDIST_DEVICE='tpu' is not one of ('cpu', 'cuda', 'auto')" in result.stderr

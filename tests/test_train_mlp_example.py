@@ -12,6 +12,13 @@ from mpi_utils import REPO, mpi_env, run_mpi
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 
 
+def run_one_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The example as a plain ``python`` process (world size 1), output captured."""
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, env=mpi_env(env), timeout=60
+    )
+
+
 def final_accuracy(output: str) -> float:
     match = re.search(r"^final test accuracy: (\d\.\d{4})$", output, re.MULTILINE)
     assert match, f"no 'final test accuracy' line in:\n{output}"
@@ -43,19 +50,13 @@ def test_global_batch_smaller_than_world_is_an_error_on_every_rank():
 
 
 def test_unknown_dataset_lists_the_valid_ones():
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--dataset", "cifar"],
-        capture_output=True, text=True, env=mpi_env(), timeout=60,
-    )  # fmt: skip
+    result = run_one_process("--dataset", "cifar")
     assert result.returncode == 2
     assert "invalid choice: 'cifar'" in result.stderr and "'digits', 'mnist'" in result.stderr
 
 
 def test_mnist_without_files_names_the_missing_files(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--dataset", "mnist", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, env=mpi_env(), timeout=60,
-    )  # fmt: skip
+    result = run_one_process("--dataset", "mnist", "--data-dir", str(tmp_path))
     assert result.returncode == 2
     assert "train-images-idx3-ubyte" in result.stderr
 
@@ -87,10 +88,7 @@ def test_global_batch_larger_than_the_data_set_is_an_error_on_every_rank():
 
 
 def test_bad_device_is_a_clean_error_not_a_traceback():
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True,
-        env=mpi_env({"MINIDIST_DEVICE": "gpu"}), timeout=60,
-    )  # fmt: skip
+    result = run_one_process(env={"MINIDIST_DEVICE": "gpu"})
     assert result.returncode == 2
     assert "[rank 0] error: MINIDIST_DEVICE='gpu' is not one of" in result.stderr
     assert "Traceback" not in result.stderr

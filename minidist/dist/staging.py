@@ -87,14 +87,6 @@ class host_view:  # lower case: it is used like a function, ``with host_view(a) 
             self._a.set(self._host)
 
 
-def host_copy(a: Any) -> np.ndarray:
-    """A new host (NumPy) array with ``a``'s data, for algorithms that overwrite their buffer.
-
-    Exactly one copy either way: device-to-host for CuPy, host-to-host for NumPy.
-    """
-    return a.get() if is_gpu_array(a) else a.copy()
-
-
 def like(host: np.ndarray, a: Any) -> Any:
     """Return ``host`` on the same device as ``a``: ``host`` itself for NumPy, a GPU copy for CuPy."""
     if is_gpu_array(a):

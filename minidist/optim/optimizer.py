@@ -39,11 +39,7 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients: set ``.grad`` to None (default, as PyTorch) or fill it with zeros."""
-        for p in self.params:
-            if set_to_none or p.grad is None:
-                p.grad = None
-            else:
-                p.grad[...] = 0
+        clear_grads(self.params, set_to_none)
 
     def step(self) -> None:
         raise NotImplementedError
@@ -88,3 +84,12 @@ class Optimizer:
 
 def _copy(value: Any) -> Any:
     return value.copy() if hasattr(value, "copy") else value
+
+
+def clear_grads(params: Iterable[Tensor], set_to_none: bool = True) -> None:
+    """Set each tensor's ``.grad`` to None, or (``set_to_none=False``) fill an existing one with zeros."""
+    for p in params:
+        if set_to_none or p.grad is None:
+            p.grad = None
+        else:
+            p.grad[...] = 0

@@ -47,7 +47,7 @@ import numpy as np
 
 from minidist import backend, dist
 from minidist.autograd import Tensor
-from minidist.optim.optimizer import Optimizer
+from minidist.optim.optimizer import Optimizer, clear_grads
 from minidist.parallel.zero_checks import check_optimizer_class, check_params, check_stage
 from minidist.parallel.zero_layout import ShardLayout, unique_nbytes
 
@@ -123,11 +123,7 @@ class ZeroRedundancyOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' gradients (None, or zeros with ``set_to_none=False``) and the shards'."""
-        for p in self.params:
-            if set_to_none or p.grad is None:
-                p.grad = None
-            else:
-                p.grad[...] = 0
+        clear_grads(self.params, set_to_none)
         for shard in self._shards:
             shard.grad = None
 
