@@ -61,17 +61,30 @@ def human(nbytes: int) -> str:
 
 def timed(world: dist.Communicator, fn, iters: int, warmup: int) -> float:
     """Median over ``iters`` of the slowest rank's time for ``fn()``, in seconds."""
+    return timed_together(world, {"fn": fn}, iters, warmup)["fn"]
+
+
+def timed_together(world: dist.Communicator, fns: dict, iters: int, warmup: int) -> dict[str, float]:
+    """For each ``fns[name]``: the median over ``iters`` of the slowest rank's time, in seconds.
+
+    The functions take turns (one call of each per round, each call after a barrier) rather than
+    running their ``iters`` calls back to back: on a shared machine the load changes from second to
+    second, and taking turns exposes every algorithm to the same conditions, so the *ratios* between
+    them stay meaningful even when the absolute times drift.
+    """
     for _ in range(warmup):
-        fn()
-    times = np.empty(iters)
+        for fn in fns.values():
+            fn()
+    times = np.empty((len(fns), iters))
     for i in range(iters):
-        world.mpi.Barrier()
-        start = time.perf_counter()
-        fn()
-        times[i] = time.perf_counter() - start
+        for j, fn in enumerate(fns.values()):
+            world.mpi.Barrier()
+            start = time.perf_counter()
+            fn()
+            times[j, i] = time.perf_counter() - start
     slowest = np.empty_like(times)
     world.mpi.Allreduce(times, slowest, op=MPI.MAX)
-    return float(np.median(slowest))
+    return {name: float(np.median(row)) for name, row in zip(fns, slowest)}
 
 
 def call(collective: str, algorithm: str, a: np.ndarray):
@@ -159,9 +172,8 @@ def main() -> None:
                   f"{'busbw(GB/s)':>11} {'model(us)':>10} {'vs mpi':>7}")  # fmt: skip
         for nbytes in sizes:
             a = np.ones(nbytes // dtype.itemsize, dtype=dtype)
-            results = {
-                alg: timed(world, call(collective, alg, a), args.iters, args.warmup) for alg in algorithms
-            }
+            calls = {alg: call(collective, alg, a) for alg in algorithms}
+            results = timed_together(world, calls, args.iters, args.warmup)
             for alg in algorithms:
                 t = results[alg]
                 algbw = a.nbytes / t / 1e9

@@ -137,3 +137,20 @@ def test_length_mismatch_raises_and_ends_the_job(tmp_path, mode, message):
     assert result.returncode != 0, output
     assert "DistributedError" in output, output
     assert message in output, output
+
+
+def test_scratch_buffer_is_reused_and_grows():
+    """Communicator.scratch hands out the same memory again (no per-call allocation) and grows on demand."""
+    import numpy as np
+
+    from minidist import dist
+
+    channel = dist.init().collective_channel
+    first = channel.scratch(10, np.float32)
+    again = channel.scratch(5, np.float64)  # 40 bytes fit in the 40 already held
+    assert first.shape == (10,) and first.dtype == np.float32
+    assert again.shape == (5,) and again.dtype == np.float64
+    assert np.shares_memory(first, again)
+    bigger = channel.scratch(1000, np.float32)
+    assert bigger.shape == (1000,) and not np.shares_memory(first, bigger)
+    assert np.shares_memory(bigger, channel.scratch(3, np.int8))

@@ -50,7 +50,7 @@ def tree_broadcast(group: Communicator, flat: np.ndarray, src: int) -> None:
     while distance < n:
         if v < distance:  # I have the data: pass it on
             if v + distance < n:
-                link.send(flat, real_rank(v + distance))
+                link.host_send(flat, real_rank(v + distance))
         elif v < 2 * distance:  # my round to receive
-            link.recv(flat, real_rank(v - distance))
+            link.host_recv(flat, real_rank(v - distance))
         distance *= 2

@@ -60,10 +60,10 @@ def rabenseifner_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> N
     extra = n - p
     # offsets[c] : offsets[c + 1] is chunk c; the lower half of any range is never shorter than the upper.
     offsets = [start for start, _ in chunk_bounds(flat.size, p)] + [flat.size]
-    if rank < 2 * extra:
-        scratch = np.empty_like(flat) if rank % 2 else None  # odd: receives the whole array in fold_in
-    else:
-        scratch = np.empty(offsets[p // 2], dtype=flat.dtype)  # the largest half it can receive
+    if rank < 2 * extra:  # an odd rank receives the whole array in fold_in; an even one sits out
+        scratch = group.collective_channel.scratch(flat.size, flat.dtype) if rank % 2 else None
+    else:  # the largest half it can receive
+        scratch = group.collective_channel.scratch(offsets[p // 2], flat.dtype)
     virtual = fold_in(group, flat, op, scratch)
     if virtual is not None:
         link = group.collective_channel
@@ -80,7 +80,7 @@ def rabenseifner_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> N
             keep_start, keep_stop = offsets[keep], offsets[keep + distance]
             mine = flat[keep_start:keep_stop]
             incoming = scratch[: keep_stop - keep_start]  # a view: no allocation per step
-            link.sendrecv(flat[offsets[give] : offsets[give + distance]], partner, incoming, partner)
+            link.host_sendrecv(flat[offsets[give] : offsets[give + distance]], partner, incoming, partner)
             combine(mine, incoming, out=mine)
             low, distance = keep, distance // 2
 
@@ -93,7 +93,7 @@ def rabenseifner_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> N
             partner = real_rank(virtual ^ distance, n)
             low = virtual - virtual % distance  # my range starts here; the partner's is low ^ distance
             theirs = low ^ distance
-            link.sendrecv(
+            link.host_sendrecv(
                 flat[offsets[low] : offsets[low + distance]], partner,
                 flat[offsets[theirs] : offsets[theirs + distance]], partner,
             )  # fmt: skip

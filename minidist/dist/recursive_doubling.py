@@ -65,10 +65,10 @@ def fold_in(group: Communicator, flat: np.ndarray, op: str, scratch: np.ndarray 
         return rank - extra
     link = group.collective_channel
     if rank % 2 == 0:  # hand my contribution to my odd neighbour, which stands for both of us
-        link.send(flat, rank + 1)
+        link.host_send(flat, rank + 1)
         return None
     assert scratch is not None, "the odd rank of a pair needs a scratch buffer of flat.size elements"
-    link.recv(scratch, rank - 1)
+    link.host_recv(scratch, rank - 1)
     combine_ufunc(op)(flat, scratch, out=flat)
     return rank // 2
 
@@ -80,9 +80,9 @@ def fold_out(group: Communicator, flat: np.ndarray) -> None:
         return
     link = group.collective_channel
     if rank % 2 == 0:
-        link.recv(flat, rank + 1)
+        link.host_recv(flat, rank + 1)
     else:
-        link.send(flat, rank - 1)
+        link.host_send(flat, rank - 1)
 
 
 def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:
@@ -95,7 +95,7 @@ def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str
     n = group.size
     p = largest_power_of_two(n)
     sits_out = group.rank < 2 * (n - p) and group.rank % 2 == 0  # see fold_in
-    scratch = None if sits_out else np.empty_like(flat)
+    scratch = None if sits_out else group.collective_channel.scratch(flat.size, flat.dtype)
     virtual = fold_in(group, flat, op, scratch)
     if virtual is not None:
         link = group.collective_channel
@@ -103,7 +103,7 @@ def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str
         distance = 1
         while distance < p:  # step j: swap with the rank across dimension j of the cube
             partner = real_rank(virtual ^ distance, n)
-            link.sendrecv(flat, partner, scratch, partner)
+            link.host_sendrecv(flat, partner, scratch, partner)
             combine(flat, scratch, out=flat)
             distance *= 2
         finish(op, flat, n)  # "avg": divide once, before the result goes back to the ranks that sat out

@@ -63,13 +63,13 @@ def recursive_halving_reduce_scatter(
 
     # Fold: rank 2i hands its whole array to 2i + 1 and waits for its finished chunk.
     if rank < 2 * extra and rank % 2 == 0:
-        link.send(flat, rank + 1)
+        link.host_send(flat, rank + 1)
         result = np.empty(mine_stop - mine_start, dtype=flat.dtype)
-        link.recv(result, rank + 1)
+        link.host_recv(result, rank + 1)
         return result
     if rank < 2 * extra:
         theirs = np.empty_like(flat)
-        link.recv(theirs, rank - 1)
+        link.host_recv(theirs, rank - 1)
         flat = combine(flat, theirs, out=theirs)  # from here on, this rank's input is the sum of both
         virtual = rank // 2
     else:
@@ -94,7 +94,7 @@ def recursive_halving_reduce_scatter(
         else:
             incoming = buffers[step % 2][:size]
         outgoing = holder[give_start - holder_start : give_stop - holder_start]
-        link.sendrecv(outgoing, partner, incoming, partner)
+        link.host_sendrecv(outgoing, partner, incoming, partner)
         combine(holder[keep_start - holder_start : keep_stop - holder_start], incoming, out=incoming)
         holder, holder_start = incoming, keep_start
         low, distance, step = keep, distance // 2, step + 1
@@ -103,5 +103,5 @@ def recursive_halving_reduce_scatter(
     if rank >= 2 * extra:
         return holder
     partner_stop = bounds[rank - 1][1]  # rank 2i + 1: chunk 2i is the front of what I hold
-    link.send(holder[: partner_stop - holder_start], rank - 1)
+    link.host_send(holder[: partner_stop - holder_start], rank - 1)
     return holder[partner_stop - holder_start :].copy()

@@ -79,7 +79,7 @@ def ring_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, bounds: 
     link = group.collective_channel
     right, left = (r + 1) % n, (r - 1) % n
     combine = combine_ufunc(op)
-    scratch = np.empty(max(stop - start for start, stop in bounds), dtype=flat.dtype)
+    scratch = link.scratch(max(stop - start for start, stop in bounds), flat.dtype)
 
     # Step s: rank r sends chunk (r - s - 1) % n to the right, and receives chunk (r - s - 2) % n from the
     # left, which it adds into its own copy of that chunk. Following one chunk c: rank c + 1 sends its raw
@@ -90,7 +90,7 @@ def ring_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, bounds: 
         send_start, send_stop = bounds[(r - step - 1) % n]
         recv_start, recv_stop = bounds[(r - step - 2) % n]
         incoming = scratch[: recv_stop - recv_start]  # a view: no allocation per step
-        link.sendrecv(flat[send_start:send_stop], right, incoming, left)
+        link.host_sendrecv(flat[send_start:send_stop], right, incoming, left)
         mine = flat[recv_start:recv_stop]
         combine(mine, incoming, out=mine)
 
@@ -125,7 +125,7 @@ def ring_reduce_scatter_chunk(
     for step in range(n - 1):
         recv_start, recv_stop = bounds[(r - step - 2) % n]
         incoming = buffers[step % 2][: recv_stop - recv_start]
-        link.sendrecv(outgoing, right, incoming, left)
+        link.host_sendrecv(outgoing, right, incoming, left)
         combine(flat[recv_start:recv_stop], incoming, out=incoming)
         outgoing = incoming  # the next step passes this partial result on
 
@@ -153,7 +153,7 @@ def ring_all_gather(group: Communicator, flat: np.ndarray, bounds: Bounds | None
     for step in range(n - 1):
         send_start, send_stop = bounds[(r - step) % n]
         recv_start, recv_stop = bounds[(r - step - 1) % n]
-        link.sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], left)
+        link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], left)
 
 
 def ring_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:

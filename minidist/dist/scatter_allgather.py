@@ -56,12 +56,12 @@ def scatter_allgather_broadcast(group: Communicator, flat: np.ndarray, src: int)
     # Scatter down the binomial tree: receive my subtree's chunks, then split them among my children.
     span = v & -v if v else 1 << (n - 1).bit_length()  # lowest set bit; the root covers everything
     if v:
-        link.recv(chunks(v, v + span), (v - span + src) % n)
+        link.host_recv(chunks(v, v + span), (v - span + src) % n)
     half = span // 2
     while half:
         child = v + half
         if child < n:
-            link.send(chunks(child, child + half), (child + src) % n)
+            link.host_send(chunks(child, child + half), (child + src) % n)
         half //= 2
 
     # All-gather around the ring. ring_all_gather indexes chunks by *real* rank: real rank r owns

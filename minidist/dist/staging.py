@@ -123,10 +123,10 @@ def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
     Raises ``TypeError`` for dtypes that are references rather than values (``object``): their bytes are
     pointers that mean nothing in another process.
     """
-    dtype = np.dtype(dtype)
-    datatype = _datatypes.get(dtype)
+    datatype = _datatypes.get(dtype)  # asked for every message: answer from the table before anything else
     if datatype is not None:
         return datatype
+    dtype = np.dtype(dtype)
     if dtype.hasobject:
         raise TypeError(f"cannot send arrays of dtype {dtype}: they hold Python object pointers, not values")
     datatype = mpi_reduction_datatype(dtype)

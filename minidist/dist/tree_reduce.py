@@ -52,13 +52,13 @@ def tree_reduce(group: Communicator, flat: np.ndarray, op: str, dst: int) -> Non
     distance = 1
     while distance < n:
         if v & distance:  # send my partial result to my parent; my part is done
-            link.send(flat if partial is None else partial, (v - distance + dst) % n)
+            link.host_send(flat if partial is None else partial, (v - distance + dst) % n)
             return
         if v + distance < n:  # receive a child's partial result and combine it with mine
             if incoming is None:  # first child: allocate once (inner ranks also need room for `partial`)
                 scratch = np.empty(size if v == 0 else 2 * size, dtype=flat.dtype)
                 incoming = scratch[:size]
-            link.recv(incoming, (v + distance + dst) % n)
+            link.host_recv(incoming, (v + distance + dst) % n)
             if partial is None:  # first child of a non-root rank: start a partial result outside `flat`
                 partial = scratch[size:]
                 combine(flat, incoming, out=partial)

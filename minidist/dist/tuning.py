@@ -31,6 +31,7 @@ mismatch before any message is sent.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Container
 
@@ -67,6 +68,7 @@ AUTO_TABLE: dict[str, list[tuple[Container[int], list[tuple[float, str]]]]] = {
 }
 
 
+@functools.lru_cache(maxsize=4096)  # asked before every call; the answer for a size never changes
 def choose(collective: str, nbytes: int, group_size: int) -> str:
     """The algorithm ``"auto"`` runs for ``collective`` with ``nbytes`` bytes on ``group_size`` ranks.
 
