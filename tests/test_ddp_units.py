@@ -75,11 +75,14 @@ def test_bucket_pack_and_unpack_round_trip_with_zeros_for_missing_gradients():
     bucket.pack()
     np.testing.assert_array_equal(bucket.flat[:10], [0, 1, 2, 3, 4, 5, 0, 0, 0, 0])
     bucket.flat[:10] *= 2  # stands in for the all-reduce
-    grad_a = a.grad
     bucket.unpack()
-    assert a.grad is grad_a  # written in place
     np.testing.assert_array_equal(a.grad, np.arange(6.0).reshape(2, 3) * 2)
     np.testing.assert_array_equal(b.grad, np.zeros(4))  # created where it was None
+    # no copy back: the gradients are views of the bucket (PyTorch's gradient_as_bucket_view)
+    assert np.shares_memory(a.grad, bucket.flat) and np.shares_memory(b.grad, bucket.flat)
+    assert a.grad.shape == (2, 3) and b.grad.shape == (4,)
+    bucket.pack()  # packing a view of the bucket into the bucket changes nothing
+    np.testing.assert_array_equal(bucket.flat[:6], np.arange(6.0) * 2)
     bucket.pack_zeros()
     assert not bucket.flat[:10].any()
 

@@ -108,9 +108,13 @@ class Bucket:
         self.flat[: self.numel] = 0
 
     def unpack(self) -> None:
-        """Copy the (reduced) buffer back into every parameter's ``.grad``, creating it where it is None."""
+        """Make every parameter's ``.grad`` a view of its (reduced) piece of the buffer: no copy.
+
+        Copying the averaged gradients back would move every gradient byte once more per step (67 MB
+        for the benchmark's MLP, ~8 ms here); PyTorch offers the same as ``gradient_as_bucket_view``.
+        The catch: the buffer is reused, so the next step's all-reduce overwrites it. That is what a
+        training loop expects (``.grad`` holds the latest step's gradient), but keep a ``.copy()`` of a
+        gradient you want to look at after the next backward.
+        """
         for p, piece in self._slices():
-            if p.grad is None or p.grad.shape != p.shape:
-                p.grad = piece.reshape(p.shape).copy()
-            else:
-                p.grad[...] = piece.reshape(p.shape)
+            p.grad = piece.reshape(p.shape)

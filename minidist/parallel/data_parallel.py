@@ -87,7 +87,10 @@ class DistributedDataParallel(Module):
             at the end of backward.
 
     Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
-    elements of bookkeeping). ``state_dict()`` names start with ``"module."``, as in PyTorch.
+    elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
+    (no copy back, like PyTorch's ``gradient_as_bucket_view=True``): the next backward overwrites it,
+    so ``.copy()`` a gradient you want to keep. ``state_dict()`` names start with ``"module."``, as in
+    PyTorch.
 
     Raises (from ``loss.backward()``, identically on every rank):
         RuntimeError: some parameter got no gradient on some rank (names it; see above).
