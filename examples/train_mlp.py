@@ -1,12 +1,15 @@
 """Train an MLP data-parallel on handwritten digits: ``mpirun -n 8 python examples/train_mlp.py``.
 
 Read it top to bottom: arguments -> data -> model -> training loop -> evaluation.
-Every rank runs this same file (SPMD). Each global batch of ``--batch-size`` samples is split
-across the ranks; DistributedDataParallel averages the gradients, so any number of ranks trains
+Every rank runs this same file (SPMD). The ranks form a dp x tp x pp mesh (ProcessMesh; by default
+dp = all ranks). Each global batch of ``--batch-size`` samples is split across the dp replicas;
+DistributedDataParallel averages the gradients over them. With ``--tp N`` each replica's layers are
+split over N ranks (Megatron-LM tensor parallelism), which see the same samples. Any layout trains
 the same model as one process, from the same seed.
 
     mpirun -n 4 python examples/train_mlp.py --bucket-cap-mb 0.1 --trace trace.json   # open in Perfetto
     mpirun -n 4 python examples/train_mlp.py --grad-accum 4      # same result, 4 micro-batches per step
+    mpirun -n 4 python examples/train_mlp.py --tp 2              # 2 replicas x 2 tensor-parallel shards
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from tqdm import tqdm  # noqa: E402
 import minidist as md  # noqa: E402
 from minidist import dist, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
-from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
+from minidist.models import MLP  # noqa: E402
+from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
+from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
     p.add_argument("--dataset", choices=["digits", "mnist"], default="digits", help="bundled digits or MNIST")
     p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (for --dataset mnist)")
+    # --- the process mesh: world size = dp * tp * pp
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per layer (Megatron-LM)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (not available yet: must be 1)")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
@@ -58,21 +67,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
+    if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1):
+        p.error("--tp, --pp and --dp must be >= 1")
     return args
 
 
-def build_mlp(n_in: int, hidden: list[int], n_out: int) -> nn.Sequential:
-    """Linear -> ReLU -> ... -> Linear, e.g. 64-256-256-10."""
-    sizes = [n_in, *hidden]
-    layers: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(sizes[-1], n_out))
+def build_mesh(args: argparse.Namespace, world: dist.Communicator) -> ProcessMesh:
+    """The dp x tp x pp mesh; dp defaults to world / (tp * pp). Same error on every rank if impossible."""
+    if args.pp > 1:
+        raise ValueError(
+            f"--pp {args.pp}: pipeline parallelism is not available yet in this example; use --pp 1"
+        )
+    dp = args.dp
+    if dp is None:
+        if world.size % (args.tp * args.pp):
+            raise ValueError(
+                f"--tp {args.tp} x --pp {args.pp} = {args.tp * args.pp} does not divide the {world.size} "
+                f"ranks; launch a multiple of {args.tp * args.pp} ranks"
+            )
+        dp = world.size // (args.tp * args.pp)
+    return ProcessMesh(dp=dp, tp=args.tp, pp=args.pp, comm=world)
 
 
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, world: dist.Communicator) -> float:
-    """Accuracy on (x, y): each rank scores its share of the samples, then one all-reduce adds the counts."""
-    mine = np.array(list(DistributedSampler(len(x), shuffle=False)), dtype=np.int64)
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, mesh: ProcessMesh) -> float:
+    """Accuracy on (x, y): each dp replica scores its share of the samples (the ranks of a tp group score
+    the same share together), then one all-reduce over the dp group adds the counts."""
+    mine = DistributedSampler(len(x), shuffle=False, num_replicas=mesh.dp, rank=mesh.dp_rank)
+    mine = np.array(list(mine), dtype=np.int64)
     counts = np.zeros(2)  # [correct, seen]
     model.eval()
     with md.no_grad():
@@ -80,14 +101,16 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, world: dist.Communi
             logits = model(md.tensor(x[mine])).numpy()
             counts[:] = [(logits.argmax(axis=1) == y[mine]).sum(), len(mine)]
     model.train()
-    dist.all_reduce(counts, op="sum", group=world)
+    dist.all_reduce(counts, op="sum", group=mesh.dp_group)
     return float(counts[0] / counts[1])
 
 
 def main(argv: list[str] | None = None) -> float:
     args = parse_args(argv)
     world = dist.init()
-    rank, world_size = world.rank, world.size
+    rank = world.rank
+    mesh = build_mesh(args, world)
+    dp_size = mesh.dp  # the batch is split over the dp replicas only: a tp group shares its samples
 
     # --- data: every rank reads the (small) data set; the sampler decides who uses which samples.
     x_train, y_train = load_dataset(args.dataset, "train", args.data_dir)
@@ -95,35 +118,41 @@ def main(argv: list[str] | None = None) -> float:
     # Global-batch mode: rank r gets its numpy.array_split piece of each global batch, so the
     # global batches are the same for any number of ranks (and the last partial one is dropped).
     sampler = DistributedSampler(
-        len(x_train), shuffle=True, seed=args.seed, drop_last=True, batch_size=args.batch_size
-    )
+        len(x_train), shuffle=True, seed=args.seed, drop_last=True, batch_size=args.batch_size,
+        num_replicas=mesh.dp, rank=mesh.dp_rank,
+    )  # fmt: skip
     loader = DataLoader((x_train, y_train), batch_size=sampler.local_batch_size, sampler=sampler)
     if args.batch_size > len(x_train):
         raise ValueError(
             f"--batch-size {args.batch_size} is larger than the training set ({len(x_train)} samples), "
             "so an epoch would have no full batch; use a smaller global batch"
         )
-    if args.grad_accum > args.batch_size // world_size:
+    if args.grad_accum > args.batch_size // dp_size:
         raise ValueError(
             f"--grad-accum {args.grad_accum} needs that many samples per rank in each global batch, but "
-            f"{args.batch_size} samples on {world_size} ranks give some rank {args.batch_size // world_size}"
+            f"{args.batch_size} samples on {dp_size} replicas give some rank {args.batch_size // dp_size}"
         )
 
-    # --- model: same seed on every rank; DDP broadcasts rank 0's weights anyway.
-    md.manual_seed(args.seed)
+    # --- model: same seed on every rank; DDP broadcasts rank 0's weights anyway. With --tp, every rank
+    # draws the full weights and keeps its slice, so tp=N starts from the same model as tp=1.
+    model_parallel_manual_seed(args.seed, group=mesh.tp_group)  # md.manual_seed + per-tp-rank dropout stream
     n_classes = int(y_train.max()) + 1
-    mlp = build_mlp(x_train.shape[1], args.hidden, n_classes)
+    mlp = MLP(x_train.shape[1], args.hidden, n_classes, mesh=mesh)  # Linear/ReLU, or column/row pairs
+    if rank == 0 and mesh.tp > 1:
+        print(mesh)  # the dp x tp grid of ranks
     if args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper. The optimizer broadcasts rank 0's weights,
         # reduce-scatters (averages) the gradients in step(), updates only this rank's shard of the
         # parameters and all-gathers them, so the result equals DDP + SGD with 1/N of the optimizer state.
         model = mlp
         optimizer = ZeroRedundancyOptimizer(
-            model.parameters(), optim.SGD, group=world, stage=args.zero, lr=args.lr, momentum=args.momentum
-        )
+            model.parameters(), optim.SGD, group=mesh.dp_group, stage=args.zero, lr=args.lr,
+            momentum=args.momentum,
+        )  # fmt: skip
     else:
+        # Over the dp group only: each tp shard is averaged with the same shard of the other replicas.
         model = DistributedDataParallel(
-            mlp, group=world, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
+            mlp, group=mesh.dp_group, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
         )
         optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if args.trace:
@@ -142,11 +171,11 @@ def main(argv: list[str] | None = None) -> float:
             for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
                 with trace.span("forward", "forward"):
                     logits = model(md.tensor(xb[micro]))
-                    # Sum over my samples / global batch * world size: after DDP averages over the ranks
+                    # Sum over my samples / global batch * dp size: after DDP averages over the replicas
                     # this is the gradient of the mean loss over the global batch, even when ranks hold
                     # unequal shares (e.g. 128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
                     local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
-                    loss = local_sum * (world_size / args.batch_size)
+                    loss = local_sum * (dp_size / args.batch_size)
                 last = k == args.grad_accum - 1
                 with (
                     trace.span("backward", trace.BACKWARD),
@@ -161,8 +190,8 @@ def main(argv: list[str] | None = None) -> float:
         # here instead of waiting forever for each other (DistributedDataParallel.join).
         if not args.zero:  # ZeRO communicates in step(), which every rank calls equally often
             model.join()
-        dist.all_reduce(loss_sum, op="sum", group=world)
-        accuracy = evaluate(model, x_test, y_test, world)
+        dist.all_reduce(loss_sum, op="sum", group=mesh.dp_group)  # tp ranks hold the same losses
+        accuracy = evaluate(model, x_test, y_test, mesh)
         if rank == 0:
             bar.write(
                 f"epoch {epoch + 1:3d}  train loss {loss_sum[0] / loss_sum[1]:.4f}  "

@@ -118,3 +118,32 @@ def test_zero_stages_train_the_same_model_as_ddp():
         for zero in (0, 1, 2)
     }
     assert len(set(accuracies.values())) == 1, accuracies
+
+
+@pytest.mark.mpi
+def test_tensor_parallel_trains_the_same_model_as_data_parallel():
+    # 4 ranks as dp=4, dp=2 x tp=2 and tp=4: the same global batches and initial weights, so the same
+    # model up to float32 rounding (tp changes the order of a matmul's sum), which leaves the accuracy.
+    args = ("--epochs", "4", "--hidden", "32")
+    accuracies = {
+        tp: final_accuracy(run_mpi(4, EXAMPLE, *args, "--tp", str(tp), timeout=180).stdout)
+        for tp in (1, 2, 4)
+    }
+    assert len(set(accuracies.values())) == 1, accuracies
+
+
+@pytest.mark.mpi
+def test_hidden_size_not_divisible_by_tp_is_an_error_on_every_rank():
+    result = run_mpi(4, EXAMPLE, "--tp", "4", "--hidden", "30", timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(4):
+        assert (
+            f"[rank {rank}] error: MLP: hidden size 30 (hidden layer 1 of [30]) is not divisible by tp=4"
+            in (result.stderr)
+        )
+
+
+def test_pipeline_parallelism_is_a_clear_error_until_it_exists():
+    result = run_one_process("--pp", "2")
+    assert result.returncode == 2
+    assert "--pp 2: pipeline parallelism is not available yet" in result.stderr

@@ -15,7 +15,16 @@ from minidist.autograd import Tensor
 
 
 class Parameter(Tensor):
-    """A leaf tensor that a ``Module`` registers as a weight; requires grad by default."""
+    """A leaf tensor that a ``Module`` registers as a weight; requires grad by default.
+
+    Tensor-parallel metadata (set by ``minidist.parallel.tensor_parallel`` layers, read by gradient
+    clipping, pipelines and checkpoints): ``tp_dim`` is None for a parameter replicated across its
+    tensor-parallel group (every ordinary parameter), or the axis along which this array is the
+    ``tp_group.rank``-th of ``tp_group.size`` equal slices of the full tensor; ``tp_group`` is that group.
+    """
+
+    tp_dim: int | None = None
+    tp_group: Any = None
 
     def __init__(self, data: Any, requires_grad: bool = True) -> None:
         if isinstance(data, Tensor):

@@ -1,0 +1,5 @@
+"""Ready-made models built from ``minidist.nn`` (and, for a mesh with tp > 1, tensor-parallel layers)."""
+
+from minidist.models.mlp import MLP
+
+__all__ = ["MLP"]

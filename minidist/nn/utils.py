@@ -1,0 +1,72 @@
+"""``clip_grad_norm_`` on one process (PyTorch's ``torch.nn.utils.clip_grad_norm_``).
+
+Gradient clipping by global norm (Pascanu, Mikolov & Bengio, "On the difficulty of training
+recurrent neural networks", ICML 2013, §3.2): if the norm of *all* gradients together, as one long
+vector, exceeds ``max_norm``, scale every gradient by ``max_norm / norm``. The direction of the
+update is kept; only its length is capped. The tensor-parallel version, which adds up the norms of
+sharded parameters across ranks, is ``minidist.parallel.clip_grad_norm_``; it uses the helpers here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from minidist.autograd import Tensor
+
+
+def check_clip_args(max_norm: float, norm_type: float) -> float:
+    """Validate the arguments; return ``norm_type`` as a float (``inf`` allowed).
+
+    Raises ``TypeError`` for non-numbers and ``ValueError`` for ``max_norm < 0`` or ``norm_type <= 0``.
+    """
+    for name, value in (("max_norm", max_norm), ("norm_type", norm_type)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"clip_grad_norm_: {name} must be a number, got {type(value).__name__}")
+    if not max_norm >= 0:
+        raise ValueError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
+    if not norm_type > 0:
+        raise ValueError(f"clip_grad_norm_: norm_type must be > 0 (or math.inf), got {norm_type}")
+    return float(norm_type)
+
+
+def norm_contribution(grads: Iterable[Any], norm_type: float) -> float:
+    """What ``grads`` add to a global norm: sum of |g|^p over all elements, or max |g| for p = inf.
+
+    Computed in float64 so that float32 gradients of many elements do not lose the small ones.
+    """
+    total = 0.0
+    for g in grads:
+        if g.size == 0:
+            continue
+        a = abs(g.astype(np.float64))
+        total = max(total, float(a.max())) if math.isinf(norm_type) else total + float((a**norm_type).sum())
+    return total
+
+
+def finish_norm(contribution: float, norm_type: float) -> float:
+    """The norm from a total contribution: ``contribution ** (1/p)`` (itself for p = inf)."""
+    return contribution if math.isinf(norm_type) else contribution ** (1.0 / norm_type)
+
+
+def scale_grads_(grads: Iterable[Any], max_norm: float, total_norm: float) -> None:
+    """Multiply every gradient in place by ``max_norm / (total_norm + 1e-6)`` if that is below 1."""
+    coefficient = max_norm / (total_norm + 1e-6)  # 1e-6, as PyTorch: no division by a zero norm
+    if coefficient < 1.0:
+        for g in grads:
+            g *= g.dtype.type(coefficient)
+
+
+def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> float:
+    """Scale the ``.grad`` of ``parameters`` in place so that their global ``norm_type``-norm is at most
+    ``max_norm``; return the norm before clipping (a Python float). Parameters without a gradient are
+    skipped. Raises like :func:`check_clip_args`.
+    """
+    norm_type = check_clip_args(max_norm, norm_type)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = finish_norm(norm_contribution(grads, norm_type), norm_type)
+    scale_grads_(grads, max_norm, total)
+    return total

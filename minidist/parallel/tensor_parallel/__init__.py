@@ -1,0 +1,37 @@
+"""Tensor parallelism, Megatron-LM style (Shoeybi et al. 2019, §3): one layer's weights split over a group.
+
+Reading order: ``mappings.py`` (the f and g operators and their gather/scatter variants: all the
+communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``) -> ``mlp.py``
+(``ParallelMLP``: column then row, one all-reduce each way) -> ``random.py`` (the RNG tracker:
+dropout masks per rank on sharded activations, shared on replicated ones). The process grid these
+groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
+``minidist/parallel/clip_grad.py``.
+"""
+
+from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, shard_parameter
+from minidist.parallel.tensor_parallel.mappings import (
+    copy_to_tensor_parallel_region,
+    gather_from_tensor_parallel_region,
+    reduce_from_tensor_parallel_region,
+    scatter_to_tensor_parallel_region,
+)
+from minidist.parallel.tensor_parallel.mlp import ParallelMLP
+from minidist.parallel.tensor_parallel.random import (
+    RNGStatesTracker,
+    get_rng_tracker,
+    model_parallel_manual_seed,
+)
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "ParallelMLP",
+    "shard_parameter",
+    "copy_to_tensor_parallel_region",
+    "reduce_from_tensor_parallel_region",
+    "scatter_to_tensor_parallel_region",
+    "gather_from_tensor_parallel_region",
+    "RNGStatesTracker",
+    "get_rng_tracker",
+    "model_parallel_manual_seed",
+]

@@ -1,0 +1,161 @@
+"""``ColumnParallelLinear`` and ``RowParallelLinear``: one linear layer split over a tensor-parallel group.
+
+Megatron-LM (Shoeybi et al. 2019, §3, eq. 3 and Fig. 3a) splits ``Y = X A`` (here ``y = x W^T + b``,
+``W`` of shape (out, in)) in two ways across the n ranks of a group:
+
+* **Column parallel**: ``W`` split on the *output* axis, ``W = [W_0; ...; W_{n-1}]``. Every rank needs
+  the whole input ``x`` and computes ``y_r = x W_r^T + b_r``, its own slice of the output features.
+  No communication forward (f is the identity); backward, ``dL/dx`` is the sum over ranks of
+  ``dL/dy_r W_r``: the f operator all-reduces it.
+* **Row parallel**: ``W`` split on the *input* axis, ``W = [W_0, ..., W_{n-1}]``. Rank r holds the
+  slice ``x_r`` of the input features (exactly what a column-parallel layer produced) and computes a
+  partial product ``x_r W_r^T`` of the full output; the g operator all-reduces the partials. The bias
+  is replicated and added once, *after* the reduction (added before, it would count n times).
+
+**Initialisation equals one device's.** Each rank draws the *full* weight from minidist's seeded
+generator exactly as ``nn.Linear`` does (weight, then bias, U(-1/sqrt(in), 1/sqrt(in)) of the full
+fan-in) and keeps its slice, as Megatron's CPU initialisation does. So every rank's generator
+advances alike, tp=n and tp=1 start from the same model, and the next layer draws the same numbers
+too. The price, one full weight per rank for a moment, is irrelevant at the sizes minidist trains.
+
+Every sharded parameter gets ``tp_dim`` (0: out axis, 1: in axis) and ``tp_group``; a replicated
+one keeps ``tp_dim = None`` (see ``nn.Parameter``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minidist.autograd import DEFAULT_DTYPE, Tensor
+from minidist.dist.comm import Communicator, group_or_world
+from minidist.nn import functional as F
+from minidist.nn.layers import uniform
+from minidist.nn.module import Module, Parameter
+from minidist.parallel.tensor_parallel.mappings import (
+    copy_to_tensor_parallel_region,
+    gather_from_tensor_parallel_region,
+    reduce_from_tensor_parallel_region,
+    scatter_to_tensor_parallel_region,
+)
+
+
+def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parameter:
+    """This rank's slice (rank ``group.rank`` of ``group.size`` equal ones) of ``full`` along ``tp_dim``."""
+    width = full.shape[tp_dim] // group.size
+    index = [slice(None)] * full.ndim
+    index[tp_dim] = slice(group.rank * width, (group.rank + 1) * width)
+    shard = Parameter(full.data[tuple(index)].copy())  # copy: contiguous, and the full array is freed
+    shard.tp_dim, shard.tp_group = tp_dim, group
+    return shard
+
+
+def _check_sizes(layer: str, in_features: int, out_features: int, split: str, group: Communicator) -> None:
+    if in_features <= 0 or out_features <= 0:
+        raise ValueError(f"{layer} needs positive sizes, got in={in_features}, out={out_features}")
+    n = in_features if split == "in_features" else out_features
+    if n % group.size:
+        raise ValueError(
+            f"{layer}({in_features}, {out_features}): {split}={n} is not divisible by the tensor-parallel "
+            f"group size {group.size}; choose a size divisible by {group.size} or a different tp"
+        )
+
+
+def _check_last_axis(layer: Module, x: Tensor, expected: int, what: str) -> None:
+    if x.shape[-1] != expected:
+        raise ValueError(
+            f"{type(layer).__name__}({layer.in_features}, {layer.out_features}) on a group of "
+            f"{layer.group.size} got input of shape {x.shape}: its last axis must be {expected} ({what})"
+        )
+
+
+class ColumnParallelLinear(Module):
+    """y = x W^T + b with W (out, in) split on the out axis: this rank holds W_r (out/n, in), b_r (out/n,).
+
+    Input ``x`` (..., in_features), the same on every rank of ``group``. Output: this rank's slice
+    (..., out_features / n), or with ``gather_output=True`` the whole (..., out_features) on every rank
+    (one all-gather forward). Backward all-reduces ``dL/dx`` (the f operator).
+
+    Raises ``ValueError`` for non-positive sizes, ``out_features`` not divisible by ``group.size``, or
+    an input whose last axis is not ``in_features``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        group: Communicator | None = None,
+        gather_output: bool = False,
+        dtype: Any = DEFAULT_DTYPE,
+    ) -> None:
+        super().__init__()
+        self.group = group_or_world(group)
+        _check_sizes("ColumnParallelLinear", in_features, out_features, "out_features", self.group)
+        self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
+        self.out_features_per_partition = out_features // self.group.size
+        bound = 1.0 / math.sqrt(in_features)  # the full layer's fan-in, as nn.Linear
+        self.weight = shard_parameter(uniform((out_features, in_features), bound, dtype), 0, self.group)
+        self.bias = shard_parameter(uniform((out_features,), bound, dtype), 0, self.group) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_last_axis(self, x, self.in_features, "in_features")
+        x = copy_to_tensor_parallel_region(x, self.group)  # f
+        y = F.linear(x, self.weight, self.bias)  # (..., out / n)
+        return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features} "
+            f"({self.out_features_per_partition} per rank), bias={self.bias is not None}, "
+            f"gather_output={self.gather_output}"
+        )
+
+
+class RowParallelLinear(Module):
+    """y = x W^T + b with W (out, in) split on the in axis: this rank holds W_r (out, in/n); b (out,) whole.
+
+    Input: with ``input_is_parallel=True`` (the default) this rank's slice x_r (..., in_features / n),
+    e.g. a column-parallel layer's output; with ``False`` the whole (..., in_features), of which each
+    rank keeps its slice (no communication). Output (..., out_features), the same on every rank:
+    ``g(x_r W_r^T) + b``, one all-reduce forward, none backward.
+
+    Raises ``ValueError`` for non-positive sizes, ``in_features`` not divisible by ``group.size``, or
+    an input whose last axis has the wrong length.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        group: Communicator | None = None,
+        input_is_parallel: bool = True,
+        dtype: Any = DEFAULT_DTYPE,
+    ) -> None:
+        super().__init__()
+        self.group = group_or_world(group)
+        _check_sizes("RowParallelLinear", in_features, out_features, "in_features", self.group)
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel = input_is_parallel
+        self.in_features_per_partition = in_features // self.group.size
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = shard_parameter(uniform((out_features, in_features), bound, dtype), 1, self.group)
+        self.bias = uniform((out_features,), bound, dtype) if bias else None  # replicated: tp_dim None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.input_is_parallel:
+            _check_last_axis(self, x, self.in_features_per_partition, "in_features / group size")
+        else:
+            _check_last_axis(self, x, self.in_features, "in_features")
+            x = scatter_to_tensor_parallel_region(x, self.group)
+        partial = F.linear(x, self.weight)  # (..., out): this rank's share of the sum over in
+        y = reduce_from_tensor_parallel_region(partial, self.group)  # g
+        return y if self.bias is None else y + self.bias  # once, after the reduction
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features} ({self.in_features_per_partition} per rank), "
+            f"out_features={self.out_features}, bias={self.bias is not None}, "
+            f"input_is_parallel={self.input_is_parallel}"
+        )

@@ -1,0 +1,75 @@
+"""``ParallelMLP``: Megatron-LM's tensor-parallel MLP block (Shoeybi et al. 2019, §3, eq. 3-4, Fig. 3a).
+
+``y = act(x A^T + a) B^T + b`` with A (hidden, in) split by columns and B (out, hidden) by rows::
+
+    x (replicated) --f--> [x A_r^T + a_r] --act--> [dropout] --> [h_r B_r^T] --g--> + b --> y (replicated)
+                          column parallel          sharded       row parallel
+
+Because the activation is applied elementwise, ``act`` of the column layer's slice is the slice of
+``act`` of the whole: no communication is needed between the two layers. The block costs one
+all-reduce forward (g) and one backward (f), of activations of size batch x out / in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from minidist.autograd import DEFAULT_DTYPE, Tensor
+from minidist.dist.comm import Communicator, group_or_world
+from minidist.nn import functional as F
+from minidist.nn.module import Module
+from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.tensor_parallel.random import get_rng_tracker
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "tanh": F.tanh}
+
+
+class ParallelMLP(Module):
+    """Column-parallel ``in_features -> hidden_features``, activation, row-parallel ``-> out_features``.
+
+    Input (..., in_features) and output (..., out_features), both the same on every rank of ``group``;
+    the hidden activations (..., hidden_features / n) stay sharded. Parameters are named ``fc1.*`` and
+    ``fc2.*`` and start equal to a dense ``Linear(in, hidden)``, ``Linear(hidden, out)`` pair built
+    from the same seed. ``dropout`` > 0 zeroes hidden activations in training with a different mask
+    per tp rank (the RNG tracker's generator; seed it with ``model_parallel_manual_seed``).
+
+    Raises ``ValueError`` if ``hidden_features`` is not divisible by the group size, for an unknown
+    ``activation`` (one of ``"relu"``, ``"gelu"``, ``"tanh"``) or a dropout outside [0, 1].
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        out_features: int | None = None,
+        bias: bool = True,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        group: Communicator | None = None,
+        dtype: Any = DEFAULT_DTYPE,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout probability must be between 0 and 1, got {dropout}")
+        group = group_or_world(group)
+        out_features = in_features if out_features is None else out_features
+        self.activation, self.dropout = activation, dropout
+        self.fc1 = ColumnParallelLinear(
+            in_features, hidden_features, bias, group, gather_output=False, dtype=dtype
+        )
+        self.fc2 = RowParallelLinear(
+            hidden_features, out_features, bias, group, input_is_parallel=True, dtype=dtype
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = ACTIVATIONS[self.activation](self.fc1(x))  # (..., hidden / n), sharded
+        if self.training and self.dropout > 0.0:
+            with get_rng_tracker().fork():  # sharded activations: an independent mask per tp rank
+                h = F.dropout(h, self.dropout, True)
+        return self.fc2(h)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}, dropout={self.dropout}"

@@ -1,0 +1,104 @@
+"""Randomness inside tensor-parallel regions: the RNG tracker (Shoeybi et al. 2019, §3, last paragraph).
+
+Dropout must behave differently on the two kinds of activations of a tensor-parallel model:
+
+* **Replicated** activations (the input of a column-parallel layer, the output of a row-parallel
+  one) are the same tensor on every tp rank. Their dropout mask must be the same on every rank too,
+  or the replicas would stop being replicas. They draw from minidist's default generator, which
+  ``md.manual_seed(seed)`` puts in the same state on every rank (as on a single device).
+* **Sharded** activations (between a column- and a row-parallel layer) are different slices of one
+  tensor. Each slice needs its own, independent mask: the same mask on every slice would correlate
+  the dropped units of different slices. They draw from a second generator, seeded differently per
+  tp rank, that the tracker keeps aside: ``with get_rng_tracker().fork(): ...`` swaps it in for the
+  duration of the block and keeps its advanced state afterwards.
+
+Forking keeps the default generator untouched, so everything that draws from it (weight init, the
+replicated dropouts) still draws exactly what a single device would. Megatron seeds the tracked
+generator with ``seed + 2718 + tp_rank``; so does :func:`model_parallel_manual_seed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+
+import numpy as np
+
+from minidist import random
+from minidist.dist.comm import Communicator, group_or_world
+
+MODEL_PARALLEL_RNG = "model-parallel-rng"
+TP_SEED_OFFSET = 2718  # Megatron-LM's offset: keeps the tracked streams apart from the default one
+
+
+class RNGStatesTracker:
+    """Named generator states that can be swapped in for minidist's default generator.
+
+    The states are plain dicts (NumPy ``bit_generator.state``, JSON-serialisable), so checkpoints can
+    save them with :meth:`get_states` and restore them with :meth:`set_states`.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, dict] = {}
+
+    def reset(self) -> None:
+        """Forget every named state."""
+        self._states = {}
+
+    def add(self, name: str, seed: int) -> None:
+        """Start a generator named ``name`` from ``seed``. Raises ``ValueError`` if the name exists."""
+        if name in self._states:
+            raise ValueError(f"RNG tracker already has a generator named {name!r}; call reset() first")
+        self._states[name] = np.random.default_rng(int(seed)).bit_generator.state
+
+    def get_states(self) -> dict[str, dict]:
+        """A deep copy of every named state: ``{name: bit_generator.state}``."""
+        return copy.deepcopy(self._states)
+
+    def set_states(self, states: dict[str, dict]) -> None:
+        """Replace every named state with ``states`` (from :meth:`get_states`)."""
+        self._states = copy.deepcopy(dict(states))
+
+    @contextlib.contextmanager
+    def fork(self, name: str = MODEL_PARALLEL_RNG) -> Iterator[None]:
+        """Inside the block, minidist's default generator draws from the tracked state ``name``.
+
+        On exit the tracked state keeps what was drawn and the default generator is back exactly
+        where it was. Raises ``ValueError`` if ``name`` was never added (seed it first with
+        :func:`model_parallel_manual_seed`).
+        """
+        if name not in self._states:
+            raise ValueError(
+                f"the RNG tracker has no generator named {name!r}: call "
+                "minidist.parallel.tensor_parallel.model_parallel_manual_seed(seed, group=mesh.tp_group) "
+                "on every rank before using dropout on tensor-parallel (sharded) activations"
+            )
+        default_state = random.get_rng_state()
+        random.set_rng_state(self._states[name])
+        try:
+            yield
+        finally:
+            self._states[name] = random.get_rng_state()
+            random.set_rng_state(default_state)
+
+
+_TRACKER = RNGStatesTracker()
+
+
+def get_rng_tracker() -> RNGStatesTracker:
+    """The process-wide tracker (one per rank, like minidist's default generator)."""
+    return _TRACKER
+
+
+def model_parallel_manual_seed(seed: int, group: Communicator | None = None) -> None:
+    """Seed both generators of this rank for tensor parallelism over ``group`` (default: the world).
+
+    The default generator gets ``seed`` on every rank (``md.manual_seed(seed)``: replicated weights
+    and replicated dropout masks agree across ranks and with a single device); the tracker's
+    ``"model-parallel-rng"`` gets ``seed + 2718 + group.rank`` (a different stream per tp rank, for
+    sharded dropout). Raises ``TypeError`` for a non-int seed.
+    """
+    random.manual_seed(seed)
+    _TRACKER.reset()
+    _TRACKER.add(MODEL_PARALLEL_RNG, seed + TP_SEED_OFFSET + group_or_world(group).rank)

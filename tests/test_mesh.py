@@ -1,0 +1,76 @@
+"""ProcessMesh: the dp x tp x pp grid of ranks (tp fastest, then dp, then pp) and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mpi_utils import run_mpi
+
+from minidist.parallel import ProcessMesh
+from minidist.parallel.mesh import draw_grid, mesh_coords, mesh_rank
+
+
+@given(dp=st.integers(1, 4), tp=st.integers(1, 4), pp=st.integers(1, 4))
+def test_coords_and_rank_are_inverse_and_tp_varies_fastest(dp, tp, pp):
+    ranks = [mesh_rank(d, t, p, dp, tp) for p in range(pp) for d in range(dp) for t in range(tp)]
+    assert ranks == list(range(dp * tp * pp))  # tp innermost, then dp, then pp outermost
+    for rank in ranks:
+        d, t, p = mesh_coords(rank, dp, tp, pp)
+        assert mesh_rank(d, t, p, dp, tp) == rank and d < dp and t < tp and p < pp
+
+
+def test_the_grid_drawing_shows_every_rank_at_its_coordinates():
+    lines = draw_grid(2, 2, 2).splitlines()
+    assert lines[0] == "ProcessMesh(dp=2, tp=2, pp=2): 8 ranks, rank = pp_rank*4 + dp_rank*2 + tp_rank"
+    assert lines[1:] == [
+        "pp stage 0:", "         tp0 tp1", "  dp0      0   1", "  dp1      2   3",
+        "pp stage 1:", "         tp0 tp1", "  dp0      4   5", "  dp1      6   7",
+    ]  # fmt: skip
+
+
+def test_one_process_mesh_and_its_errors():
+    mesh = ProcessMesh()
+    assert (mesh.dp, mesh.tp, mesh.pp, mesh.world_size, mesh.coords) == (1, 1, 1, 1, (0, 0, 0))
+    assert mesh.tp_group.size == mesh.dp_group.size == mesh.pp_group.size == 1
+    with pytest.raises(ValueError, match=r"dp\*tp\*pp = 1\*2\*1 = 2 but the world has 1 ranks"):
+        ProcessMesh(tp=2)
+    with pytest.raises(TypeError, match="pp must be an int, got 1.0 on rank 0"):
+        ProcessMesh(pp=1.0)
+    with pytest.raises(ValueError, match=r"tp_rank must be in \[0, 1\), got 1"):
+        mesh.rank_of(0, 1, 0)
+
+
+@pytest.mark.mpi
+def test_groups_on_four_ranks_and_errors_on_every_rank(tmp_path):
+    run_mpi(4, "mesh_check.py", tmp_path, timeout=60)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for layout in records[0]["layouts"]:
+        dp, tp, pp = map(int, layout.split(","))
+        for rank, record in enumerate(records):
+            got = record["layouts"][layout]
+            d, t, p = mesh_coords(rank, dp, tp, pp)
+            assert got["coords"] == [d, t, p] and got["rank_of"] == rank
+            assert got["sizes"] == [dp, tp, pp, 4]
+            # Each group: the ranks that differ from this one only along that axis, in axis order.
+            assert got["tp"] == [mesh_rank(d, i, p, dp, tp) for i in range(tp)]
+            assert got["dp"] == [mesh_rank(i, t, p, dp, tp) for i in range(dp)]
+            assert got["pp"] == [mesh_rank(d, t, i, dp, tp) for i in range(pp)]
+        assert records[0]["drawings"][layout] == draw_grid(dp, tp, pp)
+    expected = {
+        "product": ("ValueError", "dp*tp*pp = 3*1*1 = 3 but the world has 4 ranks"),
+        "zero": ("ValueError", "tp must be >= 1, got tp=0 on rank 0"),
+        "not_int": ("TypeError", "tp must be an int, got 2.0 on rank 0"),
+        "differ": (
+            "ValueError",
+            "ranks passed different sizes: rank 0 dp=2, tp=2, pp=1, rank 2 dp=4, tp=1, pp=1",
+        ),
+        "one_bad": ("TypeError", "tp must be an int, got '2' on rank 3"),
+        "rank_of": ("ValueError", "tp_rank must be in [0, 2), got 2"),
+    }
+    for rank, record in enumerate(records):
+        for case, (kind, text) in expected.items():
+            assert record["errors"][case] is not None, f"rank {rank} raised nothing for {case}"
+            assert record["errors"][case][0] == kind and text in record["errors"][case][1], (rank, case)

@@ -1,0 +1,212 @@
+"""Tensor-parallel layers equal the dense ones; the f/g operators' gradients equal finite differences.
+
+Megatron-LM (Shoeybi et al. 2019, §3). Each layer check runs hypothesis-drawn configs on tp real
+ranks (one launch per example, several configs per launch) and rebuilds the full tensors from the
+shards: sharded ones concatenated in tp-rank order along their ``tp_dim`` (or the last axis for
+activations), replicated ones required bit-identical on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import tp_common  # noqa: E402
+from mpi_utils import run_mpi  # noqa: E402
+
+import minidist as md  # noqa: E402
+from minidist import nn  # noqa: E402
+from minidist.dist import Communicator  # noqa: E402
+from minidist.parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear  # noqa: E402
+from minidist.parallel.tensor_parallel import shard_parameter  # noqa: E402
+
+# float64, and the only difference from the dense layer is the order of a sum: a row-parallel layer
+# adds n partial products over slices of the input features, the dense one sums all features at once
+# (a few ulps, ~1e-16 relative, on values of order 1-10). 1e-10 leaves a wide margin yet catches any
+# wrong slice, missing reduction or doubled bias by many orders of magnitude.
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+@st.composite
+def layer_configs(draw, tp: int):
+    """A layer config for a tp group: the split dimension is a multiple of tp, the others free."""
+    kind = draw(st.sampled_from(["column", "row", "mlp"]))
+
+    def split() -> int:
+        return tp * draw(st.integers(1, 3))
+
+    return {
+        "kind": kind,
+        "batch": draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)),
+        "in": split() if kind == "row" else draw(st.integers(1, 6)),
+        "out": split() if kind == "column" else draw(st.integers(1, 6)),
+        "hidden": split(),
+        "bias": draw(st.booleans()),
+        "flag": draw(st.booleans()),  # gather_output (column) / input_is_parallel (row)
+        "seed": draw(st.integers(0, 2**31 - 1)),
+    }
+
+
+def assemble(shards: list[np.ndarray], axis: int | None) -> np.ndarray:
+    """The full tensor: shards concatenated along ``axis``, or (None) the one value every rank holds."""
+    if axis is not None:
+        return np.concatenate(shards, axis=axis)
+    for r, s in enumerate(shards[1:], 1):
+        np.testing.assert_array_equal(s, shards[0], err_msg=f"replicated value differs on tp rank {r}")
+    return shards[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@settings(max_examples=2)
+@given(data=st.data())
+def test_layers_equal_the_dense_layer(tp, data):
+    configs = data.draw(st.lists(layer_configs(tp), min_size=6, max_size=6))
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "configs.json").write_text(json.dumps(configs))
+        run_mpi(tp, "tp_layers.py", tmp, Path(tmp, "configs.json"), timeout=120)
+        ranks = [dict(np.load(Path(tmp, f"rank{r}.npz"))) for r in range(tp)]
+        meta = json.loads(Path(tmp, "meta.json").read_text())
+    for i, (cfg, m) in enumerate(zip(configs, meta)):
+        x, w = tp_common.layer_inputs(cfg)
+        ref = tp_common.run_layer(tp_common.dense_layer(cfg), x, w)
+        axes = {"y": -1 if m["y_sharded"] else None, "x.grad": -1 if m["x_sharded"] else None}
+        for j, tp_dim in enumerate(m["tp_dims"]):
+            axes[f"p{j}"] = axes[f"p{j}.grad"] = tp_dim  # p{j}: the initial weights, equal to dense init
+        assert set(axes) == set(ref), (cfg, sorted(axes), sorted(ref))
+        for key, axis in axes.items():
+            got = assemble([r[f"{i}/{key}"] for r in ranks], axis)
+            np.testing.assert_allclose(got, ref[key], **TOL, err_msg=f"{key} of {cfg}")
+
+
+@pytest.mark.mpi
+def test_f_g_scatter_gather_gradients_match_finite_differences(tmp_path):
+    run_mpi(3, "tp_mappings.py", tmp_path, 7, timeout=120)
+    for r in range(3):
+        got = np.load(tmp_path / f"rank{r}.npz")
+        for op in ("f", "g", "scatter", "gather"):
+            # J is linear in x, so central differences are exact but for rounding: eps 1e-6 on values of
+            # order 1-10 leaves ~1e-10 absolute error; 1e-7 is far below any wrong gradient (order 1).
+            np.testing.assert_allclose(
+                got[f"{op}/analytic"], got[f"{op}/numeric"], atol=1e-7, err_msg=f"{op} on rank {r}"
+            )
+            assert np.abs(got[f"{op}/analytic"]).max() > 0.1  # a non-trivial gradient was checked
+
+
+# --- errors and metadata, in one process (a world of one rank) ---------------------------------------
+def fake_group(size: int, rank: int = 0) -> Communicator:
+    """A Communicator of ``size`` ranks that never communicates: enough for checks made before any message."""
+    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
+    group.size, group.rank = size, rank
+    return group
+
+
+def test_sizes_not_divisible_by_the_group_are_errors():
+    group = fake_group(3)
+    with pytest.raises(ValueError, match=r"out_features=8 is not divisible .* group size 3"):
+        ColumnParallelLinear(4, 8, group=group)
+    with pytest.raises(ValueError, match=r"in_features=10 is not divisible .* group size 3"):
+        RowParallelLinear(10, 4, group=group)
+    with pytest.raises(ValueError, match=r"out_features=4 is not divisible"):
+        ParallelMLP(6, 4, group=group)
+    with pytest.raises(ValueError, match="positive sizes"):
+        ColumnParallelLinear(0, 3, group=group)
+
+
+def test_wrong_input_width_and_bad_options_are_errors():
+    col = ColumnParallelLinear(4, 6)
+    with pytest.raises(ValueError, match=r"got input of shape \(2, 5\): its last axis must be 4"):
+        col(md.tensor(np.ones((2, 5))))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ParallelMLP(4, 8, activation="swish")
+    with pytest.raises(ValueError, match="dropout probability"):
+        ParallelMLP(4, 8, dropout=1.5)
+
+
+def test_parameters_carry_their_tp_metadata():
+    col, row = ColumnParallelLinear(4, 6), RowParallelLinear(6, 3)
+    assert (col.weight.tp_dim, col.bias.tp_dim, row.weight.tp_dim, row.bias.tp_dim) == (0, 0, 1, None)
+    assert col.weight.tp_group is not None and row.bias.tp_group is None
+    assert nn.Linear(2, 3).weight.tp_dim is None  # the Parameter default: replicated
+
+
+def test_shard_parameter_takes_the_rank_th_equal_slice():
+    full = nn.Parameter(np.arange(24.0).reshape(4, 6))
+    shard = shard_parameter(full, 1, fake_group(3, rank=1))
+    np.testing.assert_array_equal(shard.numpy(), full.numpy()[:, 2:4])
+    assert shard.tp_dim == 1 and shard.tp_group is not None and shard.data.flags.c_contiguous
+
+
+# --- gradient clipping ----------------------------------------------------------------------------------
+def params_with_grads(seed: int) -> list[nn.Parameter]:
+    rng = np.random.default_rng(seed)
+    params = [nn.Parameter(rng.standard_normal(shape)) for shape in [(3, 4), (4,), (0,), (2, 2)]]
+    for p in params:
+        p.grad = rng.standard_normal(p.shape)
+    return params
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.5, math.inf])
+def test_clip_grad_norm_matches_the_norm_of_all_gradients_as_one_vector(norm_type):
+    from minidist.nn.utils import clip_grad_norm_ as local_clip
+    from minidist.parallel import clip_grad_norm_ as parallel_clip
+
+    for clip in (local_clip, parallel_clip):
+        params = params_with_grads(0)
+        flat = np.concatenate([p.grad.ravel() for p in params])
+        expected = np.linalg.norm(flat, ord=norm_type)
+        assert clip(params, 1e9, norm_type) == pytest.approx(expected, rel=1e-12)  # no clipping
+        np.testing.assert_array_equal(np.concatenate([p.grad.ravel() for p in params]), flat)
+        assert clip(params, 0.5, norm_type) == pytest.approx(expected, rel=1e-12)
+        clipped = np.concatenate([p.grad.ravel() for p in params])
+        np.testing.assert_allclose(clipped, flat * 0.5 / (expected + 1e-6), rtol=1e-12)
+        assert np.linalg.norm(clipped, ord=norm_type) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_clip_grad_norm_errors():
+    from minidist.parallel import clip_grad_norm_
+
+    params = params_with_grads(1)
+    with pytest.raises(ValueError, match="max_norm must be >= 0"):
+        clip_grad_norm_(params, -1.0)
+    with pytest.raises(ValueError, match="norm_type must be > 0"):
+        clip_grad_norm_(params, 1.0, norm_type=0)
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        clip_grad_norm_(params, "1")
+    params[0].tp_dim = 0
+    with pytest.raises(ValueError, match=r"has tp_dim=0 but no tp_group"):
+        clip_grad_norm_(params, 1.0)
+
+
+def test_rng_tracker_fork_leaves_the_default_generator_alone_and_states_round_trip():
+    from minidist import random
+    from minidist.parallel.tensor_parallel import (
+        RNGStatesTracker,
+        get_rng_tracker,
+        model_parallel_manual_seed,
+    )
+
+    model_parallel_manual_seed(5)  # world of one rank: tracked seed 5 + 2718 + 0
+    expected_default = np.random.default_rng(5).random(3)
+    with get_rng_tracker().fork():
+        tracked = random.generator().random(3)
+    np.testing.assert_array_equal(tracked, np.random.default_rng(5 + 2718).random(3))
+    np.testing.assert_array_equal(random.generator().random(3), expected_default)  # untouched by the fork
+    saved = json.loads(json.dumps(get_rng_tracker().get_states()))  # JSON-serialisable, for checkpoints
+    with get_rng_tracker().fork():
+        first = random.generator().random(2)
+    get_rng_tracker().set_states(saved)
+    with get_rng_tracker().fork():
+        np.testing.assert_array_equal(random.generator().random(2), first)  # resumed from the saved state
+    with pytest.raises(ValueError, match="model_parallel_manual_seed"):
+        with RNGStatesTracker().fork():
+            pass
