@@ -1,6 +1,24 @@
-"""Parallel training strategies built from autograd Functions and ``dist`` collectives."""
+"""Parallel training strategies built from autograd Functions and ``dist`` collectives.
 
+Reading order: ``data_parallel.py`` (DDP) and ``zero.py`` -> ``mesh.py`` (the dp x tp x pp grid) ->
+``tensor_parallel/`` (Megatron-LM layers) -> ``clip_grad.py`` (the global gradient norm over shards) ->
+``pipeline/`` (stages, GPipe and 1F1B schedules as data, the executor).
+"""
+
+from minidist.parallel.clip_grad import clip_grad_norm_
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.mesh import ProcessMesh
+from minidist.parallel.pipeline import PipelineParallel
+from minidist.parallel.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 from minidist.parallel.zero import ZeroRedundancyOptimizer
 
-__all__ = ["DistributedDataParallel", "ZeroRedundancyOptimizer"]
+__all__ = [
+    "ColumnParallelLinear",
+    "DistributedDataParallel",
+    "ParallelMLP",
+    "PipelineParallel",
+    "ProcessMesh",
+    "RowParallelLinear",
+    "ZeroRedundancyOptimizer",
+    "clip_grad_norm_",
+]

@@ -1,0 +1,46 @@
+"""Pipeline parallelism: a ``Sequential`` cut into stages that microbatches flow through.
+
+Reading order: ``partition.py`` (cutting the model into stages) -> ``schedules.py`` (GPipe and 1F1B as
+plain lists of instructions per stage, and why they cannot deadlock) -> ``simulate.py`` (running a
+schedule on paper: timeline, bubble, deadlock check) -> ``gantt.py`` (text grid and matplotlib chart)
+-> ``executor.py`` (running one stage's instructions over MPI send/recv) -> ``pipeline_parallel.py``
+(``PipelineParallel``: the user-facing wrapper, with data parallelism over a dp group).
+"""
+
+from minidist.parallel.pipeline.executor import StageExecutor, StepStats
+from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
+from minidist.parallel.pipeline.partition import PipelineStage, balanced_cuts, partition
+from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
+from minidist.parallel.pipeline.schedules import (
+    SCHEDULES,
+    Exchange,
+    Instruction,
+    Schedule,
+    gpipe,
+    make_schedule,
+    one_f_one_b,
+    peak_activations,
+)
+from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, Timeline, simulate
+
+__all__ = [
+    "SCHEDULES",
+    "Exchange",
+    "Instruction",
+    "PipelineParallel",
+    "PipelineStage",
+    "Schedule",
+    "ScheduleDeadlockError",
+    "StageExecutor",
+    "StepStats",
+    "Timeline",
+    "balanced_cuts",
+    "draw_gantt",
+    "gpipe",
+    "make_schedule",
+    "one_f_one_b",
+    "partition",
+    "peak_activations",
+    "simulate",
+    "text_grid",
+]

@@ -1,0 +1,250 @@
+"""``PipelineParallel``: a ``Sequential`` cut into stages, one per rank of the pipeline group.
+
+Each rank of ``group`` (the pp group) builds the whole model from the same seed, keeps only its stage's
+layers (``partition.py``), and trains them with a schedule (``schedules.py``) run by an executor
+(``executor.py``)::
+
+    pipe = PipelineParallel(model, group=world, microbatches=4, schedule="1f1b")
+    opt = optim.SGD(pipe.parameters(), lr=0.1)           # this stage's parameters only
+    opt.zero_grad()
+    loss = pipe.train_step(x, y, nn.functional.cross_entropy)   # mean loss, on every rank
+    opt.step()
+
+The batch is cut into ``m`` equal microbatches; the last stage scales each microbatch's mean loss by
+``1/m``, so the accumulated gradients equal those of one step on the whole batch and ``m`` stages
+train the same model as one process would.
+
+**With data parallelism** (``dp_group``, or ``mesh.dp_group``): every dp replica of a stage gets a
+different share of the global batch; after the *last* microbatch's backward, the stage's gradients are
+averaged over ``dp_group`` once, with one ``dist.all_reduce(op="avg")`` of a flat buffer per dtype
+(Narayanan et al. 2021, §3: the data-parallel all-reduce happens once per batch, after the pipeline
+flush). We do not reuse ``DistributedDataParallel``: its hooks reduce at the end of *every* backward
+call, i.e. once per microbatch here, and overlapping with backward would need ``no_sync`` around all but
+the last microbatch, which the executor does not know about; a single flat all-reduce at the end is
+simpler and costs one collective per step. At construction, each stage's parameters are broadcast from
+dp rank 0, as DDP does, so the replicas start equal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from minidist import backend, dist
+from minidist.autograd import Tensor
+from minidist.dist import Communicator
+from minidist.nn.layers import Sequential
+from minidist.nn.module import Parameter
+from minidist.parallel.buckets import flatten, unflatten_into
+from minidist.parallel.pipeline.executor import StageExecutor, StepStats
+from minidist.parallel.pipeline.partition import build_stage, partition
+from minidist.parallel.pipeline.schedules import SCHEDULES, make_schedule
+
+
+class PipelineParallel:
+    """Train a ``Sequential`` split into ``group.size`` pipeline stages, one per rank of ``group``.
+
+    Args:
+        model: an ``nn.Sequential`` built identically (same seed) on every rank.
+        group: the pipeline communicator (rank s runs stage s), ``None`` for the world, or a mesh: any
+            object with ``.pp_group`` (and ``.dp_group``, used when ``dp_group`` is not given).
+        microbatches: ``m >= 1``; every batch size must be divisible by it.
+        schedule: ``"1f1b"`` or ``"gpipe"`` (``schedules.py``).
+        dp_group: data-parallel communicator over the replicas of this stage, or None.
+        cuts: explicit cut points (where stages 1..p-1 start); default: balanced by parameter count.
+
+    Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names),
+    ``stage_index``, ``num_stages``, ``bounds`` (every stage's ``(start, stop)`` layer range),
+    ``schedule`` (the :class:`Schedule`), ``stats`` (:class:`StepStats` of the last step).
+
+    Raises (on every rank of ``group``, agreed with a collective): ``TypeError`` for a model that is
+    not a Sequential or a group that is not a Communicator or mesh; ``ValueError`` for fewer layers
+    than stages, bad ``cuts``, ``microbatches`` or ``schedule``, a mesh whose ``pp`` differs from its
+    pp group's size, or ranks that disagree about any of these.
+    """
+
+    def __init__(
+        self,
+        model: Sequential,
+        group: Any = None,
+        microbatches: int = 1,
+        schedule: str = "1f1b",
+        dp_group: Communicator | None = None,
+        cuts: Sequence[int] | None = None,
+    ) -> None:
+        group, dp_group = _resolve_groups(group, dp_group)
+        self.group, self.dp_group = group, dp_group
+        self.stage_index, self.num_stages = group.rank, group.size
+        error, bounds = None, []
+        try:
+            if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+                raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+            if schedule not in SCHEDULES:
+                raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
+            bounds = partition(model, group.size, cuts)
+        except (TypeError, ValueError) as e:
+            error = e
+        layers = len(model) if isinstance(model, Sequential) else type(model).__name__
+        agree(
+            group,
+            error,
+            f"model={layers} layers, microbatches={microbatches!r}, schedule={schedule!r}, stages={bounds}",
+        )
+        self.microbatches, self.bounds = microbatches, bounds
+        self.schedule = make_schedule(schedule, group.size, microbatches)
+        self.stage_module = build_stage(model, bounds[group.rank])
+        self._executor = StageExecutor(
+            self.stage_module, group, self.schedule.stages[group.rank], microbatches
+        )
+        if dp_group is not None and dp_group.size > 1:
+            for p in self.parameters():  # the dp replicas of this stage start from dp rank 0's weights
+                dist.broadcast(p.data, src=0, group=dp_group)
+
+    # -- parameters ------------------------------------------------------------------------------
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """This stage's parameters under the full model's names (``"4.weight"``)."""
+        return self.stage_module.named_parameters()
+
+    def parameters(self) -> Iterator[Parameter]:
+        return self.stage_module.parameters()
+
+    def zero_grad(self) -> None:
+        self.stage_module.zero_grad()
+
+    @property
+    def stats(self) -> StepStats:
+        return self._executor.stats
+
+    # -- one step --------------------------------------------------------------------------------
+    def train_step(self, inputs: Any, targets: Any, loss_fn: Callable[[Tensor, Any], Tensor]) -> float:
+        """Forward and backward of one batch through the pipeline; return the mean loss on every rank.
+
+        Args:
+            inputs: the batch, shape ``(B, ...)``: a Tensor, or an array converted like ``md.tensor``
+                (float32). Needed on stage 0; other stages may pass None.
+            targets: shape ``(B, ...)``, what ``loss_fn`` takes as its second argument. Needed on the
+                last stage; others may pass None.
+            loss_fn: ``loss_fn(output, targets_of_microbatch) -> scalar Tensor``, a *mean* over the
+                microbatch (e.g. ``nn.functional.cross_entropy``).
+
+        Gradients accumulate into ``.grad`` (call ``zero_grad`` before, as in PyTorch); with a
+        ``dp_group`` they are averaged over it after the last microbatch, and the returned loss is the
+        mean over the dp replicas too (the mean over the global batch).
+
+        Raises ``ValueError`` on every rank of the group if the batch size is not divisible by
+        ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ, or stage 0
+        lacks inputs / the last stage lacks targets.
+        """
+        m, p, s = self.microbatches, self.num_stages, self.stage_index
+        batch = self._check_batch(inputs, targets)
+        start = time.perf_counter()
+        size = batch // m
+        xs = ys = None
+        if s == 0:
+            data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
+            xs = [Tensor(data[i * size : (i + 1) * size]) for i in range(m)]
+        if s == p - 1:
+            ys = [targets[i * size : (i + 1) * size] for i in range(m)]
+        loss = np.array([self._executor.run(xs, ys, loss_fn)], dtype=np.float64)
+        dist.broadcast(loss, src=p - 1, group=self.group)  # the mean loss is known on the last stage only
+        self.stats.step_s = time.perf_counter() - start
+        if self.dp_group is not None and self.dp_group.size > 1:
+            self._average_gradients_over_dp()
+            dist.all_reduce(loss, op="avg", group=self.dp_group)
+        return float(loss[0])
+
+    def _check_batch(self, inputs: Any, targets: Any) -> int:
+        """Agree on the batch size over the group (one small all-gather); raise the same error everywhere."""
+        s, p, m = self.stage_index, self.num_stages, self.microbatches
+        n_in = -1 if inputs is None else len(inputs)
+        n_tg = -1 if targets is None else len(targets)
+        missing = (s == 0 and inputs is None) or (s == p - 1 and targets is None)
+        info = dist.all_gather(np.array([n_in, n_tg, int(missing)], np.int64), group=self.group).reshape(p, 3)
+        if info[:, 2].any():
+            ranks = np.flatnonzero(info[:, 2]).tolist()
+            raise ValueError(
+                f"train_step: ranks {ranks} passed None where the first stage needs inputs / "
+                "the last stage needs targets; pass the batch on those ranks"
+            )
+        sizes = sorted({int(n) for n in info[:, :2].reshape(-1) if n >= 0})
+        if len(sizes) != 1:
+            raise ValueError(
+                f"train_step: inputs and targets must have the same batch size on every rank of "
+                f"the pipeline group, got (inputs, targets) per rank {info[:, :2].tolist()} "
+                "(-1: None)"
+            )
+        if sizes[0] % m != 0 or sizes[0] == 0:
+            raise ValueError(
+                f"train_step: batch size {sizes[0]} is not divisible by microbatches={m}; use a "
+                f"batch size that is a positive multiple of {m}, or another microbatch count"
+            )
+        return sizes[0]
+
+    def _average_gradients_over_dp(self) -> None:
+        """One all-reduce(avg) per dtype of the stage's flattened gradients, after the last backward."""
+        by_dtype: dict[Any, list[Parameter]] = {}
+        for p in self.parameters():
+            if p.grad is None:  # every replica must send the same buffer: missing gradients count as 0
+                p.grad = backend.xp().zeros_like(p.data)
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+        for params in by_dtype.values():
+            grads = [p.grad for p in params]
+            flat = dist.all_reduce(flatten(grads), op="avg", group=self.dp_group)
+            unflatten_into(flat, grads)
+
+
+def _as_float(array: Any) -> Any:
+    """Like ``md.tensor``: floating data becomes float32 unless it already is a Tensor's array."""
+    array = backend.asarray(array)
+    return array.astype(np.float32) if array.dtype.kind == "f" and array.dtype != np.float32 else array
+
+
+def _resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communicator, Communicator | None]:
+    """(pp group, dp group) from a Communicator, None (the world) or a mesh with ``.pp_group``."""
+    if group is not None and not isinstance(group, Communicator):
+        pp_group = getattr(group, "pp_group", None)
+        if not isinstance(pp_group, Communicator):
+            raise TypeError(
+                f"group must be a minidist.dist.Communicator, None (the world) or a ProcessMesh, got "
+                f"{type(group).__name__}"
+            )
+        if getattr(group, "pp", pp_group.size) != pp_group.size:
+            raise ValueError(
+                f"mismatched mesh: mesh.pp={group.pp} but its pp_group has {pp_group.size} ranks"
+            )
+        mesh_dp = getattr(group, "dp_group", None)
+        if dp_group is not None and mesh_dp is not None and dp_group is not mesh_dp:
+            raise ValueError("pass dp_group or a mesh, not both: the mesh already has a dp_group")
+        return pp_group, dp_group if dp_group is not None else mesh_dp
+    if dp_group is not None and not isinstance(dp_group, Communicator):
+        raise TypeError(
+            f"dp_group must be a minidist.dist.Communicator or None, got {type(dp_group).__name__}"
+        )
+    return dist.comm.group_or_world(group), dp_group
+
+
+def agree(group: Communicator, error: Exception | None, description: str) -> None:
+    """Raise on every rank of ``group`` if any rank has ``error`` or the ranks' descriptions differ.
+
+    Two small all-gathers (lengths, then the UTF-8 bytes of every rank's error and description), so a
+    misuse on one rank is reported by all of them instead of leaving the others waiting.
+    """
+    text = [(f"{type(error).__name__}: {error}" if error else "").encode(), description.encode()]
+    lengths = dist.all_gather(np.array([len(t) for t in text], np.int64), group=group).reshape(-1, 2)
+    blob = dist.all_gather(np.frombuffer(b"".join(text), np.uint8).copy(), group=group).tobytes()
+    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
+    pieces = [blob[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:])]
+    errors, descriptions = pieces[0::2], pieces[1::2]
+    for rank, message in enumerate(errors):
+        if message:
+            kind = TypeError if message.startswith("TypeError") else ValueError
+            raise kind(f"PipelineParallel on rank {rank} of the pipeline group: {message.split(': ', 1)[1]}")
+    if len(set(descriptions)) > 1:
+        listing = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
+        raise ValueError(
+            f"PipelineParallel: the ranks of the pipeline group were built differently "
+            f"({listing}); build the same model with the same arguments on every rank"
+        )

@@ -1,0 +1,172 @@
+"""Pipeline schedules as data, without MPI: order, message matching, memory, bubble, deadlock freedom.
+
+Hypothesis draws the number of stages p and of microbatches m (m < p included).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minidist.parallel.pipeline import (
+    Exchange,
+    Instruction,
+    Schedule,
+    ScheduleDeadlockError,
+    draw_gantt,
+    gpipe,
+    make_schedule,
+    one_f_one_b,
+    peak_activations,
+    simulate,
+    text_grid,
+)
+from minidist.parallel.pipeline.gantt import timeline_from_trace
+from minidist.parallel.pipeline.schedules import (
+    BACKWARD,
+    FORWARD,
+    RECV_ACT,
+    RECV_GRAD,
+    SEND_ACT,
+    SEND_GRAD,
+    parts,
+)
+
+stages = st.integers(1, 8)
+microbatches = st.integers(1, 20)
+names = st.sampled_from(["gpipe", "1f1b"])
+
+
+def instructions(schedule: Schedule, stage: int) -> list[Instruction]:
+    return [ins for step in schedule.stages[stage] for ins in parts(step)]
+
+
+def microbatches_of(schedule: Schedule, stage: int, kind: str) -> list[int]:
+    return [ins.microbatch for ins in instructions(schedule, stage) if ins.kind == kind]
+
+
+@given(names, stages, microbatches)
+def test_every_microbatch_runs_forward_then_backward_once_per_stage(name, p, m):
+    schedule = make_schedule(name, p, m)
+    for s in range(p):
+        order = [
+            (ins.kind, ins.microbatch) for ins in instructions(schedule, s) if ins.kind in (FORWARD, BACKWARD)
+        ]
+        assert sorted(order) == sorted([(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)])
+        for i in range(m):
+            assert order.index((FORWARD, i)) < order.index((BACKWARD, i))
+
+
+@given(names, stages, microbatches)
+def test_sends_match_the_neighbours_receives_in_order(name, p, m):
+    schedule = make_schedule(name, p, m)
+    for s in range(p):
+        ins = instructions(schedule, s)
+        if s == 0:  # the ends of the pipeline talk to no one beyond them
+            assert not [i for i in ins if i.kind in (RECV_ACT, SEND_GRAD)]
+        if s == p - 1:
+            assert not [i for i in ins if i.kind in (SEND_ACT, RECV_GRAD)]
+        if s < p - 1:
+            assert microbatches_of(schedule, s, SEND_ACT) == microbatches_of(schedule, s + 1, RECV_ACT)
+            assert microbatches_of(schedule, s + 1, SEND_GRAD) == microbatches_of(schedule, s, RECV_GRAD)
+            assert microbatches_of(schedule, s, SEND_ACT) == list(range(m))
+        # the executor sends the shape header with the first activation: it must travel alone, not in an
+        # Exchange (a blocking header send before a sendrecv could wait for a neighbour in its own sendrecv)
+        for kind in (SEND_ACT, RECV_ACT):
+            first = next((step for step in schedule.stages[s] if kind in [i.kind for i in parts(step)]), None)
+            assert first is None or first == Instruction(kind, 0)
+        # an activation is sent only after it was computed, a gradient only after its backward
+        done: set[tuple[str, int]] = set()
+        for i in ins:
+            if i.kind == SEND_ACT:
+                assert (FORWARD, i.microbatch) in done
+            if i.kind == SEND_GRAD:
+                assert (BACKWARD, i.microbatch) in done
+            done.add((i.kind, i.microbatch))
+
+
+@given(stages, microbatches)
+def test_1f1b_holds_at_most_p_microbatches_and_gpipe_holds_m(p, m):
+    assert peak_activations(one_f_one_b(p, m)) == [min(p - s, m) for s in range(p)]
+    assert max(peak_activations(one_f_one_b(p, m))) <= p
+    assert peak_activations(gpipe(p, m)) == [m] * p
+
+
+@given(names, stages, microbatches, st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+def test_bubble_fraction_of_the_simulated_schedule_is_p_minus_1_over_m_plus_p_minus_1(name, p, m, tb):
+    timeline = simulate(make_schedule(name, p, m), forward_time=1.0, backward_time=tb)  # also: no deadlock
+    assert timeline.bubble_fraction() == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    assert timeline.bubble_overhead() == pytest.approx((p - 1) / m, abs=1e-12)
+    assert timeline.total == pytest.approx((m + p - 1) * (1.0 + tb))
+
+
+def without_exchanges(schedule: Schedule) -> Schedule:
+    """The same schedule with every Exchange split into a blocking send followed by a receive."""
+    split = tuple(tuple(ins for step in prog for ins in parts(step)) for prog in schedule.stages)
+    return Schedule(schedule.name + " unfused", schedule.num_stages, schedule.num_microbatches, split)
+
+
+@given(st.integers(2, 8), st.integers(2, 20))
+def test_1f1b_needs_its_exchanges_to_avoid_deadlock(p, m):
+    """Rule 2 of schedules.py is necessary: with plain blocking send-then-receive, neighbours wait for
+    each other in the steady state (stage s sends an activation while s+1 sends a gradient)."""
+    schedule = one_f_one_b(p, m)
+    assert any(isinstance(step, Exchange) for prog in schedule.stages for step in prog)
+    with pytest.raises(ScheduleDeadlockError, match="deadlocks"):
+        simulate(without_exchanges(schedule))
+
+
+def test_simulate_rejects_a_send_that_meets_another_microbatch():
+    f0, f1 = Instruction(FORWARD, 0), Instruction(FORWARD, 1)
+    first = (f0, Instruction(SEND_ACT, 0), f1, Instruction(SEND_ACT, 1))
+    bad = Schedule("bad", 2, 2, (first, (Instruction(RECV_ACT, 1), Instruction(RECV_ACT, 0))))
+    with pytest.raises(ValueError, match="wrong microbatch"):
+        simulate(bad)
+
+
+def test_schedule_arguments_are_checked():
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zigzag'"):
+        make_schedule("zigzag", 2, 2)
+    with pytest.raises(ValueError, match="microbatches m must be an integer >= 1"):
+        one_f_one_b(2, 0)
+    with pytest.raises(ValueError, match="stages p must be an integer >= 1"):
+        gpipe(0, 4)
+    with pytest.raises(ValueError, match="one neighbour"):
+        Exchange(Instruction(SEND_ACT, 0), Instruction(RECV_ACT, 1))
+
+
+def test_text_grid_shows_the_1f1b_pipeline():
+    grid = text_grid(one_f_one_b(3, 4), backward_time=1).splitlines()
+    assert grid[0] == "stage 0 | F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3"
+    assert grid[2] == "stage 2 | .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. .."
+    assert grid[3] == "1f1b: p=3, m=4, bubble fraction 0.333 ((p-1)/(m+p-1) = 0.333)"
+    assert str(one_f_one_b(2, 2)).splitlines()[1] == "stage 0: F0 sA0 F1 sA1+rG0 B0 rG1 B1"
+
+
+def test_gantt_chart_is_drawn_to_a_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "gantt.png"
+    ax = draw_gantt(gpipe(4, 8), path)
+    assert path.stat().st_size > 1000
+    assert len(ax.patches) == 2 * 4 * 8 or len(ax.collections) == 2 * 4 * 8  # one box per computation
+
+
+def test_timeline_from_trace_measures_the_bubble_of_recorded_spans():
+    """Spans as the executor records them, laid out like a simulated 1F1B: the same bubble comes out."""
+    schedule = one_f_one_b(3, 4)
+    simulated = simulate(schedule, 1.0, 2.0)
+    wait = {"name": "recv_act 0", "cat": "wait", "start": 5.0, "end": 6.0}  # ignored: not computation
+    events = [
+        [
+            {"name": f"{x.kind} {x.microbatch}", "cat": x.kind, "start": 5 + x.start, "end": 5 + x.end}
+            for x in stage
+        ]
+        + [wait]
+        for stage in simulated.slots
+    ]
+    measured = timeline_from_trace(schedule, events)
+    assert measured.total == pytest.approx(simulated.total)
+    assert measured.bubble_fraction() == pytest.approx(simulated.bubble_fraction())
+    with pytest.raises(ValueError, match="2 ranks' events for a schedule of 3 stages"):
+        timeline_from_trace(schedule, events[:2])

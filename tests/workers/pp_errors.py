@@ -1,0 +1,63 @@
+"""Misuse of PipelineParallel on 2 ranks: each case must raise the same error on every rank, no hang.
+
+    mpiexec -n 2 python pp_errors.py OUT_DIR
+
+Writes OUT_DIR/rank{r}.json: {case: [exception type, message]}, then checks that the group still works
+(one correct step) so that no case left a stray message behind.
+"""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pp_common
+
+import minidist as md
+from minidist import dist, nn
+from minidist.parallel.pipeline import PipelineParallel
+
+out = Path(sys.argv[1])
+world = dist.init()
+rank = world.rank
+x, y = pp_common.make_data(0, 10)
+ce = nn.functional.cross_entropy
+
+
+def tiny() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(6, 4, dtype=np.float64))
+
+
+def step(pipe, inputs=x, targets=y):
+    return pipe.train_step(md.tensor(inputs, dtype=np.float64), targets, ce)
+
+
+cases = {
+    "more_stages_than_layers": lambda: PipelineParallel(tiny(), world, microbatches=2),
+    "batch_not_divisible": lambda: step(PipelineParallel(pp_common.make_model(0), world, microbatches=4)),
+    "batch_differs": lambda: step(
+        PipelineParallel(pp_common.make_model(0), world, microbatches=2), x[: 8 + 2 * rank], y[: 8 + 2 * rank]
+    ),
+    "microbatches_differ": lambda: PipelineParallel(pp_common.make_model(0), world, microbatches=2 + rank),
+    "not_sequential_on_rank_0": lambda: PipelineParallel(
+        nn.Linear(6, 4) if rank == 0 else pp_common.make_model(0), world
+    ),
+    "unknown_schedule": lambda: PipelineParallel(pp_common.make_model(0), world, schedule="zigzag"),
+    "bad_cuts": lambda: PipelineParallel(pp_common.make_model(0), world, cuts=[7]),
+    "mismatched_mesh": lambda: PipelineParallel(
+        pp_common.make_model(0), SimpleNamespace(pp=4, pp_group=world, dp_group=None)
+    ),
+    "not_a_group": lambda: PipelineParallel(pp_common.make_model(0), "world"),
+}
+results = {}
+for name, case in cases.items():
+    try:
+        case()
+        results[name] = [None, "no error"]
+    except (TypeError, ValueError) as error:
+        results[name] = [type(error).__name__, str(error)]
+
+pipe = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
+results["after"] = step(pipe)
+(out / f"rank{rank}.json").write_text(json.dumps(results))
