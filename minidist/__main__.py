@@ -1,4 +1,4 @@
-"""Command-line entry point: ``python -m minidist info``."""
+"""Command-line entry point: ``python -m minidist info`` and ``python -m minidist checkpoint info DIR``."""
 
 from __future__ import annotations
 
@@ -45,9 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minidist", description="minidist command-line tools")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print versions, the MPI library, the backend and CUDA-awareness")
+    from minidist.checkpoint import cli as checkpoint_cli  # noqa: PLC0415  (no MPI import)
+
+    checkpoint_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "info":
         print(info())
+    if args.command == "checkpoint":
+        return checkpoint_cli.run(args)
     return 0
 
 

@@ -79,6 +79,12 @@ class DistributedSampler:
     Call ``set_epoch(epoch)`` at the start of every epoch, as in PyTorch: otherwise every epoch
     repeats the order of epoch 0.
 
+    Resuming: ``position`` counts this rank's indices already consumed in the current epoch. Iterating
+    starts there and advances it as indices are handed out (back to 0 once the epoch is exhausted,
+    and on ``set_epoch`` to a new epoch). A ``DataLoader`` draws the whole epoch up front, so a
+    training loop that checkpoints mid-epoch sets ``sampler.position = batches_done * local batch size``
+    before saving. ``state_dict()`` / ``load_state_dict()`` carry epoch and position.
+
     Uneven shares: with ``drop_last=False`` and R not dividing N (strided), or a trailing partial
     global batch smaller than R (global-batch mode), some ranks may get one batch fewer than others.
     A training loop whose every step is a collective (DDP) would then hang, so use ``drop_last=True``
@@ -126,10 +132,53 @@ class DistributedSampler:
                 "so some ranks would get empty batches; use a global batch size >= the number of ranks."
             )
         self.epoch = 0
+        self.position = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0)."""
-        self.epoch = check_int("epoch", epoch, 0)
+        """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0); a new epoch starts
+        at position 0."""
+        epoch = check_int("epoch", epoch, 0)
+        if epoch != self.epoch:
+            self.position = 0
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "position", "num_replicas", "rank", "batch_size"}`` (JSON-serialisable ints)."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved epoch and position.
+
+        Saved by another number of replicas, the position carries over in global-batch mode (as the
+        number of whole global batches consumed, which every rank agrees on); in strided mode it cannot.
+
+        Raises ``ValueError`` for a position beyond this rank's share, or a strided-mode state saved with
+        another ``num_replicas`` and a non-zero position.
+        """
+        epoch, position = check_int("epoch", state["epoch"], 0), check_int("position", state["position"], 0)
+        saved_r, saved_b = state.get("num_replicas", self.num_replicas), state.get("batch_size")
+        if position and (saved_r, saved_b) != (self.num_replicas, self.batch_size):
+            if self.batch_size is None or saved_b != self.batch_size:
+                raise ValueError(
+                    f"cannot carry a sampler position saved with num_replicas={saved_r}, "
+                    f"batch_size={saved_b} over to num_replicas={self.num_replicas}, "
+                    f"batch_size={self.batch_size}; "
+                    "use global-batch mode with the same global batch size, or resume at an epoch boundary."
+                )
+            base, extra = divmod(saved_b, saved_r)
+            saved_local = base + (1 if state.get("rank", 0) < extra else 0)
+            position = position // saved_local * self.local_batch_size
+        if position > len(self):
+            raise ValueError(
+                f"sampler position {position} is beyond this rank's {len(self)} indices per epoch."
+            )
+        self.epoch, self.position = epoch, position
 
     @property
     def local_batch_size(self) -> int:
@@ -193,4 +242,8 @@ class DistributedSampler:
         return n_full * self.local_batch_size + tail_piece
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices().tolist())  # tolist() turns numpy int64 into Python ints
+        start = self.position
+        for k, index in enumerate(self.indices()[start:].tolist()):  # tolist(): Python ints
+            self.position = start + k + 1
+            yield index
+        self.position = 0  # the epoch is done; the next iteration starts it again

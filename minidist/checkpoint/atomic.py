@@ -1,0 +1,125 @@
+"""Durable, atomic file-system steps: write + fsync, rename into place, the ``latest`` pointer.
+
+A checkpoint is committed in this order, so a crash at any moment leaves the previous one loadable:
+
+1. every rank writes its shard into ``DIR/.tmp-step_000123-<id>/`` and fsyncs the file;
+2. rank 0 writes ``manifest.json`` there, fsyncs it and the folder, and renames the folder to
+   ``DIR/step_000123`` (``rename`` of a folder is atomic on POSIX), then fsyncs ``DIR``;
+3. rank 0 writes ``DIR/latest.tmp`` (the folder name), fsyncs it and ``os.replace``s it onto
+   ``DIR/latest``, then fsyncs ``DIR``.
+
+Before step 2 the new checkpoint does not exist under its name; before step 3 ``latest`` still names
+the old one. The fsyncs make the order hold after a power cut too, not only after a killed process
+(Pillai et al., "All File Systems Are Not Created Equal", OSDI 2014, on why the folder needs one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dirname(step: int) -> str:
+    """``step_000123``: names sort by step for steps below 10**9."""
+    return f"step_{step:09d}"
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it: after this returns the bytes are on disk."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_shard(path: Path, arrays: dict) -> tuple[str, int]:
+    """Write one rank's shard durably (``shardio.write_shard``); returns (sha256, bytes).
+
+    Routed through this module so that every file-system step of a save is in one place (the fault
+    tests kill a rank right after this call).
+    """
+    from minidist.checkpoint.shardio import write_shard as write  # noqa: PLC0415
+
+    return write(path, arrays)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so that the names created, renamed or deleted in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_dir(tmp: Path, final: Path) -> None:
+    """Make the finished folder ``tmp`` appear as ``final`` in one atomic rename."""
+    fsync_dir(tmp)
+    os.rename(tmp, final)  # fails (rather than merging) if final exists as a non-empty folder
+    fsync_dir(final.parent)
+
+
+def write_latest(root: Path, name: str) -> None:
+    """Point ``root/latest`` at checkpoint folder ``name``, replacing the old pointer atomically."""
+    tmp = root / (LATEST + ".tmp")
+    write_durable(tmp, (name + "\n").encode())
+    os.replace(tmp, root / LATEST)
+    fsync_dir(root)
+
+
+def read_latest(root: Path) -> str | None:
+    """The folder name in ``root/latest``, or None if there is no pointer."""
+    try:
+        return (root / LATEST).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every committed checkpoint under ``root``, oldest first.
+
+    A committed folder is one named ``step_<n>`` (temporary folders are skipped); whether its files
+    verify is checked only when it is loaded.
+    """
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _STEP_DIR.match(child.name)
+            if match and child.is_dir():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def remove_stale_tmp(root: Path) -> None:
+    """Delete temporary folders left by saves that crashed (never a committed checkpoint)."""
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(TMP_PREFIX) and child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+
+
+def prune(root: Path, keep_last: int, protect: Path) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints (never ``protect``); returns what was deleted.
+
+    Called only after the new checkpoint and ``latest`` are durable. A folder is first renamed to a
+    temporary name, so a crash halfway through deleting it cannot leave a half-deleted ``step_`` folder
+    that looks committed.
+    """
+    deleted = []
+    for _, path in list_checkpoints(root)[:-keep_last]:
+        if path.resolve() == protect.resolve():
+            continue
+        doomed = root / f"{TMP_PREFIX}deleting-{path.name}"
+        os.rename(path, doomed)
+        shutil.rmtree(doomed)
+        deleted.append(path)
+    if deleted:
+        fsync_dir(root)
+    return deleted

@@ -1,0 +1,74 @@
+"""``python -m minidist checkpoint info DIR [--verify]``: list and inspect checkpoints without MPI."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from minidist.checkpoint import atomic
+from minidist.checkpoint import manifest as mf
+from minidist.checkpoint.errors import CheckpointError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``checkpoint`` subcommand on ``python -m minidist``'s parser."""
+    parser = sub.add_parser("checkpoint", help="list and inspect checkpoints")
+    actions = parser.add_subparsers(dest="checkpoint_command", required=True)
+    info = actions.add_parser("info", help="list a checkpoint root, or describe one checkpoint")
+    info.add_argument("directory", help="a checkpoint root (holding 'latest') or one step_<n> folder")
+    info.add_argument("--verify", action="store_true", help="also check every file's size and sha256")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the listing; returns the exit status (1 if something does not verify or is missing)."""
+    return info(Path(args.directory), verify=args.verify)
+
+
+def info(directory: Path, verify: bool = False) -> int:
+    status = 0
+    folders = atomic.list_checkpoints(directory)
+    latest = atomic.read_latest(directory)
+    if folders:
+        print(f"checkpoints in {directory} (latest -> {latest}):")
+        for step, path in folders:
+            print(
+                f"  {'*' if path.name == latest else ' '} {path.name}  step {step}  {_status(path, verify)}"
+            )
+        print()
+    try:
+        from minidist.checkpoint.load import resolve  # noqa: PLC0415
+
+        folder = resolve(directory)
+        manifest = mf.read_manifest(folder)
+    except CheckpointError as err:
+        print(f"error: {err}")
+        return 1
+    print(mf.summary(folder, manifest))
+    if verify:
+        problems = _problems(folder, manifest)
+        print("\nverify: " + ("all files match their checksums" if not problems else "; ".join(problems)))
+        status = 1 if problems else 0
+    return status
+
+
+def _status(folder: Path, verify: bool) -> str:
+    try:
+        manifest = mf.read_manifest(folder)
+    except CheckpointError as err:
+        return f"BROKEN ({err.problem})"
+    size = sum(f["bytes"] for f in manifest["files"].values()) / 2**20
+    text = f"{len(manifest['files'])} files, {size:.2f} MiB"
+    if verify:
+        problems = _problems(folder, manifest)
+        text += ", verified" if not problems else f", BROKEN ({problems[0]})"
+    return text
+
+
+def _problems(folder: Path, manifest: dict) -> list[str]:
+    problems = []
+    for name in sorted(manifest["files"]):
+        try:
+            mf.verify_file(folder, name, manifest)
+        except CheckpointError as err:
+            problems.append(str(err))
+    return problems

@@ -1,0 +1,73 @@
+"""Activation recomputation (Chen et al. 2016): same outputs and gradients, fewer stored activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist import nn
+from minidist import random as md_random
+from minidist.checkpoint import recompute
+from minidist.nn import functional as F
+
+
+def block(seed: int) -> nn.Sequential:
+    md.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(5, 7, dtype=np.float64), nn.GELU(), nn.Dropout(0.4), nn.Linear(7, 5, dtype=np.float64)
+    )
+
+
+def run(use_recompute: bool, x_requires_grad: bool) -> tuple[np.ndarray, dict, np.ndarray | None, float]:
+    blocks = [block(s) for s in range(3)]
+    md.manual_seed(42)  # the dropout masks come from here
+    x = md.tensor(
+        np.random.default_rng(0).standard_normal((4, 5)), dtype=np.float64, requires_grad=x_requires_grad
+    )
+    h = x
+    for b in blocks:
+        h = recompute(lambda t, b=b: b(t).tanh(), h) if use_recompute else b(h).tanh()
+    loss = (h * h).mean()
+    loss.backward()
+    grads = {f"{i}.{n}": p.grad.copy() for i, b in enumerate(blocks) for n, p in b.named_parameters()}
+    after = md_random.get_rng_state()
+    return h.numpy(), grads, (x.grad.copy() if x_requires_grad else None), str(after)
+
+
+@pytest.mark.parametrize("x_requires_grad", [True, False])
+def test_gradients_equal_the_plain_ones(x_requires_grad):
+    out, grads, x_grad, rng_after = run(False, x_requires_grad)
+    out_r, grads_r, x_grad_r, rng_after_r = run(True, x_requires_grad)
+    # The same ops on the same numbers in the same order: equal to the last bit.
+    np.testing.assert_array_equal(out_r, out)
+    assert grads_r.keys() == grads.keys()
+    for name in grads:
+        np.testing.assert_array_equal(grads_r[name], grads[name])
+    if x_requires_grad:
+        np.testing.assert_array_equal(x_grad_r, x_grad)
+    # The recomputation restored the generator, so later draws are unaffected by it.
+    assert rng_after_r == rng_after
+
+
+def test_activations_are_not_kept_and_hooks_fire_once():
+    b = block(0)
+    x = md.tensor(np.ones((2, 5)), dtype=np.float64, requires_grad=True)
+    y = recompute(lambda t: b(t), x)
+    assert len(y._ctx.inputs) == 2  # x and the anchor: no graph inside the block is stored
+    calls = []
+    for p in b.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: calls.append(p))
+    F.relu(y).sum().backward()
+    assert len(calls) == 4 and all(p.grad is not None for p in b.parameters())
+
+
+def test_plain_values_and_bad_fn():
+    x = md.tensor(np.ones(3), dtype=np.float64, requires_grad=True)
+    y = recompute(lambda t, k: t * k, x, 3.0)
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad, np.full(3, 3.0))
+    with pytest.raises(TypeError, match="must return one Tensor"):
+        recompute(lambda t: (t, t), x)
+    with md.no_grad():  # nothing to differentiate: runs plainly
+        assert recompute(lambda t: t * 2, x)._ctx is None
