@@ -4,20 +4,25 @@ Read it top to bottom: arguments -> data -> model -> training loop -> evaluation
 Every rank runs this same file (SPMD). The ranks form a dp x tp x pp mesh (ProcessMesh; by default
 dp = all ranks). Each global batch of ``--batch-size`` samples is split across the dp replicas;
 DistributedDataParallel averages the gradients over them. With ``--tp N`` each replica's layers are
-split over N ranks (Megatron-LM tensor parallelism), which see the same samples. Any layout trains
-the same model as one process, from the same seed.
+split over N ranks (Megatron-LM tensor parallelism), which see the same samples. With ``--pp N`` the
+layers are cut into N pipeline stages that ``--microbatches`` flow through (GPipe or 1F1B). Any
+layout trains the same model as one process, from the same seed.
 
     mpirun -n 4 python examples/train_mlp.py --bucket-cap-mb 0.1 --trace trace.json   # open in Perfetto
     mpirun -n 4 python examples/train_mlp.py --grad-accum 4      # same result, 4 micro-batches per step
     mpirun -n 4 python examples/train_mlp.py --tp 2              # 2 replicas x 2 tensor-parallel shards
+    mpirun -n 8 python examples/train_mlp.py --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b  # 3D
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 # One BLAS thread per rank, set before NumPy loads its BLAS: with 8 ranks on a 2-core machine, each
 # rank's own BLAS threads would spin and fight the other ranks for cores (measured here: a 64x256
@@ -30,10 +35,11 @@ from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, optim, trace  # noqa: E402
+from minidist import backend, dist, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
+from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 
 
@@ -51,8 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (for --dataset mnist)")
     # --- the process mesh: world size = dp * tp * pp
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per layer (Megatron-LM)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (not available yet: must be 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (layers cut into consecutive runs)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
+    p.add_argument("--microbatches", type=int, default=4, help="with --pp: microbatches per replica's batch")
+    p.add_argument(
+        "--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="with --pp: pipeline schedule"
+    )
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
@@ -67,17 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
-    if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1):
-        p.error("--tp, --pp and --dp must be >= 1")
+    if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1) or args.microbatches < 1:
+        p.error("--tp, --pp, --dp and --microbatches must be >= 1")
     return args
 
 
 def build_mesh(args: argparse.Namespace, world: dist.Communicator) -> ProcessMesh:
     """The dp x tp x pp mesh; dp defaults to world / (tp * pp). Same error on every rank if impossible."""
-    if args.pp > 1:
-        raise ValueError(
-            f"--pp {args.pp}: pipeline parallelism is not available yet in this example; use --pp 1"
-        )
     dp = args.dp
     if dp is None:
         if world.size % (args.tp * args.pp):
@@ -89,18 +95,60 @@ def build_mesh(args: argparse.Namespace, world: dist.Communicator) -> ProcessMes
     return ProcessMesh(dp=dp, tp=args.tp, pp=args.pp, comm=world)
 
 
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, mesh: ProcessMesh) -> float:
-    """Accuracy on (x, y): each dp replica scores its share of the samples (the ranks of a tp group score
-    the same share together), then one all-reduce over the dp group adds the counts."""
+def check_pipeline_args(args: argparse.Namespace, dp: int) -> None:
+    """With --pp > 1: the flags that do not combine with a pipeline, and the batch split. The checks use
+    only the command line, which every rank has, so every rank raises the same ValueError."""
+    incompatible = [
+        f"--{name} {value}" if value is not True else f"--{name}"
+        for name, value, default in [
+            ("zero", args.zero, 0),  # ZeRO would average gradients a second time, equally weighted
+            ("grad-accum", args.grad_accum, 1),  # a pipeline already accumulates over its microbatches
+            ("no-overlap", args.no_overlap, False),  # DDP options: a pipeline does not use DDP
+            ("bucket-cap-mb", args.bucket_cap_mb, 25),
+        ]
+        if value != default
+    ]
+    if incompatible:
+        raise ValueError(
+            f"--pp {args.pp} cannot be combined with {', '.join(incompatible)}: a pipeline accumulates "
+            "gradients over --microbatches and averages them over its dp group itself, without DDP or "
+            "ZeRO; drop those flags (use --microbatches instead of --grad-accum)"
+        )
+    n_layers = 2 * len(args.hidden) + 1  # Linear, ReLU, ..., Linear
+    if n_layers < args.pp:
+        raise ValueError(
+            f"--pp {args.pp} needs at least {args.pp} layers, but --hidden {' '.join(map(str, args.hidden))} "
+            f"gives an MLP of {n_layers} (Linear/ReLU); use fewer stages or more hidden layers"
+        )
+    shares = [len(part) for part in np.array_split(np.arange(args.batch_size), dp)]
+    if any(share % args.microbatches for share in shares):
+        step = dp * args.microbatches
+        raise ValueError(
+            f"--batch-size {args.batch_size} on {dp} data-parallel replicas gives shares "
+            f"{sorted(set(shares))}, not all divisible by --microbatches {args.microbatches}; use a "
+            f"--batch-size that is a multiple of dp x microbatches = {step} (e.g. "
+            f"{max(step, args.batch_size // step * step)}) or other --microbatches"
+        )
+
+
+def predict_dense(model: nn.Module, x: np.ndarray) -> np.ndarray:
+    """Logits of the whole model (or of this rank's tp shards, which all-reduce as they go)."""
+    model.eval()
+    with md.no_grad():
+        logits = model(md.tensor(x)).numpy()
+    model.train()
+    return logits
+
+
+def evaluate(predict: Callable[[np.ndarray], Any], x: np.ndarray, y: np.ndarray, mesh: ProcessMesh) -> float:
+    """Accuracy on (x, y): each dp replica scores its share of the samples (the ranks of a tp group, and
+    the stages of a pipeline, score the same share together), then an all-reduce over dp adds the counts."""
     mine = DistributedSampler(len(x), shuffle=False, num_replicas=mesh.dp, rank=mesh.dp_rank)
     mine = np.array(list(mine), dtype=np.int64)
     counts = np.zeros(2)  # [correct, seen]
-    model.eval()
-    with md.no_grad():
-        if len(mine):
-            logits = model(md.tensor(x[mine])).numpy()
-            counts[:] = [(logits.argmax(axis=1) == y[mine]).sum(), len(mine)]
-    model.train()
+    if len(mine):
+        logits = backend.to_numpy(predict(x[mine]))
+        counts[:] = [(logits.argmax(axis=1) == y[mine]).sum(), len(mine)]
     dist.all_reduce(counts, op="sum", group=mesh.dp_group)
     return float(counts[0] / counts[1])
 
@@ -110,6 +158,8 @@ def main(argv: list[str] | None = None) -> float:
     world = dist.init()
     rank = world.rank
     mesh = build_mesh(args, world)
+    if mesh.pp > 1:
+        check_pipeline_args(args, mesh.dp)
     dp_size = mesh.dp  # the batch is split over the dp replicas only: a tp group shares its samples
 
     # --- data: every rank reads the (small) data set; the sampler decides who uses which samples.
@@ -138,9 +188,16 @@ def main(argv: list[str] | None = None) -> float:
     model_parallel_manual_seed(args.seed, group=mesh.tp_group)  # md.manual_seed + per-tp-rank dropout stream
     n_classes = int(y_train.max()) + 1
     mlp = MLP(x_train.shape[1], args.hidden, n_classes, mesh=mesh)  # Linear/ReLU, or column/row pairs
-    if rank == 0 and mesh.tp > 1:
-        print(mesh)  # the dp x tp grid of ranks
-    if args.zero:
+    if rank == 0 and (mesh.tp > 1 or mesh.pp > 1):
+        print(mesh)  # the dp x tp grid of ranks, per pipeline stage
+    if mesh.pp > 1:
+        # Pipeline parallelism (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021): each rank keeps
+        # its stage's consecutive layers. train_step cuts the replica's batch into microbatches, runs
+        # the schedule, and after the LAST microbatch's backward combines the stage's gradients over
+        # mesh.dp_group once (weighted by each replica's share): no DDP wrapper.
+        model = PipelineParallel(mlp, mesh, microbatches=args.microbatches, schedule=args.schedule)
+        optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper. The optimizer broadcasts rank 0's weights,
         # reduce-scatters (averages) the gradients in step(), updates only this rank's shard of the
         # parameters and all-gathers them, so the result equals DDP + SGD with 1/N of the optimizer state.
@@ -155,6 +212,8 @@ def main(argv: list[str] | None = None) -> float:
             mlp, group=mesh.dp_group, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
         )
         optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    # For evaluation. A pipeline's predict runs forward only, down the stages; every stage gets the logits.
+    predict = model.predict if mesh.pp > 1 else functools.partial(predict_dense, model)
     if args.trace:
         world.barrier()  # every rank's timeline starts at (nearly) the same instant
         trace.enable()
@@ -166,32 +225,38 @@ def main(argv: list[str] | None = None) -> float:
         loss_sum = np.zeros(2)  # [sum of per-sample losses, samples], summed over ranks at the end
         for xb, yb in loader:
             optimizer.zero_grad()
-            # Gradient accumulation: K micro-batches. All but the last backward run in no_sync, so the
-            # gradients add up locally; the last backward all-reduces the sum, once.
-            for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
-                with trace.span("forward", "forward"):
-                    logits = model(md.tensor(xb[micro]))
-                    # Sum over my samples / global batch * dp size: after DDP averages over the replicas
-                    # this is the gradient of the mean loss over the global batch, even when ranks hold
-                    # unequal shares (e.g. 128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
-                    local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
-                    loss = local_sum * (dp_size / args.batch_size)
-                last = k == args.grad_accum - 1
-                with (
-                    trace.span("backward", trace.BACKWARD),
-                    contextlib.nullcontext() if last or args.zero else model.no_sync(),
-                ):
-                    loss.backward()  # the last one returns with gradients averaged over all ranks
-                loss_sum += [local_sum.item(), len(micro)]
+            if mesh.pp > 1:
+                # The microbatches flow through the stages (each stage's spans are traced by the
+                # executor); the returned loss is the mean over the global batch, on every rank.
+                loss = model.train_step(xb, yb, nn.functional.cross_entropy)
+                loss_sum += [loss * len(xb), len(xb)]  # summed over dp below: mean x global batch
+            else:
+                # Gradient accumulation: K micro-batches. All but the last backward run in no_sync, so
+                # the gradients add up locally; the last backward all-reduces the sum, once.
+                for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
+                    with trace.span("forward", "forward"):
+                        logits = model(md.tensor(xb[micro]))
+                        # Sum over my samples / global batch * dp size: after DDP averages over the
+                        # replicas this is the gradient of the mean loss over the global batch, even when
+                        # ranks hold unequal shares (128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
+                        local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
+                        loss = local_sum * (dp_size / args.batch_size)
+                    last = k == args.grad_accum - 1
+                    with (
+                        trace.span("backward", trace.BACKWARD),
+                        contextlib.nullcontext() if last or args.zero else model.no_sync(),
+                    ):
+                        loss.backward()  # the last one returns with gradients averaged over all ranks
+                    loss_sum += [local_sum.item(), len(micro)]
             with trace.span("optimizer step", "optimizer"):
                 optimizer.step()
             bar.update()
         # No batches left on this rank. If another rank still had one, both would raise a clear error
         # here instead of waiting forever for each other (DistributedDataParallel.join).
-        if not args.zero:  # ZeRO communicates in step(), which every rank calls equally often
+        if isinstance(model, DistributedDataParallel):  # ZeRO and pipelines communicate in every step
             model.join()
         dist.all_reduce(loss_sum, op="sum", group=mesh.dp_group)  # tp ranks hold the same losses
-        accuracy = evaluate(model, x_test, y_test, mesh)
+        accuracy = evaluate(predict, x_test, y_test, mesh)
         if rank == 0:
             bar.write(
                 f"epoch {epoch + 1:3d}  train loss {loss_sum[0] / loss_sum[1]:.4f}  "
@@ -199,18 +264,22 @@ def main(argv: list[str] | None = None) -> float:
             )
     bar.close()
     if args.trace:
-        save_trace(args.trace, world)
+        save_trace(args.trace, world, overlap=mesh.pp == 1)
     if rank == 0:
         print(f"final test accuracy: {accuracy:.4f}")
     return accuracy
 
 
-def save_trace(path: str, world: dist.Communicator) -> None:
-    """Gather every rank's spans on rank 0, write one Chrome-trace JSON and print the overlap fraction."""
+def save_trace(path: str, world: dist.Communicator, overlap: bool = True) -> None:
+    """Gather every rank's spans on rank 0, write one Chrome-trace JSON and print the overlap fraction
+    (DDP's all-reduce hidden behind backward; a pipeline has no such overlap: its waits are the bubble)."""
     trace.disable()
     everyone = world.mpi.gather(trace.events(), root=0)  # a pickled Python list per rank
     if world.rank == 0:
         trace.save_chrome_trace(path, everyone)
+        if not overlap:
+            print(f"trace written to {path}")
+            return
         hidden = [trace.overlap_fraction(events) for events in everyone]
         print(
             f"trace written to {path}; communication hidden behind backward: "

@@ -2,7 +2,8 @@
 
 For pp in {2, 4}, m in {1, 3, 4, 8} and both schedules, and for dp=2 x pp=2 (groups from world.split),
 k steps on real MPI ranks must give the parameters and losses of k steps on the whole batch in one
-process. Each launch runs many configurations one after another, because a launch costs ~1 s.
+process, and ``predict`` the trained model's outputs. Each launch runs many configurations one after
+another, because a launch costs ~1 s.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ STEPS = 3
 def run_configs(tmp_path, world_size, configs):
     run_mpi(world_size, "pp_equivalence.py", tmp_path, json.dumps(configs), timeout=120)
     for k, cfg in enumerate(configs):
-        ref_params, ref_losses = pp_common.single_process(
-            cfg["seed"], cfg["steps"], cfg["opt"], cfg.get("width", 16)
+        ref_params, ref_losses, ref_outputs = pp_common.single_process(
+            cfg["seed"], cfg["steps"], cfg["opt"], cfg.get("width", 16), cfg.get("batch", pp_common.BATCH)
         )
         merged = {}
         infos = [json.loads((tmp_path / f"{k}_rank{r}.json").read_text()) for r in range(world_size)]
@@ -48,6 +49,9 @@ def run_configs(tmp_path, world_size, configs):
                     value, ref_params[name], **TOL, err_msg=f"{cfg}: {name} on rank {r}"
                 )
             merged.update(params)
+            # predict: the trained model's forward, down the stages, the result on every rank
+            predicted = np.load(tmp_path / f"{k}_rank{r}_predict.npy")
+            np.testing.assert_allclose(predicted, ref_outputs, **TOL, err_msg=f"{cfg}: predict, rank {r}")
             np.testing.assert_allclose(info["losses"], ref_losses, **TOL, err_msg=f"{cfg}: losses, rank {r}")
             # the executor held exactly as many microbatches as the schedule says (1F1B: <= p, GPipe: m)
             assert info["peaks"] == [info["theory_peak"]] * cfg["steps"], (cfg, r)
@@ -69,6 +73,8 @@ def test_two_stages_equal_one_process(tmp_path):
 
 def test_four_stages_and_dp2_x_pp2_equal_one_process(tmp_path):
     cfgs = configs(4, 1, (1, 3, 4, 8)) + configs(2, 2, (1, 3, 4, 8), seed=1, opt="adamw")
+    # unequal dp shares (47 samples: 24 + 23) are weighted by share when combined over dp
+    cfgs += [dict(pp=2, dp=2, m=1, schedule="1f1b", steps=STEPS, seed=4, opt="sgd", batch=47)]
     cfgs.append(dict(pp=4, dp=1, m=8, schedule="1f1b", steps=STEPS, seed=3, opt="sgd", trace=True))
     for cfg, infos in run_configs(tmp_path, 4, cfgs):
         if not cfg.get("trace"):

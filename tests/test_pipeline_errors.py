@@ -23,6 +23,14 @@ EXPECTED = {
     "bad_cuts": ("ValueError", "cut points must be strictly increasing"),
     "mismatched_mesh": ("ValueError", "mismatched mesh: mesh.pp=4 but its pp_group has 2 ranks"),
     "not_a_group": ("TypeError", "Communicator, None .* or a ProcessMesh, got str"),
+    "dp_replica_fails": (
+        "ValueError",
+        "on rank 0 of the data-parallel group: train_step: batch size 10 is not divisible by microbatches=4",
+    ),
+    "predict_without_inputs": (
+        "ValueError",
+        r"predict: the first stage \(rank 0 of the pipeline group\) got no",
+    ),
 }
 
 

@@ -143,7 +143,64 @@ def test_hidden_size_not_divisible_by_tp_is_an_error_on_every_rank():
         )
 
 
-def test_pipeline_parallelism_is_a_clear_error_until_it_exists():
-    result = run_one_process("--pp", "2")
-    assert result.returncode == 2
-    assert "--pp 2: pipeline parallelism is not available yet" in result.stderr
+def epoch_lines(output: str) -> list[tuple[float, float]]:
+    """(train loss, test accuracy) of every epoch line rank 0 printed."""
+    found = re.findall(r"train loss (\d+\.\d{4})  test accuracy (\d\.\d{4})", output)
+    assert found, f"no epoch lines in:\n{output}"
+    return [(float(loss), float(acc)) for loss, acc in found]
+
+
+@pytest.mark.mpi
+def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel():
+    # Same global batches and initial weights in every layout, so the same model up to float32
+    # rounding (microbatches, stage boundaries and the tp all-reduce change summation orders; a relative
+    # 1e-6 or so per step). The printed losses (4 decimals) may differ in the last digit at most, and the
+    # accuracies not at all; a missing 1/m or a wrongly weighted dp share changes both by far more.
+    args = ("--epochs", "3", "--hidden", "32", "32")
+    layouts = {
+        "dp2 x pp2, gpipe, m=2": (4, "--pp", "2", "--schedule", "gpipe", "--microbatches", "2"),
+        "dp2 x tp2 x pp2, 1f1b, m=4": (8, "--dp", "2", "--tp", "2", "--pp", "2"),
+        "dp1 x pp3, 1f1b, m=8": (3, "--pp", "3", "--microbatches", "8"),
+        # 128 samples on 3 replicas: shares 43 + 43 + 42, weighted exactly when combined over dp
+        "dp3 x pp2 (uneven shares), m=1": (6, "--pp", "2", "--microbatches", "1"),
+    }
+    plain = epoch_lines(run_mpi(4, EXAMPLE, *args, timeout=180).stdout)
+    for name, (n, *flags) in layouts.items():
+        got = epoch_lines(run_mpi(n, EXAMPLE, *args, *flags, timeout=180).stdout)
+        assert [acc for _, acc in got] == [acc for _, acc in plain], (name, got, plain)
+        assert [loss for loss, _ in got] == pytest.approx([loss for loss, _ in plain], abs=1.5e-4), name
+
+
+@pytest.mark.mpi
+def test_pipeline_with_incompatible_flags_is_an_error_on_every_rank():
+    flags = ("--pp", "2", "--zero", "1", "--grad-accum", "2", "--no-overlap", "--bucket-cap-mb", "1")
+    result = run_mpi(2, EXAMPLE, *flags, timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(2):
+        assert (
+            f"[rank {rank}] error: --pp 2 cannot be combined with --zero 1, --grad-accum 2, --no-overlap, "
+            "--bucket-cap-mb 1.0: a pipeline accumulates" in result.stderr
+        ), result.stderr
+
+
+@pytest.mark.mpi
+def test_fewer_layers_than_stages_is_an_error_on_every_rank():
+    result = run_mpi(4, EXAMPLE, "--pp", "4", "--hidden", "32", timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(4):
+        assert (
+            f"[rank {rank}] error: --pp 4 needs at least 4 layers, but --hidden 32 gives an MLP of 3"
+            in result.stderr
+        ), result.stderr
+
+
+@pytest.mark.mpi
+def test_shares_not_divisible_by_microbatches_is_an_error_naming_the_numbers():
+    result = run_mpi(2, EXAMPLE, "--pp", "2", "--microbatches", "3", timeout=60, check=False)
+    assert result.returncode != 0
+    for rank in range(2):
+        assert (
+            f"[rank {rank}] error: --batch-size 128 on 1 data-parallel replicas gives shares [128], not all "
+            "divisible by --microbatches 3; use a --batch-size that is a multiple of dp x microbatches = 3 "
+            "(e.g. 126)" in result.stderr
+        ), result.stderr

@@ -34,22 +34,27 @@ def make_optimizer(name: str, params):
     return optim.AdamW(params, lr=0.01)
 
 
-def global_batch(x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-    idx = (np.arange(BATCH) + step * BATCH) % len(x)
+def global_batch(
+    x: np.ndarray, y: np.ndarray, step: int, batch: int = BATCH
+) -> tuple[np.ndarray, np.ndarray]:
+    idx = (np.arange(batch) + step * batch) % len(x)
     return x[idx], y[idx]
 
 
-def single_process(seed: int, steps: int, opt_name: str, width: int = 16) -> tuple[dict, list[float]]:
-    """The reference: the whole model, the whole batch, one process."""
+def single_process(
+    seed: int, steps: int, opt_name: str, width: int = 16, batch: int = BATCH
+) -> tuple[dict, list[float], np.ndarray]:
+    """The reference: the whole model, the whole batch, one process. Returns the parameters, the losses
+    and the trained model's outputs on all samples (what ``PipelineParallel.predict`` must give)."""
     x, y = make_data(seed)
     model = make_model(seed, width)
     opt = make_optimizer(opt_name, model.parameters())
     losses = []
     for step in range(steps):
-        xb, yb = global_batch(x, y, step)
+        xb, yb = global_batch(x, y, step, batch)
         loss = nn.functional.cross_entropy(model(md.tensor(xb, dtype=np.float64)), yb)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return model.state_dict(), losses
+    return model.state_dict(), losses, model(md.tensor(x, dtype=np.float64)).numpy()

@@ -2,11 +2,12 @@
 
     mpiexec -n N python pp_equivalence.py OUT_DIR CONFIGS_JSON
 
-CONFIGS_JSON: a list of {"pp", "dp", "m", "schedule", "steps", "seed", "opt"[, "width", "trace"]}
+CONFIGS_JSON: a list of {"pp", "dp", "m", "schedule", "steps", "seed", "opt"[, "width", "trace", "batch"]}
 with pp * dp = N. Rank layout as ProcessMesh with tp=1: rank = pp_rank * dp + dp_rank. For config k
 every rank writes OUT_DIR/k_rank{r}.npz (its stage's parameters under global names) and
 k_rank{r}.json (losses, stage, peak activations measured and from the schedule; with "trace": true,
-the trace spans of the last step).
+the trace spans of the last step) and k_rank{r}_predict.npy (``pipe.predict`` of all samples after
+training; only stage 0 passes the inputs).
 """
 
 import json
@@ -39,7 +40,7 @@ for k, cfg in enumerate(configs):
         if cfg.get("trace") and step == cfg["steps"] - 1:
             dist.barrier(pp_group)  # the stages' clocks start together (see minidist.trace)
             trace.enable()
-        xb, yb = pp_common.global_batch(x, y, step)
+        xb, yb = pp_common.global_batch(x, y, step, cfg.get("batch", pp_common.BATCH))
         mine = np.array_split(np.arange(len(xb)), dp)[dp_rank]
         opt.zero_grad()
         losses.append(
@@ -48,6 +49,8 @@ for k, cfg in enumerate(configs):
         opt.step()
         peaks.append(pipe.stats.peak_activations)
     np.savez(out / f"{k}_rank{world.rank}.npz", **pipe.stage_module.state_dict())
+    inputs = md.tensor(x, dtype=np.float64) if pipe.stage_index == 0 else None
+    np.save(out / f"{k}_rank{world.rank}_predict.npy", pipe.predict(inputs))
     info = {
         "losses": losses,
         "stage": pipe.stage_index,

@@ -49,6 +49,14 @@ cases = {
         pp_common.make_model(0), SimpleNamespace(pp=4, pp_group=world, dp_group=None)
     ),
     "not_a_group": lambda: PipelineParallel(pp_common.make_model(0), "world"),
+    # dp=2 x pp=1: replica 0's batch of 10 is not divisible by m=4: its pipeline raises, and replica 1
+    # (batch 8, fine) must raise too instead of waiting in the gradient all-reduce
+    "dp_replica_fails": lambda: step(
+        PipelineParallel(pp_common.make_model(0), world.split(rank), microbatches=4, dp_group=world),
+        x[: 10 - 2 * rank],
+        y[: 10 - 2 * rank],
+    ),
+    "predict_without_inputs": lambda: PipelineParallel(pp_common.make_model(0), world).predict(None),
 }
 results = {}
 for name, case in cases.items():

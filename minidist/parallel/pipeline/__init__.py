@@ -2,17 +2,21 @@
 
 Reading order: ``partition.py`` (cutting the model into stages) -> ``schedules.py`` (GPipe and 1F1B as
 plain lists of instructions per stage, and why they cannot deadlock) -> ``simulate.py`` (running a
-schedule on paper: timeline, bubble, deadlock check) -> ``gantt.py`` (text grid and matplotlib chart)
+schedule on paper: timeline, bubble, deadlock check) -> ``interleaved.py`` (v model chunks per stage;
+simulated, not executed yet) -> ``gantt.py`` (text grid and matplotlib chart)
 -> ``executor.py`` (running one stage's instructions over MPI send/recv) -> ``pipeline_parallel.py``
-(``PipelineParallel``: the user-facing wrapper, with data parallelism over a dp group).
+(``PipelineParallel``: the user-facing wrapper, with data parallelism over a dp group) ->
+``inference.py`` (forward-only passes for ``PipelineParallel.predict``).
 """
 
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
+from minidist.parallel.pipeline.interleaved import interleaved
 from minidist.parallel.pipeline.partition import PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
     SCHEDULES,
+    Batch,
     Exchange,
     Instruction,
     Schedule,
@@ -25,6 +29,7 @@ from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, Timeline,
 
 __all__ = [
     "SCHEDULES",
+    "Batch",
     "Exchange",
     "Instruction",
     "PipelineParallel",
@@ -37,6 +42,7 @@ __all__ = [
     "balanced_cuts",
     "draw_gantt",
     "gpipe",
+    "interleaved",
     "make_schedule",
     "one_f_one_b",
     "partition",

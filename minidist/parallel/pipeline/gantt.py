@@ -30,25 +30,34 @@ def _timeline(what: Schedule | Timeline, forward_time: float, backward_time: flo
 def text_grid(what: Schedule | Timeline, forward_time: int = 1, backward_time: int = 2) -> str:
     """One row per stage, one column per time unit: ``F3``/``B3`` = forward/backward of microbatch 3,
     ``..`` = idle (the bubble). A schedule is simulated with the given integer times; a timeline must
-    have integer times. The last line gives the bubble fraction next to ``(p-1)/(m+p-1)``.
+    have integer times. The last line gives the bubble fraction next to ``(p-1)/(m+p-1)`` (interleaved,
+    ``v`` chunks per stage: ``F3.1`` is chunk 1, and the bubble overhead is next to ``(p-1)/(v*m)``).
     """
     timeline = _timeline(what, forward_time, backward_time)
     schedule = timeline.schedule
-    width = len(str(schedule.num_microbatches - 1)) + 1
+    v = schedule.virtual_stages
+    width = len(str(schedule.num_microbatches - 1)) + 1 + (1 + len(str(v - 1)) if v > 1 else 0)
     columns = round(timeline.total)
     rows = []
     for s, slots in enumerate(timeline.slots):
         cells = ["." * width] * columns
         for slot in slots:
-            label = ("F" if slot.kind == FORWARD else "B") + str(slot.microbatch).ljust(width - 1)
+            name = f"{slot.microbatch}.{slot.chunk}" if v > 1 else str(slot.microbatch)  # F3.1: chunk 1
+            label = ("F" if slot.kind == FORWARD else "B") + name.ljust(width - 1)
             for t in range(round(slot.start), round(slot.end)):
                 cells[t] = label
         rows.append(f"stage {s} | " + " ".join(cells))
     p, m = schedule.num_stages, schedule.num_microbatches
-    rows.append(
-        f"{schedule.name}: p={p}, m={m}, bubble fraction {timeline.bubble_fraction():.3f} "
-        f"((p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})"
-    )
+    if v > 1:  # Narayanan et al. 2021, §2.2.2: the bubble relative to the ideal step
+        rows.append(
+            f"{schedule.name}: p={p}, m={m}, v={v}, bubble overhead {timeline.bubble_overhead():.3f} "
+            f"((p-1)/(v*m) = {(p - 1) / (v * m):.3f}; 1f1b: (p-1)/m = {(p - 1) / m:.3f})"
+        )
+    else:
+        rows.append(
+            f"{schedule.name}: p={p}, m={m}, bubble fraction {timeline.bubble_fraction():.3f} "
+            f"((p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})"
+        )
     return "\n".join(rows)
 
 
@@ -114,9 +123,8 @@ def draw_gantt(
                 edgecolor="black",
                 linewidth=0.5,
             )
-            ax.text(
-                (slot.start + slot.end) / 2, s, str(slot.microbatch), ha="center", va="center", fontsize=7
-            )
+            label = f"{slot.microbatch}.{slot.chunk}" if schedule.virtual_stages > 1 else str(slot.microbatch)
+            ax.text((slot.start + slot.end) / 2, s, label, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(schedule.num_stages), [f"stage {s}" for s in range(schedule.num_stages)])
     ax.invert_yaxis()
     ax.set_xlim(0, timeline.total)

@@ -9,6 +9,7 @@ layers (``partition.py``), and trains them with a schedule (``schedules.py``) ru
     opt.zero_grad()
     loss = pipe.train_step(x, y, nn.functional.cross_entropy)   # mean loss, on every rank
     opt.step()
+    logits = pipe.predict(x_test)                       # forward only, on every rank
 
 The batch is cut into ``m`` equal microbatches; the last stage scales each microbatch's mean loss by
 ``1/m``, so the accumulated gradients equal those of one step on the whole batch and ``m`` stages
@@ -16,12 +17,15 @@ train the same model as one process would.
 
 **With data parallelism** (``dp_group``, or ``mesh.dp_group``): every dp replica of a stage gets a
 different share of the global batch; after the *last* microbatch's backward, the stage's gradients are
-averaged over ``dp_group`` once, with one ``dist.all_reduce(op="avg")`` of a flat buffer per dtype
-(Narayanan et al. 2021, §3: the data-parallel all-reduce happens once per batch, after the pipeline
-flush). We do not reuse ``DistributedDataParallel``: its hooks reduce at the end of *every* backward
-call, i.e. once per microbatch here, and overlapping with backward would need ``no_sync`` around all but
-the last microbatch, which the executor does not know about; a single flat all-reduce at the end is
-simpler and costs one collective per step. At construction, each stage's parameters are broadcast from
+combined over ``dp_group`` once, with one ``dist.all_reduce`` of a flat buffer per dtype (Narayanan et
+al. 2021, §3: the data-parallel all-reduce happens once per batch, after the pipeline flush). Replica
+d's gradient (of the mean loss over its ``B_d`` samples) is weighted by ``B_d / sum(B)`` before the
+sum, so unequal shares (100 samples on 3 replicas: 34 + 33 + 33, with ``m = 1``) still give the
+gradient of the mean over the global batch; with equal shares this is the plain average. We do not
+reuse ``DistributedDataParallel``: its hooks reduce at the end of *every* backward call, i.e. once per
+microbatch here, and overlapping with backward would need ``no_sync`` around all but the last
+microbatch, which the executor does not know about; a single flat all-reduce at the end is simpler and
+costs one collective per step. At construction, each stage's parameters are broadcast from
 dp rank 0, as DDP does, so the replicas start equal.
 """
 
@@ -40,6 +44,7 @@ from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
+from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.partition import build_stage, partition
 from minidist.parallel.pipeline.schedules import SCHEDULES, make_schedule
 
@@ -82,6 +87,12 @@ class PipelineParallel:
         try:
             if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
                 raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+            if schedule == "interleaved":
+                raise ValueError(
+                    "schedule 'interleaved' is simulated only (make_schedule('interleaved', p, m, "
+                    "virtual_stages=v), simulate), not executed by PipelineParallel yet; train with "
+                    "'1f1b' or 'gpipe'"
+                )
             if schedule not in SCHEDULES:
                 raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
             bounds = partition(model, group.size, cuts)
@@ -132,14 +143,14 @@ class PipelineParallel:
 
         Gradients accumulate into ``.grad`` (call ``zero_grad`` before, as in PyTorch); with a
         ``dp_group`` they are averaged over it after the last microbatch, and the returned loss is the
-        mean over the dp replicas too (the mean over the global batch).
+        mean over the global batch (the replicas' shares may differ; each must be divisible by ``m``).
 
-        Raises ``ValueError`` on every rank of the group if the batch size is not divisible by
-        ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ, or stage 0
-        lacks inputs / the last stage lacks targets.
+        Raises ``ValueError`` on every rank of the group and of the dp group if the batch size is not
+        divisible by ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ, or
+        stage 0 lacks inputs / the last stage lacks targets.
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
-        batch = self._check_batch(inputs, targets)
+        batch, global_batch = self._check_batch(inputs, targets)
         start = time.perf_counter()
         size = batch // m
         xs = ys = None
@@ -152,39 +163,68 @@ class PipelineParallel:
         dist.broadcast(loss, src=p - 1, group=self.group)  # the mean loss is known on the last stage only
         self.stats.step_s = time.perf_counter() - start
         if self.dp_group is not None and self.dp_group.size > 1:
-            self._average_gradients_over_dp()
-            dist.all_reduce(loss, op="avg", group=self.dp_group)
+            weight = batch / global_batch  # this replica's share of the global batch
+            self._combine_gradients_over_dp(weight)
+            loss *= weight
+            dist.all_reduce(loss, op="sum", group=self.dp_group)  # the mean over the global batch
         return float(loss[0])
 
-    def _check_batch(self, inputs: Any, targets: Any) -> int:
-        """Agree on the batch size over the group (one small all-gather); raise the same error everywhere."""
+    def predict(self, inputs: Any) -> Any:
+        """Forward-only pass of ``inputs`` through all stages (no grad, eval mode); for evaluation.
+
+        ``inputs``: shape ``(B, ...)``, a Tensor or an array (converted like ``md.tensor``); needed on
+        stage 0, others may pass None. Returns the last stage's output (e.g. logits, shape ``(B, C)``)
+        as a backend array on every rank of the pipeline group (``inference.py``: the batch travels
+        down the stages once, then the last stage broadcasts). Raises ``ValueError`` on every rank of
+        the group if stage 0 has no inputs.
+        """
+        data = None
+        if inputs is not None:
+            data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
+        return forward_only([self.stage_module], self.group, data)
+
+    def _check_batch(self, inputs: Any, targets: Any) -> tuple[int, int]:
+        """(this replica's batch size, the global batch over the dp group), agreed with two small
+        all-gathers (pp group, then dp group); the same error on every rank of both groups."""
         s, p, m = self.stage_index, self.num_stages, self.microbatches
         n_in = -1 if inputs is None else len(inputs)
         n_tg = -1 if targets is None else len(targets)
         missing = (s == 0 and inputs is None) or (s == p - 1 and targets is None)
         info = dist.all_gather(np.array([n_in, n_tg, int(missing)], np.int64), group=self.group).reshape(p, 3)
+        error: ValueError | None = None
+        sizes = sorted({int(n) for n in info[:, :2].reshape(-1) if n >= 0})
         if info[:, 2].any():
             ranks = np.flatnonzero(info[:, 2]).tolist()
-            raise ValueError(
+            error = ValueError(
                 f"train_step: ranks {ranks} passed None where the first stage needs inputs / "
                 "the last stage needs targets; pass the batch on those ranks"
             )
-        sizes = sorted({int(n) for n in info[:, :2].reshape(-1) if n >= 0})
-        if len(sizes) != 1:
-            raise ValueError(
+        elif len(sizes) != 1:
+            error = ValueError(
                 f"train_step: inputs and targets must have the same batch size on every rank of "
                 f"the pipeline group, got (inputs, targets) per rank {info[:, :2].tolist()} "
                 "(-1: None)"
             )
-        if sizes[0] % m != 0 or sizes[0] == 0:
-            raise ValueError(
+        elif sizes[0] % m != 0 or sizes[0] == 0:
+            error = ValueError(
                 f"train_step: batch size {sizes[0]} is not divisible by microbatches={m}; use a "
                 f"batch size that is a positive multiple of {m}, or another microbatch count"
             )
-        return sizes[0]
+        batch = sizes[0] if error is None else 0
+        if self.dp_group is None or self.dp_group.size == 1:
+            if error is not None:
+                raise error
+            return batch, batch
+        # A replica whose pipeline group raises must not leave the other replicas waiting in the
+        # gradient all-reduce: share the verdicts (and the batch sizes, needed for the weights).
+        shares = dist.all_gather(np.array([int(error is not None), batch], np.int64), group=self.dp_group)
+        shares = shares.reshape(-1, 2)
+        if shares[:, 0].any():
+            agree(self.dp_group, error, "", what="data-parallel group")
+        return batch, int(shares[:, 1].sum())
 
-    def _average_gradients_over_dp(self) -> None:
-        """One all-reduce(avg) per dtype of the stage's flattened gradients, after the last backward."""
+    def _combine_gradients_over_dp(self, weight: float) -> None:
+        """One all-reduce(sum) per dtype of ``weight`` x this stage's flat gradients, after the backward."""
         by_dtype: dict[Any, list[Parameter]] = {}
         for p in self.parameters():
             if p.grad is None:  # every replica must send the same buffer: missing gradients count as 0
@@ -192,8 +232,9 @@ class PipelineParallel:
             by_dtype.setdefault(p.grad.dtype, []).append(p)
         for params in by_dtype.values():
             grads = [p.grad for p in params]
-            flat = dist.all_reduce(flatten(grads), op="avg", group=self.dp_group)
-            unflatten_into(flat, grads)
+            flat = flatten(grads)
+            flat *= weight
+            unflatten_into(dist.all_reduce(flat, op="sum", group=self.dp_group), grads)
 
 
 def _as_float(array: Any) -> Any:
@@ -226,7 +267,9 @@ def _resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communic
     return dist.comm.group_or_world(group), dp_group
 
 
-def agree(group: Communicator, error: Exception | None, description: str) -> None:
+def agree(
+    group: Communicator, error: Exception | None, description: str, what: str = "pipeline group"
+) -> None:
     """Raise on every rank of ``group`` if any rank has ``error`` or the ranks' descriptions differ.
 
     Two small all-gathers (lengths, then the UTF-8 bytes of every rank's error and description), so a
@@ -241,7 +284,7 @@ def agree(group: Communicator, error: Exception | None, description: str) -> Non
     for rank, message in enumerate(errors):
         if message:
             kind = TypeError if message.startswith("TypeError") else ValueError
-            raise kind(f"PipelineParallel on rank {rank} of the pipeline group: {message.split(': ', 1)[1]}")
+            raise kind(f"PipelineParallel on rank {rank} of the {what}: {message.split(': ', 1)[1]}")
     if len(set(descriptions)) > 1:
         listing = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
         raise ValueError(

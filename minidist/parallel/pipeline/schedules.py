@@ -28,7 +28,9 @@ we must assume that worst case. Two rules make every schedule here safe under it
 2. Where two neighbours would each send to the other at the same moment (1F1B's steady state: stage s
    sends activation i to s+1 while s+1 sends gradient j back), the send and the receive that follows it
    are one :class:`Exchange`, run as one ``MPI_Sendrecv`` whose two halves progress independently. This
-   is Megatron-LM's ``send_forward_recv_backward`` / ``send_backward_recv_forward``.
+   is Megatron-LM's ``send_forward_recv_backward`` / ``send_backward_recv_forward``. (The interleaved
+   schedule, ``interleaved.py``, needs up to four messages at once, to and from both neighbours: a
+   :class:`Batch`.)
 
 ``simulate`` executes a schedule with exactly these rendezvous semantics and raises
 :class:`ScheduleDeadlockError` if no stage can move, so the tests prove rule 2 is enough for every
@@ -47,13 +49,18 @@ _SHORT = {FORWARD: "F", BACKWARD: "B", SEND_ACT: "sA", RECV_ACT: "rA", SEND_GRAD
 
 @dataclass(frozen=True)
 class Instruction:
-    """One step of a stage: ``kind`` (``"forward"``, ``"send_act"``, ...) applied to one microbatch."""
+    """One step of a stage: ``kind`` (``"forward"``, ``"send_act"``, ...) applied to one microbatch.
+
+    ``chunk``: which of the rank's model chunks (interleaved schedules, ``interleaved.py``); always 0
+    otherwise. Printed as ``F3`` for chunk 0 and ``F3.1`` for chunk 1.
+    """
 
     kind: str
     microbatch: int
+    chunk: int = 0
 
     def __str__(self) -> str:
-        return f"{_SHORT[self.kind]}{self.microbatch}"
+        return f"{_SHORT[self.kind]}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
     def peer_offset(self) -> int:
         """The stage it talks to, relative to this one: +1 (activations out, gradients in) or -1."""
@@ -79,26 +86,70 @@ class Exchange:
         return f"{self.send}+{self.recv}"
 
 
-Step = Instruction | Exchange
+@dataclass(frozen=True)
+class Batch:
+    """Sends and receives, to and from both neighbours, started together and finished together.
+
+    The interleaved schedule's steady state (``interleaved.py``) ends each forward+backward pair with
+    up to four messages, as Megatron-LM's ``send_forward_backward_recv_forward_backward`` (a
+    ``batch_isend_irecv``): every half progresses independently, as in an :class:`Exchange`.
+    """
+
+    messages: tuple[Instruction, ...]
+
+    def __post_init__(self) -> None:
+        if not self.messages or any(ins.kind in COMPUTE for ins in self.messages):
+            raise ValueError(f"a Batch holds one or more messages, no computation; got {self.messages}")
+
+    def __str__(self) -> str:
+        return "+".join(map(str, self.messages))
+
+
+Step = Instruction | Exchange | Batch
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """``stages[s]`` is stage s's ordered program for one training step of ``num_microbatches``."""
+    """``stages[s]`` is stage s's ordered program for one training step of ``num_microbatches``.
+
+    ``virtual_stages`` (v): model chunks per stage (rank); chunk k of stage s is *virtual stage*
+    ``k * p + s`` of the ``p * v`` consecutive pieces of the model (1 except for ``interleaved``).
+    """
 
     name: str
     num_stages: int
     num_microbatches: int
     stages: tuple[tuple[Step, ...], ...]
+    virtual_stages: int = 1
 
     def __str__(self) -> str:
-        lines = [f"{self.name} schedule, p={self.num_stages} stages, m={self.num_microbatches} microbatches"]
+        v = f", v={self.virtual_stages} chunks per stage" if self.virtual_stages > 1 else ""
+        lines = [
+            f"{self.name} schedule, p={self.num_stages} stages, m={self.num_microbatches} microbatches{v}"
+        ]
         lines += [f"stage {s}: " + " ".join(map(str, prog)) for s, prog in enumerate(self.stages)]
         return "\n".join(lines)
 
+    def peer(self, stage: int, ins: Instruction) -> tuple[int, int]:
+        """``(stage, chunk)`` that message ``ins`` of ``stage`` goes to or comes from.
+
+        Activations go from virtual stage g to g + 1, gradients back; with several chunks per stage this
+        wraps round (stage p-1's chunk k feeds stage 0's chunk k+1). Raises ``ValueError`` if that
+        virtual stage does not exist (a message beyond either end of the pipeline).
+        """
+        p = self.num_stages
+        g = ins.chunk * p + stage + ins.peer_offset()
+        if not 0 <= g < p * self.virtual_stages:
+            where = f"stage {g}" if self.virtual_stages == 1 else f"virtual stage {g}"
+            raise ValueError(f"stage {stage} of {p} has {ins}, but {where} does not exist")
+        return g % p, g // p
+
 
 def parts(step: Step) -> tuple[Instruction, ...]:
-    """The instructions a step consists of: itself, or an Exchange's send and receive (in that order)."""
+    """The instructions a step consists of: itself, an Exchange's send and receive (in that order), or a
+    Batch's messages."""
+    if isinstance(step, Batch):
+        return step.messages
     return (step.send, step.recv) if isinstance(step, Exchange) else (step,)
 
 
@@ -168,16 +219,28 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, m, tuple(stages))
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}  # the ones PipelineParallel executes
 
 
-def make_schedule(name: str, p: int, m: int) -> Schedule:
-    """The schedule called ``name`` (``"gpipe"`` or ``"1f1b"``) for ``p`` stages and ``m`` microbatches.
+def make_schedule(name: str, p: int, m: int, virtual_stages: int = 1) -> Schedule:
+    """The schedule called ``name`` for ``p`` stages and ``m`` microbatches: ``"gpipe"``, ``"1f1b"``, or
+    ``"interleaved"`` with ``virtual_stages`` model chunks per stage (``interleaved.py``; simulated only).
 
-    Raises ``ValueError`` for an unknown name (the known ones are listed) or ``p``/``m`` below 1.
+    Raises ``ValueError`` for an unknown name (the known ones are listed), ``p``/``m`` below 1, or
+    ``virtual_stages`` other than 1 for GPipe/1F1B; ``interleaved`` raises as documented there.
     """
+    if name == "interleaved":
+        from minidist.parallel.pipeline.interleaved import interleaved  # it builds on this module
+
+        return interleaved(p, m, virtual_stages)
     if name not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+        raise ValueError(
+            f"unknown pipeline schedule {name!r}; choose one of {sorted([*SCHEDULES, 'interleaved'])}"
+        )
+    if virtual_stages != 1:
+        raise ValueError(
+            f"virtual_stages={virtual_stages!r} needs schedule='interleaved'; {name} has 1 chunk"
+        )
     return SCHEDULES[name](p, m)
 
 

@@ -11,7 +11,10 @@ different microbatch raises ``ValueError`` (the data would go to the wrong micro
 The bubble is the idle share of the step: with every stage starting at time 0 and the step ending when
 the last stage finishes (time ``T``), stage s is idle ``T - busy_s``. ``bubble_fraction`` is
 idle / ``T`` (GPipe and 1F1B: ``(p-1)/(m+p-1)``); ``bubble_overhead`` is idle / busy, the form
-Narayanan et al. 2021 (§2.2.1) use: ``(p-1)/m``.
+Narayanan et al. 2021 (§2.2.1) use: ``(p-1)/m``, and for the interleaved schedule with ``v`` chunks per
+stage (each computation ``1/v`` as long) ``(p-1)/(v m)`` (§2.2.2). With interleaving, a message goes to
+the next or previous *virtual* stage, round the ranks (``Schedule.peer``), and must meet the same
+microbatch and chunk.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ class ScheduleDeadlockError(RuntimeError):
 
 @dataclass(frozen=True)
 class Slot:
-    """One computation on the timeline: ``kind`` (forward/backward) of ``microbatch`` on ``stage``."""
+    """One computation on the timeline: ``kind`` (forward/backward) of ``microbatch`` on ``stage``
+    (model ``chunk`` of it, for interleaved schedules)."""
 
     stage: int
     kind: str
     microbatch: int
     start: float
     end: float
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def simulate(schedule: Schedule, forward_time: float = 1.0, backward_time: float
             step = schedule.stages[s][pc[s]]
             if isinstance(step, Instruction) and step.kind in COMPUTE:
                 end = clock[s] + durations[step.kind]
-                slots[s].append(Slot(s, step.kind, step.microbatch, clock[s], end))
+                slots[s].append(Slot(s, step.kind, step.microbatch, clock[s], end, step.chunk))
                 clock[s], pc[s], moved = end, pc[s] + 1, True
                 continue
             halves = current_halves(s)
@@ -125,17 +130,15 @@ def simulate(schedule: Schedule, forward_time: float = 1.0, backward_time: float
 
 def _try_match(s, ins, schedule, pc, clock, pending, current_halves) -> bool:
     """Match half ``ins`` of stage s's current step with the peer's current step, if it is there."""
-    peer = s + ins.peer_offset()
-    if not 0 <= peer < schedule.num_stages:
-        raise ValueError(f"stage {s} of {schedule.num_stages} has {ins}, but stage {peer} does not exist")
+    peer, peer_chunk = schedule.peer(s, ins)  # raises if there is no such (virtual) stage
     if pc[peer] == len(schedule.stages[peer]):
         return False
     for other, matched_at in current_halves(peer).items():
-        if other.kind == _MATCH[ins.kind] and matched_at is None:
-            if other.microbatch != ins.microbatch:
+        if other.kind == _MATCH[ins.kind] and matched_at is None and schedule.peer(peer, other)[0] == s:
+            if (other.microbatch, other.chunk) != (ins.microbatch, peer_chunk):
                 raise ValueError(
-                    f"stage {s}'s {ins} meets stage {peer}'s {other}: microbatches differ, the data would "
-                    "go to the wrong microbatch"
+                    f"stage {s}'s {ins} meets stage {peer}'s {other}: microbatches or chunks differ, the "
+                    "data would go to the wrong microbatch"
                 )
             when = max(clock[s], clock[peer])
             pending[s][ins] = pending[peer][other] = when

@@ -1,0 +1,89 @@
+"""Forward-only passes through a pipeline, for evaluation: no schedule, no gradients, no microbatches.
+
+Training needs a schedule because backward passes must interleave with forwards. Evaluation only
+runs forwards, so the batch simply travels down the chain of stages once: stage 0 computes and sends
+its output to stage 1, which computes and sends to stage 2, and so on; every rank blocks only on its
+own predecessor, so this cannot deadlock. The last stage then broadcasts the output over the pipeline
+group, so that every rank (e.g. every rank of a dp replica that counts correct predictions) gets it.
+
+With interleaving (``virtual_stages=v``) the model is cut into ``p*v`` chunks and chunk ``g`` lives on
+rank ``g % p``; the batch visits the chunks in order 0, 1, ..., ``p*v - 1``, going round the ranks
+``v`` times (rank ``p-1`` hands chunk ``p-1``'s output to rank 0's chunk ``p``).
+
+Shapes travel as a small int64 header before each activation, as in ``executor.py``; the messages
+use their own tags, so a stray training message could never be mistaken for one of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minidist import autograd, backend, dist
+from minidist.autograd import Tensor
+from minidist.dist import Communicator
+from minidist.nn.module import Module
+from minidist.parallel.pipeline.executor import _MAX_DIMS, _header, _parse_header
+
+TAG_PREDICT_HEADER, TAG_PREDICT = 11, 12
+
+
+def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> Any:
+    """Run ``inputs`` through every rank's ``chunks`` in pipeline order; return the output on every rank.
+
+    Args:
+        chunks: this rank's model chunks; chunk ``k`` is virtual stage ``k * p + rank`` (``p`` =
+            ``group.size``); one chunk per rank without interleaving.
+        group: the pipeline group (rank s holds stage s).
+        inputs: the batch, shape ``(B, ...)``, a backend array; needed on rank 0 only.
+
+    Returns the last chunk's output as a backend array, shape ``(B, ...)``, on every rank of ``group``.
+    Runs under ``no_grad``, with the chunks in eval mode (restored afterwards). Raises ``ValueError`` on
+    every rank if rank 0 has no inputs.
+    """
+    p, rank = group.size, group.rank
+    has_inputs = dist.all_gather(np.array([inputs is not None], np.int64), group=group)
+    if not has_inputs[0]:
+        raise ValueError(
+            "predict: the first stage (rank 0 of the pipeline group) got no inputs; pass the batch"
+        )
+    modes = [c.training for c in chunks]
+    for c in chunks:
+        c.eval()
+    try:
+        with autograd.no_grad():
+            x = inputs
+            total = p * len(chunks)
+            for g in range(total):
+                if g % p != rank:
+                    continue
+                if g > 0 and p > 1:  # the previous chunk lives on the previous rank (round the ring)
+                    x = _recv(group, (g - 1) % p)
+                x = chunks[g // p](Tensor(x)).data
+                if g < total - 1 and p > 1:
+                    _send(group, x, (g + 1) % p)
+    finally:
+        for c, mode in zip(chunks, modes):
+            c.train(mode)
+    last = (total - 1) % p
+    if p == 1:
+        return x
+    header = _header(x) if rank == last else np.zeros(2 + _MAX_DIMS, np.int64)
+    dist.broadcast(header, src=last, group=group)
+    shape, dtype = _parse_header(header)
+    out = backend.xp().ascontiguousarray(x) if rank == last else backend.xp().empty(shape, dtype)
+    return dist.broadcast(out, src=last, group=group)
+
+
+def _send(group: Communicator, array: Any, dst: int) -> None:
+    array = backend.xp().ascontiguousarray(array)
+    group.send(_header(array), dst, tag=TAG_PREDICT_HEADER)
+    group.send(array, dst, tag=TAG_PREDICT)
+
+
+def _recv(group: Communicator, src: int) -> Any:
+    header = group.recv(np.zeros(2 + _MAX_DIMS, np.int64), src, tag=TAG_PREDICT_HEADER)
+    shape, dtype = _parse_header(header)
+    return group.recv(backend.xp().empty(shape, dtype), src, tag=TAG_PREDICT)
