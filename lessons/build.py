@@ -1,0 +1,173 @@
+"""Build the lesson notebooks from their sources, and execute them (the "make lessons" command).
+
+    python lessons/build.py                      # lessons/src/*.py -> lessons/*.ipynb, without outputs
+    python lessons/build.py --check              # fail if a committed notebook differs from its source
+    python lessons/build.py --execute            # build, then run every notebook top to bottom
+    python lessons/build.py --execute --solutions 03   # run lesson 03 with the reference answers
+    python lessons/build.py --execute --save-outputs   # write the executed notebooks (not for commits)
+
+Sources are plain Python in the "percent" format: a line ``# %%`` starts a code cell, ``# %% [markdown]``
+a markdown cell (every line prefixed with ``# ``). Two more cell kinds carry the exercises:
+
+* ``# %% [exercise KEY]``: the "your turn" cell, shipped with the student's placeholder;
+* ``# %% [check KEY]``: the cell that checks it (a call into ``lessons/checks.py``).
+
+Inside code cells two comment forms keep the sources valid Python (so ruff checks them): a first line
+``# %%px`` becomes the cell magic ``%%px`` (run the cell on every MPI engine), and a line
+``# !command`` becomes the shell escape ``!command``.
+
+``lessons/solutions/NN_name.py`` holds, for each KEY, a ``# %% [solution KEY]`` cell (the reference
+answer) and one or more ``# %% [wrong KEY]`` cells (wrong answers the check must reject). Executing
+with ``--solutions`` replaces every exercise cell by its solution; the tests do the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+LESSONS = Path(__file__).resolve().parent
+SOURCES = LESSONS / "src"
+SOLUTIONS = LESSONS / "solutions"
+HEADER = re.compile(r"^# %%(?: \[(\w+)(?: ([\w-]+))?\])?\s*$")
+KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def parse_cells(text: str) -> list[tuple[str, str | None, str]]:
+    """Split a percent-format source into ``(kind, key, source)`` cells, kind one of "code",
+    "markdown", "exercise", "check", "solution", "wrong". Text before the first header is dropped
+    (a module docstring for the file itself). Raises ``ValueError`` for an unknown kind."""
+    cells: list[tuple[str, str | None, list[str]]] = []
+    for line in text.splitlines():
+        match = HEADER.match(line)
+        if match:
+            kind, key = match.group(1) or "code", match.group(2)
+            if kind not in ("code", "markdown", "exercise", "check", "solution", "wrong"):
+                raise ValueError(f"unknown cell kind [{kind}] in line {line!r}")
+            cells.append((kind, key, []))
+        elif cells:
+            cells[-1][2].append(line)
+    out = []
+    for kind, key, lines in cells:
+        if kind == "markdown":
+            lines = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in lines]
+        else:
+            lines = [ln[2:] if ln.startswith(("# !", "# %%px")) else ln for ln in lines]
+        out.append((kind, key, "\n".join(lines).strip("\n")))
+    return out
+
+
+def build_notebook(source: Path):
+    """The notebook (an ``nbformat`` node, no outputs) for one source file; cell ids are stable."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": KERNEL, "language_info": {"name": "python"}}
+    for i, (kind, key, text) in enumerate(parse_cells(source.read_text())):
+        if kind == "markdown":
+            cell = nbformat.v4.new_markdown_cell(text)
+        else:
+            cell = nbformat.v4.new_code_cell(text)
+            if kind in ("exercise", "check"):
+                cell.metadata = {"tags": [kind], "exercise": key}
+        cell.id = f"{source.stem[:2]}-{i:02d}"
+        nb.cells.append(cell)
+    return nb
+
+
+def solution_cells(stem: str) -> dict[str, dict[str, list[str]]]:
+    """``{KEY: {"solution": [code], "wrong": [code, ...]}}`` from ``lessons/solutions/<stem>.py``."""
+    path = SOLUTIONS / f"{stem}.py"
+    found: dict[str, dict[str, list[str]]] = {}
+    for kind, key, text in parse_cells(path.read_text()) if path.exists() else []:
+        if kind in ("solution", "wrong"):
+            found.setdefault(key, {"solution": [], "wrong": []})[kind].append(text)
+    return found
+
+
+def with_answers(nb, answers: dict[str, str]):
+    """A copy of ``nb`` whose exercise cells KEY are replaced by ``answers[KEY]`` (others unchanged)."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        key = cell.metadata.get("exercise")
+        if "exercise" in cell.metadata.get("tags", []) and key in answers:
+            cell.source = answers[key]
+    return nb
+
+
+def execute(nb, timeout: int = 300):
+    """Run ``nb`` top to bottom in a fresh kernel, in ``lessons/``; return it with outputs.
+
+    Raises ``nbclient.exceptions.CellExecutionError`` at the first failing cell."""
+    from nbclient import NotebookClient
+
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}}
+    )
+    client.execute()
+    return nb
+
+
+def check_results(nb) -> list[tuple[str, str]]:
+    """``[(KEY, "correct" | "not done" | "?"), ...]`` from the printed output of each executed check cell."""
+    results = []
+    for cell in nb.cells:
+        if "check" in cell.metadata.get("tags", []):
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+            status = "correct" if "CORRECT" in text else "not done" if "NOT DONE YET" in text else "?"
+            results.append((cell.metadata["exercise"], status))
+    return results
+
+
+def notebook_path(source: Path) -> Path:
+    return LESSONS / f"{source.stem}.ipynb"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import nbformat
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("lessons", nargs="*", help="lesson numbers or stems (default: all), e.g. 01 03")
+    p.add_argument(
+        "--check", action="store_true", help="only compare the committed notebooks with the sources"
+    )
+    p.add_argument("--execute", action="store_true", help="run each notebook top to bottom")
+    p.add_argument("--solutions", action="store_true", help="run with the reference answers filled in")
+    p.add_argument("--save-outputs", action="store_true", help="write the executed notebooks")
+    args = p.parse_args(argv)
+    sources = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    if args.lessons:
+        sources = [s for s in sources if any(s.stem.startswith(w) for w in args.lessons)]
+    stale = []
+    for source in sources:
+        nb, target = build_notebook(source), notebook_path(source)
+        text = nbformat.writes(nb) + "\n"
+        if args.check:
+            if not target.exists() or json.loads(target.read_text()) != json.loads(text):
+                stale.append(target.name)
+            continue
+        target.write_text(text)
+        if args.execute:
+            if args.solutions:
+                nb = with_answers(nb, {k: v["solution"][0] for k, v in solution_cells(source.stem).items()})
+            start = time.perf_counter()
+            execute(nb)
+            print(f"{target.name}: ran in {time.perf_counter() - start:.1f} s; exercises {check_results(nb)}")
+            if args.save_outputs:
+                target.write_text(nbformat.writes(nb) + "\n")
+        else:
+            print(f"wrote {target.relative_to(LESSONS.parent)}")
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run `python lessons/build.py` and commit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Lesson 01 source (percent format); `python lessons/build.py` turns it into 01_autograd.ipynb."""
+# ruff: noqa: E402
+
+# %% [markdown]
+# # Lesson 01 — Autograd from scratch
+#
+# **Learning goals.** After this lesson you can
+# 1. build the computation graph of an expression and say what each node stores;
+# 2. run backward by hand: visit nodes in reverse topological order and apply the chain rule;
+# 3. check any gradient against central finite differences, and pick the step size.
+#
+# Everything in minidist's training loop rests on `loss.backward()`. We rebuild its core in 40 lines
+# (a scalar version of `minidist/autograd.py`, in the spirit of micrograd), then check minidist itself.
+
+# %%
+import math
+
+import checks
+import matplotlib.pyplot as plt
+import numpy as np
+
+import minidist as md
+
+# %% [markdown]
+# ## 1. The graph
+#
+# A `Value` holds a number, its gradient, and *how it was made*: its parents and a function that,
+# given the output's gradient, adds the local derivative times that gradient into the parents'
+# (the vector-Jacobian product). For `tanh` we use a numerical slope for now; section 3 asks you for
+# the formula.
+
+
+# %%
+class Value:
+    def __init__(self, data, parents=(), op=""):
+        self.data, self.grad = float(data), 0.0
+        self.parents, self.op = parents, op
+        self._backward = lambda: None
+
+    def __add__(self, other):
+        out = Value(self.data + other.data, (self, other), "+")
+
+        def backward():  # d(a+b)/da = d(a+b)/db = 1
+            self.grad += out.grad
+            other.grad += out.grad
+
+        out._backward = backward
+        return out
+
+    def __mul__(self, other):
+        out = Value(self.data * other.data, (self, other), "*")
+
+        def backward():  # d(ab)/da = b, d(ab)/db = a
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+
+        out._backward = backward
+        return out
+
+    def tanh(self):
+        out = Value(math.tanh(self.data), (self,), "tanh")
+
+        def backward():
+            self.grad += numeric_tanh_backward(out.data, out.grad)
+
+        out._backward = backward
+        return out
+
+    def backward(self):
+        # Reverse topological order: a node runs its backward only after every node that used it.
+        order, seen = [], set()
+
+        def visit(v):
+            if id(v) not in seen:
+                seen.add(id(v))
+                for p in v.parents:
+                    visit(p)
+                order.append(v)
+
+        visit(self)
+        self.grad = 1.0
+        for v in reversed(order):
+            v._backward()
+
+
+def numeric_tanh_backward(out, out_grad):
+    """A numerical stand-in for the formula you write in section 3: the slope of tanh at x = atanh(out)."""
+    x, eps = math.atanh(out), 1e-6
+    return (math.tanh(x + eps) - math.tanh(x - eps)) / (2 * eps) * out_grad
+
+
+# %% [markdown]
+# One neuron: `y = tanh(w1*x1 + w2*x2 + b)`. Let us draw its graph: every box is a `Value`,
+# arrows point from inputs to the op that used them.
+
+# %%
+x1, x2, w1, w2, b = Value(0.5), Value(-1.0), Value(2.0), Value(0.3), Value(0.1)
+y = (w1 * x1 + w2 * x2 + b).tanh()
+y.backward()
+
+
+def draw(root):
+    """Lay the graph out by depth (leaves left, output right) and draw it with matplotlib."""
+    depth, nodes = {}, []
+
+    def visit(v):
+        if id(v) in depth:
+            return depth[id(v)]
+        depth[id(v)] = 1 + max((visit(p) for p in v.parents), default=-1)
+        nodes.append(v)
+        return depth[id(v)]
+
+    visit(root)
+    rows = {}
+    pos = {}
+    for v in nodes:
+        d = depth[id(v)]
+        pos[id(v)] = (d, rows.get(d, 0))
+        rows[d] = rows.get(d, 0) + 1
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for v in nodes:
+        for p in v.parents:
+            ax.annotate("", pos[id(v)], pos[id(p)], arrowprops={"arrowstyle": "->", "color": "gray"})
+    for v in nodes:
+        label = f"{v.op or 'leaf'}\ndata {v.data:.3f}\ngrad {v.grad:.3f}"
+        ax.text(
+            *pos[id(v)],
+            label,
+            ha="center",
+            va="center",
+            fontsize=8,
+            bbox={"boxstyle": "round", "fc": "lightyellow" if v.parents else "lightblue"},
+        )
+    ax.set_xlim(-0.6, max(rows) + 0.6)
+    ax.set_ylim(-0.7, max(rows.values()) - 0.3)
+    ax.axis("off")
+    ax.set_title("computation graph of y = tanh(w1*x1 + w2*x2 + b), after y.backward()")
+    plt.show()
+
+
+draw(y)
+
+# %% [markdown]
+# ## 2. The same thing in minidist
+#
+# `minidist.Tensor` does the same with arrays: each op is a `Function` (`minidist/ops/`) with `forward`
+# and `backward` side by side, and `Tensor.backward()` walks the graph in a topological order found
+# without recursion (so a chain of 50,000 ops works). Same neuron, same numbers:
+
+# %%
+t = {
+    k: md.tensor(np.array(v.data), dtype=np.float64, requires_grad=True)
+    for k, v in dict(x1=x1, x2=x2, w1=w1, w2=w2, b=b).items()
+}
+ty = (t["w1"] * t["x1"] + t["w2"] * t["x2"] + t["b"]).tanh()
+ty.backward()
+for k, v in dict(x1=x1, x2=x2, w1=w1, w2=w2, b=b).items():
+    print(f"d y / d {k}:  ours {v.grad:+.6f}   minidist {float(t[k].grad):+.6f}")
+    assert abs(v.grad - float(t[k].grad)) < 1e-8  # 1e-8: the stand-in tanh_backward is numerical
+
+# %% [markdown]
+# ## 3. Your turn: the derivative of tanh
+#
+# Replace the numerical stand-in by the formula. `tanh_backward(out, out_grad)` receives the op's
+# *output* `out = tanh(x)` and the gradient flowing into it, and returns the gradient for `x`.
+# Hint: d tanh(x)/dx can be written with `out` alone, which is why autograd engines save the
+# output rather than the input for this op.
+
+
+# %% [exercise tanh]
+def tanh_backward(out, out_grad):
+    raise NotImplementedError  # your code here
+
+
+# %% [check tanh]
+checks.tanh_backward(tanh_backward)
+
+# %% [markdown]
+# ## 4. Finite differences: trust, but verify
+#
+# A gradient formula can be wrong in a way no type checker sees. The cure is to compare it with the
+# slope measured numerically: `(f(x + eps) - f(x - eps)) / (2 eps)`, one coordinate at a time. This
+# *central* difference has an error of order eps² (the one-sided `(f(x + eps) - f(x)) / eps` only
+# eps), so it agrees with a correct gradient to many digits — in float64.
+#
+# **Your turn:** write `numerical_grad(f, x, eps)`: `f` maps a float64 vector to a float, return the
+# vector of partial derivatives at `x` (and leave `x` as you found it).
+
+
+# %% [exercise numgrad]
+def numerical_grad(f, x, eps=1e-6):
+    raise NotImplementedError  # your code here
+
+
+# %% [check numgrad]
+checks.numerical_grad(numerical_grad)
+
+
+# %% [markdown]
+# Now use it on a real minidist model. We flatten one weight matrix of a small MLP into a vector,
+# so `f` changes only that matrix and returns the loss. (If your `numerical_grad` is not done yet this
+# cell uses a reference one, so the notebook still runs.)
+
+
+# %%
+def reference_numerical_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        old = x[i]
+        x[i] = old + eps
+        up = f(x)
+        x[i] = old - eps
+        down = f(x)
+        x[i] = old
+        g[i] = (up - down) / (2 * eps)
+    return g
+
+
+try:
+    numerical_grad(lambda v: 0.0, np.zeros(1), 1e-6)
+    ngrad = numerical_grad
+except NotImplementedError:
+    ngrad = reference_numerical_grad
+
+md.manual_seed(0)
+rng = np.random.default_rng(0)
+model = md.nn.Sequential(md.nn.Linear(4, 8), md.nn.Tanh(), md.nn.Linear(8, 3))
+for p in model.parameters():
+    p.data = p.data.astype(np.float64)  # float32 would drown the comparison in rounding noise
+xs = md.tensor(rng.standard_normal((16, 4)), dtype=np.float64)
+ys = rng.integers(0, 3, 16)
+W = model[0].weight
+
+
+def loss_of(w_flat):
+    W.data = w_flat.reshape(W.shape)
+    with md.no_grad():
+        return float(md.nn.functional.cross_entropy(model(xs), ys).data)
+
+
+w0 = W.data.copy()
+md.nn.functional.cross_entropy(model(xs), ys).backward()
+analytic = W.grad.ravel().copy()
+numeric = ngrad(loss_of, w0.ravel().copy(), 1e-6)
+W.data = w0
+print("max |analytic - numeric| =", np.max(np.abs(analytic - numeric)))
+
+# %% [markdown]
+# ### How small should eps be?
+#
+# Too large: the eps² truncation error dominates. Too small: `f(x + eps) - f(x - eps)` cancels almost
+# all digits and the rounding error (about 1e-16 · |f| / eps) dominates. The sweet spot for float64 is
+# near eps ≈ 1e-5 .. 1e-6 — which is why gradient checks run in float64, never float32.
+
+# %%
+eps_values = np.logspace(-12, -1, 23)
+errors = [
+    np.max(np.abs(reference_numerical_grad(loss_of, w0.ravel().copy(), e) - analytic)) for e in eps_values
+]
+W.data = w0
+plt.figure(figsize=(6, 3.5))
+plt.loglog(eps_values, errors, "o-")
+plt.xlabel("eps")
+plt.ylabel("max |numeric - analytic|")
+plt.title("central differences: rounding error (left) vs truncation error (right)")
+plt.grid(True, which="both", alpha=0.3)
+plt.show()
+
+# %% [markdown]
+# ## Summary
+# - An autograd engine is a graph of ops, each knowing its local derivative, visited in reverse
+#   topological order; gradients of a tensor used twice are *summed*.
+# - Always check new ops against central differences in float64 — minidist's
+#   `tests/test_gradcheck.py` does it for every op, on shapes chosen by hypothesis.
+#
+# Next: [lesson 02](02_mpi.ipynb) starts several processes and makes them talk.

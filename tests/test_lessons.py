@@ -1,0 +1,199 @@
+"""The lesson notebooks: in sync with their sources, run top to bottom, and their exercises check.
+
+Every notebook is executed twice with nbclient, as a new user gets it (placeholders: each check cell
+prints NOT DONE YET) and with the reference answers of ``lessons/solutions/`` filled in (each check
+prints CORRECT). A failing cell fails the test. The wrong answers of ``lessons/solutions/`` are fed to
+the check functions in this process: each must raise ``AssertionError``.
+
+Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
+ipyparallel, matplotlib). About 2 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbclient", reason='needs the notebook tools: pip install -e ".[dev]"')
+pytest.importorskip("ipyparallel", reason='needs ipyparallel: pip install -e ".[dev]"')
+os.environ.setdefault("MPLBACKEND", "Agg")  # figures render to PNG in the kernel; no window
+
+REPO = Path(__file__).resolve().parent.parent
+LESSONS = REPO / "lessons"
+sys.path.insert(0, str(LESSONS))  # `import checks`, as the notebooks do
+_spec = importlib.util.spec_from_file_location("lessons_build", LESSONS / "build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+import checks  # noqa: E402
+
+SOURCES = sorted((LESSONS / "src").glob("[0-9][0-9]_*.py"))
+MAX_SECONDS = 180  # the issue's limit per notebook on this 2-core machine
+
+pytestmark = pytest.mark.lessons
+
+
+def test_committed_notebooks_match_their_sources():
+    assert SOURCES, "no lesson sources found"
+    assert build.main(["--check"]) == 0, "run `python lessons/build.py` to regenerate the notebooks"
+    for source in SOURCES:
+        nb = build.build_notebook(source)
+        assert all(not c.get("outputs") for c in nb.cells), f"{source.name}: notebooks ship without outputs"
+
+
+def _exercise_keys(nb) -> list[str]:
+    return [c.metadata["exercise"] for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
+
+
+@pytest.mark.parametrize("solutions", [False, True], ids=["placeholders", "solutions"])
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_notebook_runs_top_to_bottom(source: Path, solutions: bool):
+    nb = build.build_notebook(source)
+    keys = _exercise_keys(nb)
+    if solutions:
+        answers = build.solution_cells(source.stem)
+        assert set(keys) <= set(answers), f"{source.stem}: exercises without a reference solution"
+        nb = build.with_answers(nb, {k: answers[k]["solution"][0] for k in keys})
+    start = time.perf_counter()
+    build.execute(nb, timeout=MAX_SECONDS)  # raises CellExecutionError at the first failing cell
+    seconds = time.perf_counter() - start
+    assert seconds < MAX_SECONDS, f"{source.stem} took {seconds:.0f} s"
+    results = build.check_results(nb)
+    assert {k for k, _ in results} == set(keys), f"every exercise needs a check cell: {results}"
+    want = "correct" if solutions else "not done"
+    assert all(status == want for _, status in results), results
+    _assert_no_engines_left()
+
+
+def _check_calls(nb, key: str) -> list[str]:
+    """The check cells of exercise ``key`` that call a check on the exercise's own names only."""
+    return [
+        c.source for c in nb.cells if "check" in c.metadata.get("tags", []) and c.metadata["exercise"] == key
+    ]
+
+
+def _run_check(answer_code: str, check_code: str) -> None:
+    namespace: dict = {"checks": checks}
+    exec(answer_code, namespace)
+    eval(compile(check_code, "<check cell>", "eval"), namespace)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_checks_accept_the_reference_and_reject_wrong_answers(source: Path, capsys):
+    nb = build.build_notebook(source)
+    answers = build.solution_cells(source.stem)
+    for key in _exercise_keys(nb):
+        calls = [c for c in _check_calls(nb, key) if _names_available(c, answers[key]["solution"][0])]
+        assert calls, f"{source.stem}/{key}: no check cell that can run on the answer alone"
+        assert answers[key]["wrong"], f"{source.stem}/{key}: give at least one wrong answer"
+        for call in calls:
+            _run_check(answers[key]["solution"][0], call)
+            assert "CORRECT" in capsys.readouterr().out
+            placeholder = next(
+                c.source
+                for c in nb.cells
+                if c.metadata.get("exercise") == key and "exercise" in c.metadata["tags"]
+            )
+            _run_check(placeholder, call)
+            assert "NOT DONE YET" in capsys.readouterr().out
+            for wrong in answers[key]["wrong"]:
+                with pytest.raises(AssertionError):
+                    _run_check(wrong, call)
+
+
+def _names_available(check_code: str, answer_code: str) -> bool:
+    """True if the check cell uses only ``checks`` and names the answer code defines."""
+    namespace: dict = {}
+    exec(answer_code, namespace)
+    code = compile(check_code, "<check cell>", "eval")
+    return all(name == "checks" or name in namespace for name in _loaded_names(code))
+
+
+def _loaded_names(code) -> set[str]:
+    import dis
+
+    return {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")}
+
+
+def _assert_no_engines_left() -> None:
+    """No ipyparallel engine, nanny or controller of ours may outlive the kernel that started it.
+
+    Ours are recognised by the private profile directory minidist.notebook gives them (in their
+    environment as IPP_PROFILE_DIR=/tmp/minidist-ipp-...). Stopped engines take a few seconds to exit.
+    """
+    deadline = time.time() + 20
+    while True:
+        left = _our_cluster_processes()
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left, f"cluster processes left running: {left}"
+
+
+def _our_cluster_processes() -> list[int]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes()
+            if b"IPP_PROFILE_DIR=" in environ and b"minidist-ipp-" in environ and _alive(int(proc.name)):
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+CLUSTER_SCRIPT = """
+import os, sys
+from minidist.notebook import cluster_pids, mpi_cluster, start_cluster
+try:
+    with mpi_cluster(2) as rc:
+        ranks = rc[:].apply_sync(lambda: __import__("minidist.dist", fromlist=["init"]).init().rank)
+        print("RANKS", sorted(ranks), flush=True)
+        raise RuntimeError("a failing cell")
+except RuntimeError:
+    pass
+assert cluster_pids() == [], "the context manager must stop the cluster when its body raises"
+start_cluster(2)
+print("PIDS", *cluster_pids(), flush=True)
+os._exit(3)  # like a killed kernel: no atexit, no cleanup; the reaper must stop the cluster
+"""
+
+
+def test_cluster_helper_stops_engines_on_error_and_when_the_kernel_dies():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", CLUSTER_SCRIPT], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "RANKS [0, 1]" in proc.stdout, proc.stdout + proc.stderr
+    pids = [int(p) for p in next(ln for ln in proc.stdout.splitlines() if ln.startswith("PIDS")).split()[1:]]
+    assert len(pids) == 2  # the controller and the mpiexec of the engines
+    deadline = time.time() + 20
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids), "the reaper did not stop the cluster of a dead kernel"
+    _assert_no_engines_left()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and ") Z " not in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_notebook_helper_imports_without_ipyparallel_and_says_how_to_install():
+    code = (
+        "import sys; sys.modules['ipyparallel'] = None\n"
+        "from minidist import notebook\n"
+        "try:\n    notebook.start_cluster(2)\nexcept ImportError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert 'pip install -e ".[lessons]"' in out, out
