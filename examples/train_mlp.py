@@ -1,6 +1,6 @@
 """Train an MLP data-parallel on handwritten digits: ``mpirun -n 8 python examples/train_mlp.py``.
 
-Read it top to bottom: arguments -> data -> model -> training loop -> evaluation.
+Read it top to bottom: arguments -> data -> model -> resume -> training loop (checkpoints) -> evaluation.
 Every rank runs this same file (SPMD). The ranks form a dp x tp x pp mesh (ProcessMesh; by default
 dp = all ranks). Each global batch of ``--batch-size`` samples is split across the dp replicas;
 DistributedDataParallel averages the gradients over them. With ``--tp N`` each replica's layers are
@@ -12,6 +12,15 @@ layout trains the same model as one process, from the same seed.
     mpirun -n 4 python examples/train_mlp.py --grad-accum 4      # same result, 4 micro-batches per step
     mpirun -n 4 python examples/train_mlp.py --tp 2              # 2 replicas x 2 tensor-parallel shards
     mpirun -n 8 python examples/train_mlp.py --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b  # 3D
+    mpirun -n 4 python examples/train_mlp.py --recompute         # recompute activations in backward
+
+Checkpoints: ``--checkpoint-dir`` saves every ``--checkpoint-every`` steps and when the run ends;
+``--resume`` continues from the newest checkpoint there (skipping a damaged one), at the same epoch
+and batch, on the same mesh (bit-exact) or another one (resharded). ``--max-steps`` stops early, as
+a job with a time limit would (a killed job resumes from its last periodic checkpoint)::
+
+    mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --checkpoint-every 50 --max-steps 120
+    mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --resume --tp 2  # steps 121-330
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import backend, dist, nn, optim, trace  # noqa: E402
+from minidist import backend, checkpoint, dist, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
@@ -72,6 +81,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--zero", type=int, choices=[0, 1, 2], default=0,
         help="ZeRO stage: 1 shards optimizer state, 2 also gradients (replaces DDP's gradient averaging)",
     )  # fmt: skip
+    p.add_argument("--recompute", action="store_true", help="recompute hidden activations in backward")
+    # --- checkpoints (minidist.checkpoint): sharded, atomic, loadable on another mesh
+    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (and at the end of the run)")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=0, metavar="N", help="save every N steps (0: at the end)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
+    )
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many steps in all (resume later)"
+    )
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
@@ -79,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--bucket-cap-mb must be > 0")
     if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1) or args.microbatches < 1:
         p.error("--tp, --pp, --dp and --microbatches must be >= 1")
+    if args.checkpoint_every < 0 or (args.max_steps is not None and args.max_steps < 1):
+        p.error("--checkpoint-every must be >= 0 and --max-steps >= 1")
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        p.error("--resume and --checkpoint-every need --checkpoint-dir DIR")
     return args
 
 
@@ -105,6 +130,8 @@ def check_pipeline_args(args: argparse.Namespace, dp: int) -> None:
             ("grad-accum", args.grad_accum, 1),  # a pipeline already accumulates over its microbatches
             ("no-overlap", args.no_overlap, False),  # DDP options: a pipeline does not use DDP
             ("bucket-cap-mb", args.bucket_cap_mb, 25),
+            # the stages run their layers themselves, so MLP's block-by-block recomputation never runs
+            ("recompute", args.recompute, False),
         ]
         if value != default
     ]
@@ -112,7 +139,8 @@ def check_pipeline_args(args: argparse.Namespace, dp: int) -> None:
         raise ValueError(
             f"--pp {args.pp} cannot be combined with {', '.join(incompatible)}: a pipeline accumulates "
             "gradients over --microbatches and averages them over its dp group itself, without DDP or "
-            "ZeRO; drop those flags (use --microbatches instead of --grad-accum)"
+            "ZeRO, and runs each stage's layers without recomputation; drop those flags (use "
+            "--microbatches instead of --grad-accum)"
         )
     n_layers = 2 * len(args.hidden) + 1  # Linear, ReLU, ..., Linear
     if n_layers < args.pp:
@@ -187,7 +215,8 @@ def main(argv: list[str] | None = None) -> float:
     # draws the full weights and keeps its slice, so tp=N starts from the same model as tp=1.
     model_parallel_manual_seed(args.seed, group=mesh.tp_group)  # md.manual_seed + per-tp-rank dropout stream
     n_classes = int(y_train.max()) + 1
-    mlp = MLP(x_train.shape[1], args.hidden, n_classes, mesh=mesh)  # Linear/ReLU, or column/row pairs
+    # Linear/ReLU, or column/row pairs; --recompute: keep only each hidden block's input (Chen et al. 2016)
+    mlp = MLP(x_train.shape[1], args.hidden, n_classes, mesh=mesh, recompute=args.recompute)
     if rank == 0 and (mesh.tp > 1 or mesh.pp > 1):
         print(mesh)  # the dp x tp grid of ranks, per pipeline stage
     if mesh.pp > 1:
@@ -218,56 +247,138 @@ def main(argv: list[str] | None = None) -> float:
         world.barrier()  # every rank's timeline starts at (nearly) the same instant
         trace.enable()
 
+    # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
+    # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
+    step, loss_sum = resume(args, model, optimizer, mesh, sampler) if args.resume else (0, np.zeros(2))
+    saved_at = step if args.resume else None  # the checkpoint we resumed from already holds this step
+
     # --- training loop
-    bar = tqdm(total=args.epochs * len(loader), disable=rank != 0, desc="train", unit="step")
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        loss_sum = np.zeros(2)  # [sum of per-sample losses, samples], summed over ranks at the end
+    total = args.epochs * len(loader)
+    stop = min(total, args.max_steps or total)  # --max-steps: stop early, as a time-limited job would
+    bar = tqdm(total=total, initial=step, disable=rank != 0, desc="train", unit="step")
+    accuracy, evaluated_at = None, None
+    for epoch in range(sampler.epoch, args.epochs):  # sampler.epoch: 0, or the epoch we resumed in
+        if step >= stop:
+            break
+        # The DataLoader draws the rest of the epoch from the sampler up front (which leaves the
+        # sampler's position at 0), so we count the samples used ourselves and set the position after
+        # each step, for a checkpoint to record where in the epoch we are.
+        position = sampler.position
         for xb, yb in loader:
             optimizer.zero_grad()
-            if mesh.pp > 1:
-                # The microbatches flow through the stages (each stage's spans are traced by the
-                # executor); the returned loss is the mean over the global batch, on every rank.
-                loss = model.train_step(xb, yb, nn.functional.cross_entropy)
-                loss_sum += [loss * len(xb), len(xb)]  # summed over dp below: mean x global batch
-            else:
-                # Gradient accumulation: K micro-batches. All but the last backward run in no_sync, so
-                # the gradients add up locally; the last backward all-reduces the sum, once.
-                for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
-                    with trace.span("forward", "forward"):
-                        logits = model(md.tensor(xb[micro]))
-                        # Sum over my samples / global batch * dp size: after DDP averages over the
-                        # replicas this is the gradient of the mean loss over the global batch, even when
-                        # ranks hold unequal shares (128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
-                        local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
-                        loss = local_sum * (dp_size / args.batch_size)
-                    last = k == args.grad_accum - 1
-                    with (
-                        trace.span("backward", trace.BACKWARD),
-                        contextlib.nullcontext() if last or args.zero else model.no_sync(),
-                    ):
-                        loss.backward()  # the last one returns with gradients averaged over all ranks
-                    loss_sum += [local_sum.item(), len(micro)]
+            loss_sum += train_step(model, xb, yb, args, mesh)  # [sum of per-sample losses, samples]
             with trace.span("optimizer step", "optimizer"):
                 optimizer.step()
+            step += 1
+            position += sampler.local_batch_size
+            sampler.position = position
             bar.update()
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                saved_at = save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
+            if step == stop:
+                break
+        if position < len(sampler):
+            break  # stopped inside the epoch by --max-steps: no epoch summary
         # No batches left on this rank. If another rank still had one, both would raise a clear error
         # here instead of waiting forever for each other (DistributedDataParallel.join).
         if isinstance(model, DistributedDataParallel):  # ZeRO and pipelines communicate in every step
             model.join()
         dist.all_reduce(loss_sum, op="sum", group=mesh.dp_group)  # tp ranks hold the same losses
-        accuracy = evaluate(predict, x_test, y_test, mesh)
+        accuracy, evaluated_at = evaluate(predict, x_test, y_test, mesh), step
         if rank == 0:
             bar.write(
                 f"epoch {epoch + 1:3d}  train loss {loss_sum[0] / loss_sum[1]:.4f}  "
                 f"test accuracy {accuracy:.4f}"
             )
+        # Only now, with the epoch done, move the sampler on: a checkpoint saved from here on resumes
+        # at the start of the next epoch, not at the end of this one.
+        sampler.set_epoch(epoch + 1)
+        loss_sum = np.zeros(2)
     bar.close()
+    if args.checkpoint_dir and saved_at != step:
+        save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
+    if step < total and rank == 0:
+        print(f"stopped at step {step} of {total} (--max-steps); continue with --resume")
+    if evaluated_at != step:  # stopped inside an epoch, or resumed a finished run
+        accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace:
         save_trace(args.trace, world, overlap=mesh.pp == 1)
     if rank == 0:
         print(f"final test accuracy: {accuracy:.4f}")
     return accuracy
+
+
+def train_step(
+    model: Any, xb: np.ndarray, yb: np.ndarray, args: argparse.Namespace, mesh: ProcessMesh
+) -> list:
+    """Forward and backward of one global batch (this rank's share of it); returns [loss sum, samples]."""
+    if mesh.pp > 1:
+        # The microbatches flow through the stages (each stage's spans are traced by the executor);
+        # the returned loss is the mean over the global batch, on every rank.
+        loss = model.train_step(xb, yb, nn.functional.cross_entropy)
+        return [loss * len(xb), len(xb)]  # summed over dp later: mean x global batch
+    # Gradient accumulation: K micro-batches. All but the last backward run in no_sync, so the
+    # gradients add up locally; the last backward all-reduces the sum, once.
+    total = [0.0, 0]
+    for k, micro in enumerate(np.array_split(np.arange(len(xb)), args.grad_accum)):
+        with trace.span("forward", "forward"):
+            logits = model(md.tensor(xb[micro]))
+            # Sum over my samples / global batch * dp size: after DDP averages over the replicas this
+            # is the gradient of the mean loss over the global batch, even when ranks hold unequal
+            # shares (128 samples on 3 ranks: 43 + 43 + 42) or micro-batches.
+            local_sum = nn.functional.cross_entropy(logits, yb[micro], reduction="sum")
+            loss = local_sum * (mesh.dp / args.batch_size)
+        last = k == args.grad_accum - 1
+        with (
+            trace.span("backward", trace.BACKWARD),
+            contextlib.nullcontext() if last or args.zero else model.no_sync(),
+        ):
+            loss.backward()  # the last one returns with gradients averaged over all ranks
+        total[0] += local_sum.item()
+        total[1] += len(micro)
+    return total
+
+
+def resume(args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMesh, sampler: Any) -> tuple:
+    """Load the newest checkpoint of --checkpoint-dir into model, optimizer and sampler (collective).
+
+    Returns (step, loss_sum): the step it was saved after, and the running [loss sum, samples] of its
+    epoch, on dp rank 0 only, because the epoch summary sums loss_sum over the dp group. None there:
+    (0, zeros), a fresh start. A checkpoint that fails to verify is skipped for the one before it.
+    """
+    info = checkpoint.load_latest(
+        args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=sampler, fallback=True, missing_ok=True
+    )
+    if info is None:
+        if mesh.rank == 0:
+            print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+        return 0, np.zeros(2)
+    loss_sum = np.array(info["extra"]["loss_sum"]) if mesh.dp_rank == 0 else np.zeros(2)
+    if mesh.rank == 0:
+        how = f" (saved on {info['saved_mesh']}, resharded)" if info["resharded"] else ""
+        print(
+            f"resumed from {info['path']}{how}: step {info['step']}, epoch {sampler.epoch + 1}, "
+            f"batch {sampler.position // sampler.local_batch_size} done"
+        )
+    return info["step"], loss_sum
+
+
+def save_checkpoint(
+    args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMesh, sampler: Any, step: int,
+    loss_sum: np.ndarray,
+) -> int:  # fmt: skip
+    """Save step ``step`` in --checkpoint-dir, keeping the newest 3 (collective); returns ``step``.
+
+    The model may be DDP, a plain module under ZeRO, or a pipeline (each stage saves its layers under
+    the full model's names); every rank writes its shards, rank 0 commits. The epoch's running loss is
+    summed over dp first, so that a resumed run can print the whole epoch's loss."""
+    running = loss_sum.copy()
+    dist.all_reduce(running, op="sum", group=mesh.dp_group)
+    checkpoint.save(
+        args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=sampler, keep_last=3,
+        extra={"epoch": sampler.epoch, "loss_sum": running.tolist()},
+    )  # fmt: skip
+    return step
 
 
 def save_trace(path: str, world: dist.Communicator, overlap: bool = True) -> None:
@@ -290,11 +401,12 @@ def save_trace(path: str, world: dist.Communicator, overlap: bool = True) -> Non
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input: print a clean message instead of a traceback. The error may be on this rank only
-        # (the MNIST folder missing on one node), so with several ranks end the whole job (dist.abort:
-        # the message, a short grace period so other failing ranks print theirs, then MPI_Abort);
-        # a plain sys.exit would leave the other ranks waiting forever in their next collective.
+    except (ValueError, FileNotFoundError, checkpoint.CheckpointError) as error:
+        # Bad input, or no checkpoint that loads: print a clean message instead of a traceback. The
+        # error may be on this rank only (the MNIST folder missing on one node), so with several ranks
+        # end the whole job (dist.abort: the message, a short grace period so other failing ranks
+        # print theirs, then MPI_Abort); a plain sys.exit would leave the other ranks waiting forever
+        # in their next collective.
         # (Any other uncaught error ends the job through dist's abort hook, with a traceback.)
         if MPI.COMM_WORLD.Get_size() > 1:
             dist.abort(f"error: {error}", code=2)

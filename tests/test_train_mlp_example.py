@@ -1,13 +1,23 @@
-"""The README's first command: examples/train_mlp.py on real MPI ranks."""
+"""The README's first command: examples/train_mlp.py on real MPI ranks.
+
+The checkpoint tests at the end stop a run with ``--max-steps`` (or SIGKILL one rank through
+``tests/workers/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
+the final checkpoint, read here with safetensors independently of ``minidist.checkpoint.load``.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from mpi_utils import REPO, mpi_env, run_mpi
+from safetensors.numpy import load_file
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 
@@ -204,3 +214,139 @@ def test_shares_not_divisible_by_microbatches_is_an_error_naming_the_numbers():
             "divisible by --microbatches 3; use a --batch-size that is a multiple of dp x microbatches = 3 "
             "(e.g. 126)" in result.stderr
         ), result.stderr
+
+
+# --- checkpoints and --resume -------------------------------------------------------------------------
+# 3 epochs of 11 steps (1500 digits, global batch 128); --max-steps 15 stops 4 batches into epoch 2.
+CKPT_ARGS = ("--epochs", "3", "--hidden", "32", "32", "--checkpoint-every", "4")
+
+
+def train(n: int, ckpt: Path, *flags: str) -> subprocess.CompletedProcess:
+    return run_mpi(n, EXAMPLE, *CKPT_ARGS, "--checkpoint-dir", str(ckpt), *flags, timeout=120)
+
+
+def final_checkpoint(root: Path) -> tuple[int, dict[str, np.ndarray]]:
+    """(step, {"model/<name>" or "optim/<name>/<state>": global array}) of the checkpoint ``latest`` names:
+    each tensor's tp shards concatenated along its tp_dim, straight from the files and the manifest."""
+    folder = root / (root / "latest").read_text().strip()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    files: dict[str, dict[str, np.ndarray]] = {}
+    tensors = {}
+    for key, t in manifest["tensors"].items():
+        pieces = [files.setdefault(s["file"], load_file(folder / s["file"]))[key] for s in t["shards"]]
+        tensors[key] = pieces[0] if t["tp_dim"] is None else np.concatenate(pieces, axis=t["tp_dim"])
+    return manifest["step"], tensors
+
+
+def assert_same_tensors(got: dict, expected: dict, **tolerance: float) -> None:
+    assert sorted(got) == sorted(expected)
+    for key in expected:
+        if tolerance:
+            np.testing.assert_allclose(got[key], expected[key], err_msg=key, **tolerance)
+        else:
+            assert np.array_equal(got[key], expected[key]), key
+
+
+@pytest.fixture(scope="module")
+def dp4_reference(tmp_path_factory) -> tuple[Path, str]:
+    """An uninterrupted run on 4 ranks (dp=4): its checkpoint root and its output."""
+    root = tmp_path_factory.mktemp("dp4_reference")
+    return root / "ckpt", train(4, root / "ckpt").stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "n, flags",
+    [(2, ()), (2, ("--zero", "2", "--grad-accum", "2")), (4, ("--pp", "2"))],
+    ids=["dp2", "dp2-zero2-grad-accum2", "dp2xpp2"],
+)
+def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, n, flags):
+    full = train(n, tmp_path / "full", *flags)
+    stopped = train(n, tmp_path / "resumed", *flags, "--max-steps", "15")
+    assert "stopped at step 15 of 33 (--max-steps); continue with --resume" in stopped.stdout
+    resumed = train(n, tmp_path / "resumed", *flags, "--resume")
+
+    # The same float operations in the same order: the final weights and momenta are identical.
+    step, expected = final_checkpoint(tmp_path / "full")
+    assert step == 33
+    step, got = final_checkpoint(tmp_path / "resumed")
+    assert step == 33
+    assert_same_tensors(got, expected)
+    assert final_accuracy(resumed.stdout) == final_accuracy(full.stdout)
+    # It continues where it stopped: epoch 2 after its 4th batch, the bar at 15 of 33 steps, and it
+    # prints epochs 2 and 3 only, the resumed epoch's loss over all its batches (carried in the
+    # checkpoint), up to the order of the float64 sums.
+    assert "step_000000015: step 15, epoch 2, batch 4 done" in resumed.stdout
+    assert re.search(r"\| 15/33 ", resumed.stderr), resumed.stderr
+    assert [acc for _, acc in epoch_lines(resumed.stdout)] == [acc for _, acc in epoch_lines(full.stdout)[1:]]
+    got = [loss for loss, _ in epoch_lines(resumed.stdout)]
+    assert got == pytest.approx([loss for loss, _ in epoch_lines(full.stdout)[1:]], abs=1e-4)
+    # keep_last=3: the periodic checkpoints 28 and 32, and the one saved when the run ended.
+    assert sorted(p.name for p in (tmp_path / "full").glob("step_*")) == [
+        "step_000000028", "step_000000032", "step_000000033"
+    ]  # fmt: skip
+
+
+@pytest.mark.mpi
+def test_resume_on_another_mesh_matches_the_uninterrupted_run(tmp_path, dp4_reference):
+    reference, reference_output = dp4_reference
+    train(4, tmp_path / "tp", "--max-steps", "15")  # saved by dp=4 ...
+    shutil.copytree(tmp_path / "tp", tmp_path / "pp")
+    _, expected = final_checkpoint(reference)
+    for name, flags in {"tp": ("--tp", "2"), "pp": ("--pp", "2")}.items():  # ... resumed as dp2 x tp2 / x pp2
+        resumed = train(4, tmp_path / name, *flags, "--resume")
+        assert "resharded): step 15, epoch 2, batch 4 done" in resumed.stdout, resumed.stdout
+        # The same model and global batches, but tp splits each row-parallel matmul's sum in two and pp
+        # cuts the batch into microbatches: float32 sums in another order, about 1e-7 relative per step.
+        # Over the 18 resumed SGD steps the weights (|w| < ~1) differ by ~1e-7 (measured up to 1.2e-7);
+        # atol 1e-6 leaves a margin of 8, while a wrong resharding (a swapped shard, a lost momentum)
+        # changes weights by 1e-3 or more. The accuracy (counts of 297 argmaxes) is then the same.
+        step, got = final_checkpoint(tmp_path / name)
+        assert step == 33
+        assert_same_tensors(got, expected, rtol=1e-5, atol=1e-6)
+        assert final_accuracy(resumed.stdout) == final_accuracy(reference_output), name
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, dp4_reference):
+    reference, reference_output = dp4_reference
+    ckpt = tmp_path / "ckpt"
+    # Rank 2 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
+    killed = run_mpi(
+        4, "train_mlp_killed.py", "2:14", *CKPT_ARGS, "--checkpoint-dir", str(ckpt), timeout=120, check=False
+    )
+    assert killed.returncode != 0
+    assert (ckpt / "latest").read_text().strip() == "step_000000012"
+    resumed = train(4, ckpt, "--resume")
+    assert "step_000000012: step 12, epoch 2, batch 1 done" in resumed.stdout  # epoch 1 is 11 steps
+    step, got = final_checkpoint(ckpt)
+    assert step == 33
+    assert_same_tensors(got, final_checkpoint(reference)[1])  # steps 13-14 redone, identically
+    assert final_accuracy(resumed.stdout) == final_accuracy(reference_output)
+
+
+@pytest.mark.mpi
+def test_recompute_gives_bit_identical_training(tmp_path):
+    # Recomputation replays the same float operations on the same inputs, so gradients, weights and
+    # accuracy are identical, with DDP (here with no_sync micro-batches) and with tensor parallelism.
+    for name, (n, flags) in {"dp2": (2, ("--grad-accum", "2")), "dp2xtp2": (4, ("--tp", "2"))}.items():
+        output = {}
+        for recompute in ("", "--recompute"):
+            ckpt = tmp_path / (name + recompute)
+            output[recompute] = train(n, ckpt, *flags, *recompute.split(), "--max-steps", "5").stdout
+        plain, recomputed = (
+            final_checkpoint(tmp_path / name),
+            final_checkpoint(tmp_path / f"{name}--recompute"),
+        )
+        assert plain[0] == recomputed[0] == 5
+        assert_same_tensors(recomputed[1], plain[1])
+        assert final_accuracy(output[""]) == final_accuracy(output["--recompute"]), name
+
+
+def test_resume_without_a_checkpoint_starts_from_scratch(tmp_path):
+    args = ("--epochs", "1", "--hidden", "8", "--max-steps", "2", "--checkpoint-dir", str(tmp_path))
+    result = run_one_process(*args, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert f"no checkpoint in {tmp_path}: starting from scratch" in result.stdout
+    assert (tmp_path / "latest").read_text().strip() == "step_000000002"
+    assert run_one_process("--resume").returncode == 2  # --resume needs --checkpoint-dir

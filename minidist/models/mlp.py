@@ -17,6 +17,13 @@ identical, number for number, to the dense one.
 The model is a flat ``nn.Sequential`` whose parameter names ("0.weight", "2.bias", ...) are the
 same for every tp, which lets checkpoints map shards to global names, and lets a pipeline cut it
 between any two layers.
+
+**Activation recomputation** (``recompute=True``; Chen et al. 2016, §3): each hidden block (a linear
+layer and its ReLU) runs through ``minidist.checkpoint.recompute``, which keeps only the block's
+input and recomputes its pre-activation in backward: one extra forward of the hidden layers for
+less activation memory. Values and gradients are the same, bit for bit. The names and the layers are
+unchanged (the option only changes ``forward``), so checkpoints load either way. ``PipelineParallel``
+runs a stage's layers itself, not this ``forward``, so there the option would have no effect.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.autograd import DEFAULT_DTYPE
+from minidist.checkpoint.recompute import recompute as recompute_block
 from minidist.nn.layers import Linear, ReLU, Sequential
 from minidist.nn.module import Module
 
@@ -35,6 +43,7 @@ class MLP(Sequential):
         n_in, hidden, n_out: input features, hidden widths (possibly none), classes.
         mesh: a ``minidist.parallel.ProcessMesh``; its ``tp_group`` shards the layers when ``mesh.tp > 1``.
         dtype: parameter dtype.
+        recompute: recompute each hidden block's activations in backward instead of storing them.
 
     Input (batch, n_in), output (batch, n_out), both replicated across the tp group. Initialisation
     draws from minidist's generator in the same order for every tp, so the same seed gives the same
@@ -45,7 +54,13 @@ class MLP(Sequential):
     """
 
     def __init__(
-        self, n_in: int, hidden: list[int], n_out: int, mesh: Any = None, dtype: Any = DEFAULT_DTYPE
+        self,
+        n_in: int,
+        hidden: list[int],
+        n_out: int,
+        mesh: Any = None,
+        dtype: Any = DEFAULT_DTYPE,
+        recompute: bool = False,
     ):
         sizes = [n_in, *hidden, n_out]
         if min(sizes) < 1:
@@ -65,6 +80,22 @@ class MLP(Sequential):
             if i < n_linear - 1:
                 layers.append(ReLU())
         super().__init__(*layers)
+        self.recompute = bool(recompute)
+
+    def forward(self, x: Any) -> Any:
+        """(batch, n_in) -> (batch, n_out) logits; with ``recompute``, block by block (module docstring)."""
+        if not self.recompute:
+            return super().forward(x)
+        layers = list(self)
+        # Blocks (linear, ReLU) = layers (0, 1), (2, 3), ...; the head, layers[-1], produces the logits
+        # that the loss keeps anyway, so recomputing it would only cost time.
+        for linear, relu in zip(layers[:-1:2], layers[1::2]):
+            x = recompute_block(_block, linear, relu, x)
+        return layers[-1](x)
+
+
+def _block(linear: Module, relu: Module, x: Any) -> Any:
+    return relu(linear(x))
 
 
 def _linear(i: int, n_linear: int, a: int, b: int, mesh: Any, dtype: Any) -> Module:
