@@ -4,18 +4,21 @@
     mpirun -n 4 python benchmarks/pipeline.py      # p = 4
     mpirun -n 4 python benchmarks/pipeline.py --microbatches 1 4 --rounds 2 --no-plots   # quicker
 
-For each schedule (GPipe, 1F1B) and microbatch count m (default 1, 2, 4, 8, 16), one launch trains an
-MLP of 8 Linear(512, 512) + ReLU layers (balanced: 8/p Linear layers per stage) on a fixed global
-batch of 256 float32 samples, and prints per configuration:
+For each schedule (GPipe, 1F1B, and interleaved 1F1B with ``--virtual-stages`` v = 2 model chunks per
+rank, for the m that are multiples of p) and microbatch count m (default 1, 2, 4, 8, 16), one launch
+trains an MLP of 8 Linear(512, 512) + ReLU layers (balanced: 8/p Linear layers per stage, 8/(p v) per
+chunk) on a fixed global batch of 256 float32 samples, and prints per configuration:
 
-* the theoretical bubble ``(p-1)/(m+p-1)`` (``simulate`` on the schedule, forward : backward = 1 : 2);
+* the theoretical bubble ``(p-1)/(m+p-1)``, interleaved ``(p-1)/(v m + p-1)`` (``simulate`` on the
+  schedule, forward : backward = 1 : 2; Narayanan et al. 2021, §2.2.2);
 * the measured bubble from the trace (``minidist.trace`` spans of every stage, merged with
   ``timeline_from_trace``: idle share of the window from the first forward to the last backward, the
   same definition as the theory);
 * the executor's own figure (``pipe.stats``: idle / step time, where the step also includes the shape
   header and the final loss broadcast);
-* the peak number of microbatches whose activations a stage held (GPipe: m; 1F1B: min(p, m)), measured
-  by the executor, with the schedule's prediction;
+* the peak number of microbatches whose activations a stage held (GPipe: m; 1F1B: min(p, m);
+  interleaved: counted per chunk, each ``1/v`` of a stage's activations), measured by the executor,
+  with the schedule's prediction;
 * the step time.
 
 Each configuration runs ``--warmup`` steps, then ``--rounds`` traced steps; the step with the smallest
@@ -55,9 +58,10 @@ def make_model(width: int, layers: int) -> nn.Sequential:
     return nn.Sequential(*modules)
 
 
-def measure(world, args, schedule: str, m: int) -> dict:
+def measure(world, args, schedule: str, m: int, v: int) -> dict:
     """Run one configuration; return rank 0's summary (other ranks return {})."""
-    pipe = PipelineParallel(make_model(args.width, args.layers), world, microbatches=m, schedule=schedule)
+    model = make_model(args.width, args.layers)
+    pipe = PipelineParallel(model, world, microbatches=m, schedule=schedule, virtual_stages=v)
     rng = np.random.default_rng(0)
     x = md.tensor(rng.standard_normal((args.batch, args.width)))
     y = rng.integers(0, args.width, args.batch)
@@ -98,7 +102,8 @@ def measure(world, args, schedule: str, m: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])
+    parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
+    parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank (interleaved)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8, help="Linear layers (each followed by a ReLU)")
@@ -115,23 +120,26 @@ def main() -> None:
             f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
         )
         print(
-            f"{'schedule':>8} {'p':>2} {'m':>3} {'bubble theory':>13} {'measured(trace)':>15} "
+            f"{'schedule':>11} {'p':>2} {'v':>2} {'m':>3} {'bubble theory':>13} {'measured(trace)':>15} "
             f"{'executor':>8} {'peak act':>8} {'theory':>6} {'step ms':>8}"
         )
-    lines = ["schedule,p,m,theory_bubble,trace_bubble,executor_bubble,peak_activations,theory_peak,step_s"]
+    lines = ["schedule,p,v,m,theory_bubble,trace_bubble,executor_bubble,peak_activations,theory_peak,step_s"]
     for schedule in args.schedules:
+        v = args.virtual_stages if schedule == "interleaved" else 1
         for m in args.microbatches:
-            r = measure(world, args, schedule, m)
+            if schedule == "interleaved" and m % p:
+                continue  # the interleaved schedule needs m to be a multiple of p
+            r = measure(world, args, schedule, m, v)
             if world.rank != 0:
                 continue
             print(
-                f"{schedule:>8} {p:>2} {m:>3} {r['theory_bubble']:>13.3f} {r['trace_bubble']:>15.3f} "
+                f"{schedule:>11} {p:>2} {v:>2} {m:>3} {r['theory_bubble']:>13.3f} {r['trace_bubble']:>15.3f} "
                 f"{r['executor_bubble']:>8.3f} {r['peak']:>8} {r['theory_peak']:>6} "
                 f"{r['step_s'] * 1e3:>8.1f}",
                 flush=True,
             )
             lines.append(
-                f"{schedule},{p},{m},{r['theory_bubble']:.4f},{r['trace_bubble']:.4f},"
+                f"{schedule},{p},{v},{m},{r['theory_bubble']:.4f},{r['trace_bubble']:.4f},"
                 f"{r['executor_bubble']:.4f},{r['peak']},{r['theory_peak']},{r['step_s']:.5f}"
             )
             if m == 8 and not args.no_plots:

@@ -37,7 +37,12 @@ def run_configs(tmp_path, world_size, configs):
     run_mpi(world_size, "pp_equivalence.py", tmp_path, json.dumps(configs), timeout=120)
     for k, cfg in enumerate(configs):
         ref_params, ref_losses, ref_outputs = pp_common.single_process(
-            cfg["seed"], cfg["steps"], cfg["opt"], cfg.get("width", 16), cfg.get("batch", pp_common.BATCH)
+            cfg["seed"],
+            cfg["steps"],
+            cfg["opt"],
+            cfg.get("width", 16),
+            cfg.get("batch", pp_common.BATCH),
+            cfg.get("model", "mlp"),
         )
         merged = {}
         infos = [json.loads((tmp_path / f"{k}_rank{r}.json").read_text()) for r in range(world_size)]
@@ -90,3 +95,43 @@ def test_four_stages_and_dp2_x_pp2_equal_one_process(tmp_path):
         # the size of the measured bubble depends on the machine (benchmarks/pipeline.py compares it with
         # theory); here only that some stage really waited and some computed
         assert 0 < measured.bubble_fraction() < 1
+
+
+def interleaved_configs(pp, dp, ms, v=2, seed=0, opt="sgd", **extra):
+    return [dict(pp=pp, dp=dp, m=m, schedule="interleaved", v=v, steps=STEPS, seed=seed, opt=opt, **extra)
+            for m in ms]  # fmt: skip
+
+
+def check_trace_follows_schedule(cfg, infos):
+    """The recorded spans run each rank's computations (microbatch and chunk) in the schedule's order."""
+    schedule = make_schedule(cfg["schedule"], cfg["pp"], cfg["m"], virtual_stages=cfg.get("v", 1))
+    measured = timeline_from_trace(schedule, [info["events"] for info in infos])
+    for s, slots in enumerate(measured.slots):
+        planned = [(i.kind, i.microbatch, i.chunk) for step in schedule.stages[s] for i in parts(step)]
+        assert [(x.kind, x.microbatch, x.chunk) for x in slots] == [
+            k for k in planned if k[0] in (FORWARD, "backward")
+        ]
+    assert 0 < measured.bubble_fraction() < 1
+
+
+def test_interleaved_on_two_ranks_equals_one_process(tmp_path):
+    # v=2 chunks per rank of the 7-layer MLP and of the 15-layer "deep" model (8 Linear layers whose
+    # boundaries carry activations of different widths), v=3 of the deep one, v=1 (plain 1F1B order)
+    cfgs = interleaved_configs(2, 1, (2, 4)) + interleaved_configs(2, 1, (2, 4), seed=1, model="deep")
+    cfgs += interleaved_configs(2, 1, (4,), v=3, seed=2, opt="adamw", model="deep")
+    cfgs += interleaved_configs(2, 1, (2,), v=1, seed=3)
+    # wide activations (12 x 1024 float64 = 96 KiB) exceed MPI's eager limit: sends wait for receives
+    cfgs += [dict(pp=2, dp=1, m=4, schedule="interleaved", v=2, steps=2, seed=1, opt="sgd", width=1024)]
+    cfgs += interleaved_configs(2, 1, (4,), seed=4, model="deep", trace=True)
+    for cfg, infos in run_configs(tmp_path, 2, cfgs):
+        if cfg.get("trace"):
+            check_trace_follows_schedule(cfg, infos)
+
+
+def test_interleaved_on_four_ranks_and_dp2_x_pp2_equals_one_process(tmp_path):
+    cfgs = interleaved_configs(4, 1, (4, 8), model="deep")  # p * v = 8 chunks of 15 layers
+    cfgs += interleaved_configs(2, 2, (2, 4), seed=1, opt="adamw", model="deep")
+    cfgs += interleaved_configs(4, 1, (4,), seed=2, model="deep", trace=True)
+    for cfg, infos in run_configs(tmp_path, 4, cfgs):
+        if cfg.get("trace"):
+            check_trace_follows_schedule(cfg, infos)

@@ -31,6 +31,21 @@ EXPECTED = {
         "ValueError",
         r"predict: the first stage \(rank 0 of the pipeline group\) got no",
     ),
+    "interleaved_m_not_multiple_of_p": (
+        "ValueError",
+        r"microbatches m=3 to be a multiple of the number of stages p=2 .* use m=2 or 4",
+    ),
+    "interleaved_too_few_layers": (
+        "ValueError",
+        r"model with 7 layer\(s\) into p\*v = 8 chunks \(2 stages x 4 virtual stages\)",
+    ),
+    "virtual_stages_below_1": ("ValueError", "virtual_stages .* must be an integer >= 1, got 0"),
+    "virtual_stages_without_interleaved": ("ValueError", "virtual_stages=2 needs schedule='interleaved'"),
+    "virtual_stages_differ": (
+        "ValueError",
+        "built differently .*rank 0: .*virtual_stages=1.*rank 1: .*virtual_stages=2",
+    ),
+    "interleaved_predict_without_inputs": ("ValueError", r"predict: the first stage \(rank 0"),
 }
 
 
@@ -45,3 +60,4 @@ def test_every_rank_raises_the_same_clear_error(tmp_path):
         assert ranks[0][case] == ranks[1][case], case
     # after all that, the group still trains: no error left a message or a collective half done
     assert ranks[0]["after"] == ranks[1]["after"] > 0
+    assert ranks[0]["after_interleaved"] == ranks[1]["after_interleaved"] > 0

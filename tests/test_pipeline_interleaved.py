@@ -4,14 +4,22 @@ Hypothesis draws p stages, v chunks per stage and m = k * p microbatches, and th
 ratio. The simulator runs every stage's program with rendezvous (worst-case blocking) messages, so a
 schedule that passes cannot deadlock on real ranks, and its sends meet receives of the same microbatch
 and chunk; the bubble it measures must be the paper's (p-1)/(v m) relative to the ideal step.
+``PipelineParallel`` runs it on a one-rank group here (all chunks in this process); on 2 and 4 ranks
+in ``test_pipeline_equivalence.py``, its errors in ``test_pipeline_errors.py``.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import minidist as md
+from minidist import dist, nn
 from minidist.parallel.pipeline import (
     Batch,
     Instruction,
@@ -19,10 +27,14 @@ from minidist.parallel.pipeline import (
     interleaved,
     make_schedule,
     one_f_one_b,
+    peak_activations,
     simulate,
     text_grid,
 )
 from minidist.parallel.pipeline.schedules import BACKWARD, FORWARD, RECV_ACT, SEND_ACT, SEND_GRAD, parts
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import pp_common  # noqa: E402
 
 configs = st.tuples(st.integers(1, 8), st.integers(1, 5), st.integers(1, 5)).map(
     lambda c: (c[0], c[0] * c[2], c[1])  # (p, m, v) with m a multiple of p
@@ -105,10 +117,28 @@ def test_arguments_are_checked():
         interleaved(2, 2, 2).peer(1, Instruction(SEND_ACT, 0, 1))  # chunk 1 of stage 1 is the last
 
 
-def test_pipeline_parallel_says_interleaving_is_not_executed_yet():
-    # checked before any communication, so a one-process group suffices (world of this test process)
-    pytest.importorskip("mpi4py")
-    from minidist import dist, nn
-
-    with pytest.raises(ValueError, match="'interleaved' is simulated only"):
-        PipelineParallel(nn.Sequential(nn.Linear(2, 2)), dist.init(), schedule="interleaved")
+def test_one_rank_runs_all_chunks_and_equals_the_whole_model():
+    # a pipeline group of one rank (this test process): all v chunks are on it and hand activations and
+    # gradients over in memory; float64, so only summation order differs (see test_pipeline_equivalence)
+    world = dist.init()
+    if world.size != 1:
+        pytest.skip("runs in a single process")
+    ref_params, ref_losses, ref_outputs = pp_common.single_process(5, 2, "sgd", model="deep")
+    model = pp_common.make_deep_model(5)
+    pipe = PipelineParallel(model, world, microbatches=3, schedule="interleaved", virtual_stages=4)
+    assert [len(chunk._modules) for chunk in pipe.chunks] == [b - a for a, b in pipe.bounds]
+    assert sorted(name for name, _ in pipe.named_parameters()) == sorted(ref_params)
+    opt = pp_common.make_optimizer("sgd", pipe.parameters())
+    x, y = pp_common.make_data(5)
+    for step in range(2):
+        xb, yb = pp_common.global_batch(x, y, step)
+        opt.zero_grad()
+        loss = pipe.train_step(md.tensor(xb, dtype=np.float64), yb, nn.functional.cross_entropy)
+        opt.step()
+        assert loss == pytest.approx(ref_losses[step], rel=1e-10)
+    for name, value in pipe.stage_module.state_dict().items():
+        np.testing.assert_allclose(value, ref_params[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(
+        pipe.predict(md.tensor(x, dtype=np.float64)), ref_outputs, rtol=1e-10, atol=1e-12
+    )
+    assert pipe.stats.peak_activations == max(peak_activations(pipe.schedule))

@@ -77,7 +77,10 @@ def configs(dp, tp, pp):
 
 
 def test_meshes_of_four_ranks(tmp_path):
-    check(tmp_path, 4, configs(2, 1, 2) + configs(1, 2, 2))
+    # interleaved: 9 layers in p * v = 4 chunks; with tp=2 a chunk may end inside a column/row pair
+    interleaved = [dict(dp=dp, tp=tp, pp=2, m=4, schedule="interleaved", v=2, steps=3, seed=5)
+                   for dp, tp in ((2, 1), (1, 2))]  # fmt: skip
+    check(tmp_path, 4, configs(2, 1, 2) + configs(1, 2, 2) + interleaved)
 
 
 def test_mesh_2x2x2_on_eight_ranks(tmp_path):

@@ -23,6 +23,24 @@ def make_model(seed: int, width: int = 16, dtype=np.float64) -> nn.Sequential:
     )  # fmt: skip
 
 
+DEEP_WIDTHS = (6, 16, 12, 16, 10, 14, 8, 12, 4)  # 8 Linear layers; different widths per boundary
+
+
+def make_deep_model(seed: int, dtype=np.float64) -> nn.Sequential:
+    """Fifteen layers (eight Linear of different widths, Tanh between): enough for p * v = 8 chunks, and
+    the activations crossing different chunk boundaries have different shapes."""
+    md.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for k, (a, b) in enumerate(zip(DEEP_WIDTHS, DEEP_WIDTHS[1:])):
+        layers += [nn.Linear(a, b, dtype=dtype)] + ([nn.Tanh()] if k < len(DEEP_WIDTHS) - 2 else [])
+    return nn.Sequential(*layers)
+
+
+def build(seed: int, width: int = 16, model: str = "mlp") -> nn.Sequential:
+    """The model a config names: ``"mlp"`` (:func:`make_model`) or ``"deep"`` (:func:`make_deep_model`)."""
+    return make_deep_model(seed) if model == "deep" else make_model(seed, width)
+
+
 def make_data(seed: int, n_samples: int = 96) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed + 1000)
     return rng.standard_normal((n_samples, 6)), rng.integers(0, 4, n_samples)
@@ -42,12 +60,12 @@ def global_batch(
 
 
 def single_process(
-    seed: int, steps: int, opt_name: str, width: int = 16, batch: int = BATCH
+    seed: int, steps: int, opt_name: str, width: int = 16, batch: int = BATCH, model: str = "mlp"
 ) -> tuple[dict, list[float], np.ndarray]:
     """The reference: the whole model, the whole batch, one process. Returns the parameters, the losses
     and the trained model's outputs on all samples (what ``PipelineParallel.predict`` must give)."""
     x, y = make_data(seed)
-    model = make_model(seed, width)
+    model = build(seed, width, model)
     opt = make_optimizer(opt_name, model.parameters())
     losses = []
     for step in range(steps):

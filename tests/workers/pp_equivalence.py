@@ -2,9 +2,10 @@
 
     mpiexec -n N python pp_equivalence.py OUT_DIR CONFIGS_JSON
 
-CONFIGS_JSON: a list of {"pp", "dp", "m", "schedule", "steps", "seed", "opt"[, "width", "trace", "batch"]}
-with pp * dp = N. Rank layout as ProcessMesh with tp=1: rank = pp_rank * dp + dp_rank. For config k
-every rank writes OUT_DIR/k_rank{r}.npz (its stage's parameters under global names) and
+CONFIGS_JSON: a list of {"pp", "dp", "m", "schedule", "steps", "seed", "opt"[, "width", "trace",
+"batch", "v", "model"]} with pp * dp = N ("v": virtual stages of the interleaved schedule; "model":
+"mlp" or "deep", see pp_common.build). Rank layout as ProcessMesh with tp=1: rank = pp_rank * dp +
+dp_rank. For config k every rank writes OUT_DIR/k_rank{r}.npz (its stage's parameters under global names) and
 k_rank{r}.json (losses, stage, peak activations measured and from the schedule; with "trace": true,
 the trace spans of the last step) and k_rank{r}_predict.npy (``pipe.predict`` of all samples after
 training; only stage 0 passes the inputs).
@@ -29,9 +30,14 @@ for k, cfg in enumerate(configs):
     pp_rank, dp_rank = divmod(world.rank, dp)
     pp_group = world.split(dp_rank, key=pp_rank)  # the ranks holding the same data share, one per stage
     dp_group = world.split(pp_rank, key=dp_rank) if dp > 1 else None  # the replicas of one stage
-    model = pp_common.make_model(cfg["seed"], cfg.get("width", 16))
+    model = pp_common.build(cfg["seed"], cfg.get("width", 16), cfg.get("model", "mlp"))
     pipe = PipelineParallel(
-        model, pp_group, microbatches=cfg["m"], schedule=cfg["schedule"], dp_group=dp_group
+        model,
+        pp_group,
+        microbatches=cfg["m"],
+        schedule=cfg["schedule"],
+        dp_group=dp_group,
+        virtual_stages=cfg.get("v", 1),
     )
     opt = pp_common.make_optimizer(cfg["opt"], pipe.parameters())
     x, y = pp_common.make_data(cfg["seed"])

@@ -3,7 +3,7 @@
     mpiexec -n 2 python pp_errors.py OUT_DIR
 
 Writes OUT_DIR/rank{r}.json: {case: [exception type, message]}, then checks that the group still works
-(one correct step) so that no case left a stray message behind.
+(one correct step with 1F1B, one with interleaving) so that no case left a stray message behind.
 """
 
 import json
@@ -33,6 +33,11 @@ def step(pipe, inputs=x, targets=y):
     return pipe.train_step(md.tensor(inputs, dtype=np.float64), targets, ce)
 
 
+def interleaved(microbatches=2, **kwargs) -> PipelineParallel:
+    model = pp_common.make_model(0)
+    return PipelineParallel(model, world, microbatches=microbatches, schedule="interleaved", **kwargs)
+
+
 cases = {
     "more_stages_than_layers": lambda: PipelineParallel(tiny(), world, microbatches=2),
     "batch_not_divisible": lambda: step(PipelineParallel(pp_common.make_model(0), world, microbatches=4)),
@@ -57,6 +62,15 @@ cases = {
         y[: 10 - 2 * rank],
     ),
     "predict_without_inputs": lambda: PipelineParallel(pp_common.make_model(0), world).predict(None),
+    # the interleaved schedule (v model chunks per rank)
+    "interleaved_m_not_multiple_of_p": lambda: interleaved(microbatches=3, virtual_stages=2),
+    "interleaved_too_few_layers": lambda: interleaved(virtual_stages=4),  # 8 chunks of 7 layers
+    "virtual_stages_below_1": lambda: interleaved(virtual_stages=0),
+    "virtual_stages_without_interleaved": lambda: PipelineParallel(
+        pp_common.make_model(0), world, microbatches=2, virtual_stages=2
+    ),
+    "virtual_stages_differ": lambda: interleaved(virtual_stages=1 + rank),
+    "interleaved_predict_without_inputs": lambda: interleaved(virtual_stages=2).predict(None),
 }
 results = {}
 for name, case in cases.items():
@@ -68,4 +82,5 @@ for name, case in cases.items():
 
 pipe = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
 results["after"] = step(pipe)
+results["after_interleaved"] = step(interleaved(virtual_stages=3))
 (out / f"rank{rank}.json").write_text(json.dumps(results))

@@ -2,7 +2,8 @@
 
     mpiexec -n N python pp_mesh.py OUT_DIR CONFIGS_JSON
 
-CONFIGS_JSON: a list of {"dp", "tp", "pp", "m", "schedule", "steps", "seed"} with dp * tp * pp = N.
+CONFIGS_JSON: a list of {"dp", "tp", "pp", "m", "schedule", "steps", "seed"[, "v"]} with dp * tp * pp = N
+("v": virtual stages, with schedule "interleaved").
 The tensor-parallel MLP (column/row-parallel pairs, tp_common's sizes) is cut into pp stages; each
 dp replica trains on its numpy.array_split share of the global batch. For config k every rank writes
 OUT_DIR/k_rank{r}.npz (its stage's parameter shards under global names) and k_rank{r}.json (losses,
@@ -27,7 +28,9 @@ for k, cfg in enumerate(configs):
     mesh = ProcessMesh(dp=cfg["dp"], tp=cfg["tp"], pp=cfg["pp"])
     md.manual_seed(cfg["seed"])
     model = MLP(tp_common.N_IN, tp_common.HIDDEN, tp_common.N_CLASSES, mesh=mesh, dtype=np.float64)
-    pipe = PipelineParallel(model, mesh, microbatches=cfg["m"], schedule=cfg["schedule"])
+    pipe = PipelineParallel(
+        model, mesh, microbatches=cfg["m"], schedule=cfg["schedule"], virtual_stages=cfg.get("v", 1)
+    )
     opt = pp_common.make_optimizer("sgd", pipe.parameters())
     x, y = tp_common.make_data(cfg["seed"])
     losses = []

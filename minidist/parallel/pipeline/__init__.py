@@ -2,17 +2,19 @@
 
 Reading order: ``partition.py`` (cutting the model into stages) -> ``schedules.py`` (GPipe and 1F1B as
 plain lists of instructions per stage, and why they cannot deadlock) -> ``simulate.py`` (running a
-schedule on paper: timeline, bubble, deadlock check) -> ``interleaved.py`` (v model chunks per stage;
-simulated, not executed yet) -> ``gantt.py`` (text grid and matplotlib chart)
--> ``executor.py`` (running one stage's instructions over MPI send/recv) -> ``pipeline_parallel.py``
-(``PipelineParallel``: the user-facing wrapper, with data parallelism over a dp group) ->
+schedule on paper: timeline, bubble, deadlock check) -> ``interleaved.py`` (v model chunks per stage)
+-> ``gantt.py`` (text grid and matplotlib chart) -> ``executor.py`` (running one stage's instructions
+over MPI send/recv) -> ``interleaved_executor.py`` (the interleaved schedule over non-blocking
+messages) -> ``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data
+parallelism over a dp group; ``groups.py`` resolves its groups and agrees on errors) ->
 ``inference.py`` (forward-only passes for ``PipelineParallel.predict``).
 """
 
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
 from minidist.parallel.pipeline.interleaved import interleaved
-from minidist.parallel.pipeline.partition import PipelineStage, balanced_cuts, partition
+from minidist.parallel.pipeline.interleaved_executor import InterleavedExecutor
+from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
     SCHEDULES,
@@ -32,6 +34,8 @@ __all__ = [
     "Batch",
     "Exchange",
     "Instruction",
+    "InterleavedExecutor",
+    "PipelineChunks",
     "PipelineParallel",
     "PipelineStage",
     "Schedule",

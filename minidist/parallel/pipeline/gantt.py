@@ -64,9 +64,9 @@ def text_grid(what: Schedule | Timeline, forward_time: int = 1, backward_time: i
 def timeline_from_trace(schedule: Schedule, events_per_rank: Sequence[Iterable[dict[str, Any]]]) -> Timeline:
     """A measured :class:`Timeline` from every stage's ``trace.events()`` of one step (rank = stage).
 
-    Uses the spans named ``"forward i"``/``"backward i"``; times are shifted so that the earliest span
-    of any stage starts at 0, and ``total`` is the latest end. Raises ``ValueError`` if the number of
-    ranks differs from the schedule's stages.
+    Uses the spans named ``"forward i"``/``"backward i"`` (``"forward i.c"`` for chunk c); times are
+    shifted so that the earliest span of any stage starts at 0, and ``total`` is the latest end. Raises
+    ``ValueError`` if the number of ranks differs from the schedule's stages.
     """
     if len(events_per_rank) != schedule.num_stages:
         raise ValueError(
@@ -77,12 +77,15 @@ def timeline_from_trace(schedule: Schedule, events_per_rank: Sequence[Iterable[d
         for events in events_per_rank
     ]
     t0 = min((e["start"] for events in raw for e in events), default=0.0)
-    slots = tuple(
-        tuple(Slot(s, e["cat"], int(e["name"].split()[-1]), e["start"] - t0, e["end"] - t0) for e in events)
-        for s, events in enumerate(raw)
-    )
+    slots = tuple(tuple(_slot(s, e, t0) for e in events) for s, events in enumerate(raw))
     total = max((slot.end for stage in slots for slot in stage), default=0.0)
     return Timeline(schedule, slots, total)
+
+
+def _slot(stage: int, event: dict[str, Any], t0: float) -> Slot:
+    """A span ``"forward 3"`` (chunk 0) or ``"forward 3.1"`` (microbatch 3, chunk 1) as a Slot."""
+    microbatch, _, chunk = event["name"].split()[-1].partition(".")
+    return Slot(stage, event["cat"], int(microbatch), event["start"] - t0, event["end"] - t0, int(chunk or 0))
 
 
 def draw_gantt(

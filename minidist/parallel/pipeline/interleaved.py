@@ -17,11 +17,12 @@ forwards, then alternates one forward and one backward, then drains the remainin
 ``m == p`` there is no steady state (Megatron runs all forwards first then, as GPipe).
 
 **Messages.** Before a computation comes the receive of its input (an activation from the previous
-virtual stage, or a gradient from the next), after it the send of its output. The send after
-computation j and the receive before computation j + 1 are fused into one :class:`Exchange` (one
-``MPI_Sendrecv``; the two may go to different neighbours, e.g. Megatron's
-``send_forward_recv_forward``). ``simulate`` checks that this never deadlocks under rendezvous
-semantics, for every ``(p, m, v)`` the tests draw.
+virtual stage, or a gradient from the next), after it the send of its output. The sends after a
+group of computations (one forward, one forward and one backward, or one backward) and the receives
+before the next group are one :class:`Batch`: up to four messages, to and from both neighbours,
+started together (Megatron's ``send_forward_backward_recv_forward_backward``);
+``interleaved_executor.py`` runs it with non-blocking sends and receives. ``simulate`` checks that
+this never deadlocks under rendezvous semantics, for every ``(p, m, v)`` the tests draw.
 
 ``m`` must be a multiple of ``p``, as in Megatron-LM: the microbatch groups would otherwise be
 incomplete, and the last chunk's forward of a microbatch could be needed before it exists.

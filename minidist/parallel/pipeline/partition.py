@@ -9,6 +9,8 @@ activations), so every rank computes the same cuts.
 
 ``PipelineStage`` keeps the layers' original names, so ``stage.named_parameters()`` yields the names
 the whole model would ("4.weight"), which checkpoints use to map a stage's tensors to the full model.
+With the interleaved schedule a rank holds several non-consecutive chunks; ``PipelineChunks`` registers
+all their layers, again under the full model's names, and keeps the chunks in order.
 """
 
 from __future__ import annotations
@@ -36,6 +38,30 @@ class PipelineStage(Module):
 
     def extra_repr(self) -> str:
         return f"layers {self.start}..{self.start + len(self._modules) - 1}"
+
+
+class PipelineChunks(Module):
+    """A rank's model chunks for the interleaved schedule: ``chunks[k]`` (a :class:`PipelineStage`) is
+    virtual stage ``k * p + rank`` (Narayanan et al. 2021, §2.2.2).
+
+    Every layer of every chunk is registered here under its index in the full model, so
+    ``named_parameters()``, ``state_dict()`` and checkpoints see the full model's names ("12.weight"),
+    as for a single stage. The chunks are not consecutive, so there is no single forward of the whole:
+    ``forward(x, chunk)`` runs one chunk.
+    """
+
+    def __init__(self, chunks: Sequence[PipelineStage]) -> None:
+        super().__init__()
+        for chunk in chunks:
+            for name, layer in chunk._modules.items():
+                setattr(self, name, layer)
+        object.__setattr__(self, "chunks", tuple(chunks))  # not registered: each layer appears once
+
+    def forward(self, x: Any, chunk: int) -> Any:
+        return self.chunks[chunk](x)
+
+    def extra_repr(self) -> str:
+        return "chunks: " + ", ".join(chunk.extra_repr() for chunk in self.chunks)
 
 
 def check_cuts(cuts: Sequence[int], num_layers: int, num_stages: int) -> list[int]:

@@ -11,6 +11,12 @@ layers (``partition.py``), and trains them with a schedule (``schedules.py``) ru
     opt.step()
     logits = pipe.predict(x_test)                       # forward only, on every rank
 
+**Interleaved 1F1B** (``schedule="interleaved", virtual_stages=v``; Narayanan et al. 2021, §2.2.2):
+the model is cut into ``p * v`` chunks and rank r holds chunks ``r, r + p, r + 2p, ...``, so a
+microbatch goes round the ranks ``v`` times. The bubble shrinks ``v``-fold, to ``(p-1)/(v m)`` of the
+compute time, for ``v`` times as many (smaller) messages; ``m`` must be a multiple of ``p``
+(``interleaved.py``). ``interleaved_executor.py`` runs it with non-blocking messages.
+
 The batch is cut into ``m`` equal microbatches; the last stage scales each microbatch's mean loss by
 ``1/m``, so the accumulated gradients equal those of one step on the whole batch and ``m`` stages
 train the same model as one process would.
@@ -44,9 +50,11 @@ from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
+from minidist.parallel.pipeline.groups import agree, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
-from minidist.parallel.pipeline.partition import build_stage, partition
-from minidist.parallel.pipeline.schedules import SCHEDULES, make_schedule
+from minidist.parallel.pipeline.interleaved_executor import InterleavedExecutor
+from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
+from minidist.parallel.pipeline.schedules import make_schedule
 
 
 class PipelineParallel:
@@ -57,18 +65,25 @@ class PipelineParallel:
         group: the pipeline communicator (rank s runs stage s), ``None`` for the world, or a mesh: any
             object with ``.pp_group`` (and ``.dp_group``, used when ``dp_group`` is not given).
         microbatches: ``m >= 1``; every batch size must be divisible by it.
-        schedule: ``"1f1b"`` or ``"gpipe"`` (``schedules.py``).
+        schedule: ``"1f1b"``, ``"gpipe"`` (``schedules.py``) or ``"interleaved"`` (``interleaved.py``).
         dp_group: data-parallel communicator over the replicas of this stage, or None.
-        cuts: explicit cut points (where stages 1..p-1 start); default: balanced by parameter count.
+        cuts: explicit cut points (where stages 1..p-1 start; with interleaving the ``p v - 1`` points
+            where virtual stages 1..pv-1 start); default: balanced by parameter count.
+        virtual_stages: ``v``, model chunks per rank; more than 1 only with ``schedule="interleaved"``.
 
-    Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names),
-    ``stage_index``, ``num_stages``, ``bounds`` (every stage's ``(start, stop)`` layer range),
-    ``schedule`` (the :class:`Schedule`), ``stats`` (:class:`StepStats` of the last step).
+    Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names: a
+    :class:`PipelineStage`, or with ``v > 1`` a :class:`PipelineChunks` holding all ``v`` chunks),
+    ``chunks`` (this rank's chunks in order; one without interleaving), ``stage_index``,
+    ``num_stages``, ``virtual_stages``, ``bounds`` (every (virtual) stage's ``(start, stop)`` layer
+    range; virtual stage ``k p + r`` is chunk k of rank r), ``schedule`` (the :class:`Schedule`),
+    ``stats`` (:class:`StepStats` of the last step).
 
     Raises (on every rank of ``group``, agreed with a collective): ``TypeError`` for a model that is
     not a Sequential or a group that is not a Communicator or mesh; ``ValueError`` for fewer layers
-    than stages, bad ``cuts``, ``microbatches`` or ``schedule``, a mesh whose ``pp`` differs from its
-    pp group's size, or ranks that disagree about any of these.
+    than stages (or than ``p v`` chunks), bad ``cuts``, ``microbatches``, ``schedule`` or
+    ``virtual_stages`` (``v < 1``; ``v > 1`` without ``"interleaved"``; ``m`` not a multiple of ``p``
+    for ``"interleaved"``), a mesh whose ``pp`` differs from its pp group's size, or ranks that
+    disagree about any of these.
     """
 
     def __init__(
@@ -79,37 +94,48 @@ class PipelineParallel:
         schedule: str = "1f1b",
         dp_group: Communicator | None = None,
         cuts: Sequence[int] | None = None,
+        virtual_stages: int = 1,
     ) -> None:
-        group, dp_group = _resolve_groups(group, dp_group)
+        group, dp_group = resolve_groups(group, dp_group)
         self.group, self.dp_group = group, dp_group
         self.stage_index, self.num_stages = group.rank, group.size
-        error, bounds = None, []
+        p, v = group.size, virtual_stages
+        error, bounds, plan = None, [], None
         try:
             if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
                 raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
-            if schedule == "interleaved":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"virtual_stages (model chunks per rank) must be an integer >= 1, got {v!r}")
+            if v > 1 and schedule != "interleaved":
                 raise ValueError(
-                    "schedule 'interleaved' is simulated only (make_schedule('interleaved', p, m, "
-                    "virtual_stages=v), simulate), not executed by PipelineParallel yet; train with "
-                    "'1f1b' or 'gpipe'"
+                    f"virtual_stages={v} needs schedule='interleaved' (the only schedule that runs "
+                    f"several model chunks per rank); {schedule!r} runs one: pass virtual_stages=1"
                 )
-            if schedule not in SCHEDULES:
-                raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
-            bounds = partition(model, group.size, cuts)
+            plan = make_schedule(schedule, p, microbatches, v)  # unknown name, m % p for interleaved
+            if v > 1 and isinstance(model, Sequential) and len(model) < p * v:
+                raise ValueError(
+                    f"cannot split a model with {len(model)} layer(s) into p*v = {p * v} chunks ({p} "
+                    f"stages x {v} virtual stages): every chunk needs at least one layer; use fewer "
+                    "virtual stages or a model with more layers"
+                )
+            bounds = partition(model, p * v, cuts)
         except (TypeError, ValueError) as e:
             error = e
         layers = len(model) if isinstance(model, Sequential) else type(model).__name__
         agree(
             group,
             error,
-            f"model={layers} layers, microbatches={microbatches!r}, schedule={schedule!r}, stages={bounds}",
+            f"model={layers} layers, microbatches={microbatches!r}, schedule={schedule!r}, "
+            f"virtual_stages={v!r}, stages={bounds}",
         )
-        self.microbatches, self.bounds = microbatches, bounds
-        self.schedule = make_schedule(schedule, group.size, microbatches)
-        self.stage_module = build_stage(model, bounds[group.rank])
-        self._executor = StageExecutor(
-            self.stage_module, group, self.schedule.stages[group.rank], microbatches
-        )
+        assert plan is not None  # agree raised otherwise
+        self.microbatches, self.bounds, self.virtual_stages, self.schedule = microbatches, bounds, v, plan
+        self.chunks = tuple(build_stage(model, bounds[k * p + group.rank]) for k in range(v))
+        self.stage_module = self.chunks[0] if v == 1 else PipelineChunks(self.chunks)
+        if schedule == "interleaved":
+            self._executor: Any = InterleavedExecutor(self.chunks, group, plan)
+        else:
+            self._executor = StageExecutor(self.stage_module, group, plan.stages[group.rank], microbatches)
         if dp_group is not None and dp_group.size > 1:
             for p in self.parameters():  # the dp replicas of this stage start from dp rank 0's weights
                 dist.broadcast(p.data, src=0, group=dp_group)
@@ -181,7 +207,7 @@ class PipelineParallel:
         data = None
         if inputs is not None:
             data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
-        return forward_only([self.stage_module], self.group, data)
+        return forward_only(self.chunks, self.group, data)
 
     def _check_batch(self, inputs: Any, targets: Any) -> tuple[int, int]:
         """(this replica's batch size, the global batch over the dp group), agreed with two small
@@ -241,53 +267,3 @@ def _as_float(array: Any) -> Any:
     """Like ``md.tensor``: floating data becomes float32 unless it already is a Tensor's array."""
     array = backend.asarray(array)
     return array.astype(np.float32) if array.dtype.kind == "f" and array.dtype != np.float32 else array
-
-
-def _resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communicator, Communicator | None]:
-    """(pp group, dp group) from a Communicator, None (the world) or a mesh with ``.pp_group``."""
-    if group is not None and not isinstance(group, Communicator):
-        pp_group = getattr(group, "pp_group", None)
-        if not isinstance(pp_group, Communicator):
-            raise TypeError(
-                f"group must be a minidist.dist.Communicator, None (the world) or a ProcessMesh, got "
-                f"{type(group).__name__}"
-            )
-        if getattr(group, "pp", pp_group.size) != pp_group.size:
-            raise ValueError(
-                f"mismatched mesh: mesh.pp={group.pp} but its pp_group has {pp_group.size} ranks"
-            )
-        mesh_dp = getattr(group, "dp_group", None)
-        if dp_group is not None and mesh_dp is not None and dp_group is not mesh_dp:
-            raise ValueError("pass dp_group or a mesh, not both: the mesh already has a dp_group")
-        return pp_group, dp_group if dp_group is not None else mesh_dp
-    if dp_group is not None and not isinstance(dp_group, Communicator):
-        raise TypeError(
-            f"dp_group must be a minidist.dist.Communicator or None, got {type(dp_group).__name__}"
-        )
-    return dist.comm.group_or_world(group), dp_group
-
-
-def agree(
-    group: Communicator, error: Exception | None, description: str, what: str = "pipeline group"
-) -> None:
-    """Raise on every rank of ``group`` if any rank has ``error`` or the ranks' descriptions differ.
-
-    Two small all-gathers (lengths, then the UTF-8 bytes of every rank's error and description), so a
-    misuse on one rank is reported by all of them instead of leaving the others waiting.
-    """
-    text = [(f"{type(error).__name__}: {error}" if error else "").encode(), description.encode()]
-    lengths = dist.all_gather(np.array([len(t) for t in text], np.int64), group=group).reshape(-1, 2)
-    blob = dist.all_gather(np.frombuffer(b"".join(text), np.uint8).copy(), group=group).tobytes()
-    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
-    pieces = [blob[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:])]
-    errors, descriptions = pieces[0::2], pieces[1::2]
-    for rank, message in enumerate(errors):
-        if message:
-            kind = TypeError if message.startswith("TypeError") else ValueError
-            raise kind(f"PipelineParallel on rank {rank} of the {what}: {message.split(': ', 1)[1]}")
-    if len(set(descriptions)) > 1:
-        listing = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
-        raise ValueError(
-            f"PipelineParallel: the ranks of the pipeline group were built differently "
-            f"({listing}); build the same model with the same arguments on every rank"
-        )

@@ -224,7 +224,7 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}  # the ones PipelineParallel e
 
 def make_schedule(name: str, p: int, m: int, virtual_stages: int = 1) -> Schedule:
     """The schedule called ``name`` for ``p`` stages and ``m`` microbatches: ``"gpipe"``, ``"1f1b"``, or
-    ``"interleaved"`` with ``virtual_stages`` model chunks per stage (``interleaved.py``; simulated only).
+    ``"interleaved"`` with ``virtual_stages`` model chunks per stage (``interleaved.py``).
 
     Raises ``ValueError`` for an unknown name (the known ones are listed), ``p``/``m`` below 1, or
     ``virtual_stages`` other than 1 for GPipe/1F1B; ``interleaved`` raises as documented there.
