@@ -70,8 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
     p.add_argument("--microbatches", type=int, default=4, help="with --pp: microbatches per replica's batch")
     p.add_argument(
-        "--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="with --pp: pipeline schedule"
+        "--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="with --pp: schedule"
     )
+    p.add_argument(
+        "--virtual-stages", type=int, default=1,
+        help="with --schedule interleaved: model chunks per rank (--microbatches a multiple of --pp)",
+    )  # fmt: skip
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
@@ -224,7 +228,13 @@ def main(argv: list[str] | None = None) -> float:
         # its stage's consecutive layers. train_step cuts the replica's batch into microbatches, runs
         # the schedule, and after the LAST microbatch's backward combines the stage's gradients over
         # mesh.dp_group once (weighted by each replica's share): no DDP wrapper.
-        model = PipelineParallel(mlp, mesh, microbatches=args.microbatches, schedule=args.schedule)
+        model = PipelineParallel(
+            mlp,
+            mesh,
+            microbatches=args.microbatches,
+            schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
+        )
         optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper. The optimizer broadcasts rank 0's weights,

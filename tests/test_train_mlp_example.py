@@ -171,6 +171,15 @@ def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel():
         "dp2 x pp2, gpipe, m=2": (4, "--pp", "2", "--schedule", "gpipe", "--microbatches", "2"),
         "dp2 x tp2 x pp2, 1f1b, m=4": (8, "--dp", "2", "--tp", "2", "--pp", "2"),
         "dp1 x pp3, 1f1b, m=8": (3, "--pp", "3", "--microbatches", "8"),
+        "dp1 x pp2, interleaved v=2, m=4": (
+            2,
+            "--pp",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--virtual-stages",
+            "2",
+        ),
         # 128 samples on 3 replicas: shares 43 + 43 + 42, weighted exactly when combined over dp
         "dp3 x pp2 (uneven shares), m=1": (6, "--pp", "2", "--microbatches", "1"),
     }
