@@ -1,6 +1,7 @@
 """``minidist.dist``: processes that talk to each other, with hand-written collectives.
 
-Reading order: ``comm.py`` (communicators, send/recv) -> ``ring.py`` (ring all-reduce, reduce-scatter,
+Reading order: ``comm.py`` (communicators, send/recv; ``p2p_batch.py`` adds non-blocking ones, for the
+interleaved pipeline) -> ``ring.py`` (ring all-reduce, reduce-scatter,
 all-gather) -> ``recursive_doubling.py`` (all-reduce for short messages; folding a group to a power of
 two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) ->
 ``recursive_halving.py`` (reduce-scatter in ``log2 n`` steps) -> ``broadcast.py``
