@@ -179,6 +179,7 @@ class Tensor:
         _backward_passes += 1
         succeeded = False
         try:
+            # BEGIN SOLUTION A1.5: walk the graph in topological order, summing and accumulating gradients
             pending = {id(self): grad}  # gradients summed so far, per tensor, not yet passed on
             waiting = _count_consumers(self)  # per tensor: consumers whose backward has not run yet
             ready = [self]  # tensors whose every consumer is done: their gradient is complete
@@ -205,6 +206,7 @@ class Tensor:
                     waiting[key] -= 1
                     if waiting[key] == 0:
                         ready.append(inp)
+            # END SOLUTION
             succeeded = True
         finally:
             _in_backward = False
@@ -303,6 +305,7 @@ def _count_consumers(root: Tensor) -> dict[int, int]:
     algorithm for a topological order, 1962). An explicit stack replaces recursion, so a chain of
     50,000 ops does not hit Python's recursion limit. ``x * x`` counts ``x`` twice, once per input.
     """
+    # BEGIN SOLUTION A1.5: count every tensor's consumers (op inputs it feeds)
     counts = {id(root): 0}
     stack = [root]
     while stack:
@@ -317,6 +320,7 @@ def _count_consumers(root: Tensor) -> dict[int, int]:
                 stack.append(inp)
             counts[id(inp)] += 1
     return counts
+    # END SOLUTION
 
 
 class Function:

@@ -76,6 +76,7 @@ def ring_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, bounds: 
     n, r = group.size, group.rank
     if bounds is None:
         bounds = chunk_bounds(flat.size, n)
+    # BEGIN SOLUTION A2.1: the reduce-scatter half of the ring, in place
     link = group.collective_channel
     right, left = (r + 1) % n, (r - 1) % n
     combine = combine_ufunc(op)
@@ -96,6 +97,7 @@ def ring_reduce_scatter(group: Communicator, flat: np.ndarray, op: str, bounds: 
 
     own_start, own_stop = bounds[r]
     finish(op, flat[own_start:own_stop], n)  # "avg": divide only the N/n elements this rank owns
+    # END SOLUTION
 
 
 def ring_reduce_scatter_chunk(
@@ -113,6 +115,7 @@ def ring_reduce_scatter_chunk(
     n, r = group.size, group.rank
     if bounds is None:
         bounds = chunk_bounds(flat.size, n)
+    # BEGIN SOLUTION A2.1: the ring reduce-scatter that returns this rank's chunk
     link = group.collective_channel
     right, left = (r + 1) % n, (r - 1) % n
     combine = combine_ufunc(op)
@@ -131,6 +134,7 @@ def ring_reduce_scatter_chunk(
 
     finish(op, outgoing, n)  # after the last step `outgoing` is chunk r, reduced over all ranks
     return outgoing
+    # END SOLUTION
 
 
 def ring_all_gather(group: Communicator, flat: np.ndarray, bounds: Bounds | None = None) -> None:
@@ -144,6 +148,7 @@ def ring_all_gather(group: Communicator, flat: np.ndarray, bounds: Bounds | None
     n, r = group.size, group.rank
     if bounds is None:
         bounds = chunk_bounds(flat.size, n)
+    # BEGIN SOLUTION A2.2: the ring all-gather, in place
     link = group.collective_channel
     right, left = (r + 1) % n, (r - 1) % n
 
@@ -154,6 +159,7 @@ def ring_all_gather(group: Communicator, flat: np.ndarray, bounds: Bounds | None
         send_start, send_stop = bounds[(r - step) % n]
         recv_start, recv_stop = bounds[(r - step - 1) % n]
         link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], left)
+    # END SOLUTION
 
 
 def ring_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:
@@ -164,6 +170,8 @@ def ring_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:
     its owner, and then only copied. Raises ``DistributedError`` if a received chunk has the wrong length
     (the ranks passed different lengths).
     """
+    # BEGIN SOLUTION A2.3: all-reduce as reduce-scatter followed by all-gather
     bounds = chunk_bounds(flat.size, group.size)
     ring_reduce_scatter(group, flat, op, bounds)
     ring_all_gather(group, flat, bounds)
+    # END SOLUTION

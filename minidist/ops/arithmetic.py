@@ -15,6 +15,7 @@ from minidist.autograd import Function
 
 def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum ``grad`` over the axes that broadcasting added or stretched, giving an array of ``shape``."""
+    # BEGIN SOLUTION A1.1: sum the gradient over the axes that broadcasting added or stretched
     extra = grad.ndim - len(shape)
     if extra > 0:  # leading axes that did not exist in the input
         grad = grad.sum(axis=tuple(range(extra)))
@@ -22,6 +23,7 @@ def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
     if stretched:  # axes of length 1 that were repeated
         grad = grad.sum(axis=stretched, keepdims=True)
     return grad
+    # END SOLUTION
 
 
 def _check_broadcast(name: str, a: Any, b: Any) -> None:
@@ -67,7 +69,9 @@ class Mul(Function):
         return a * b
 
     def backward(self, grad):
+        # BEGIN SOLUTION A1.2: the gradients of a * b
         return unbroadcast(grad * self.b, self.a.shape), unbroadcast(grad * self.a, self.b.shape)
+        # END SOLUTION
 
 
 class Div(Function):
@@ -79,9 +83,11 @@ class Div(Function):
         return a / b
 
     def backward(self, grad):
+        # BEGIN SOLUTION A1.2: the gradients of a / b
         grad_a = grad / self.b
         grad_b = -grad * self.a / (self.b * self.b)
         return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
+        # END SOLUTION
 
 
 class Neg(Function):
@@ -136,6 +142,7 @@ class MatMul(Function):
         return a @ b
 
     def backward(self, grad):
+        # BEGIN SOLUTION A1.2: the gradients of A @ B (batched, broadcast batch axes)
         grad_a = grad @ self.b.swapaxes(-1, -2)
         if (
             grad.ndim == 2
@@ -150,6 +157,7 @@ class MatMul(Function):
         else:
             grad_b = self.a.swapaxes(-1, -2) @ grad
         return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
+        # END SOLUTION
 
 
 def add(a, b):

@@ -45,8 +45,10 @@ class Sum(Function):
         return x.sum(axis=self.axes, keepdims=keepdims)
 
     def backward(self, grad):
+        # BEGIN SOLUTION A1.3: spread the gradient of a sum over the reduced axes
         xp = _xp(grad)
         return (xp.broadcast_to(_expand(grad, self.axes, self.keepdims), self.shape).copy(),)
+        # END SOLUTION
 
 
 class Mean(Function):
@@ -61,8 +63,10 @@ class Mean(Function):
         return x.mean(axis=self.axes, keepdims=keepdims)
 
     def backward(self, grad):
+        # BEGIN SOLUTION A1.3: spread the gradient of a mean over the reduced axes
         xp = _xp(grad)
         return (xp.broadcast_to(_expand(grad, self.axes, self.keepdims) / self.count, self.shape).copy(),)
+        # END SOLUTION
 
 
 class Max(Function):

@@ -38,6 +38,7 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Any], cap_bytes: float)
         raise ValueError(f"bucket_cap_mb must be positive, got a cap of {cap_bytes} bytes")
     if len(nbytes) != len(dtypes):
         raise ValueError(f"plan_buckets: {len(nbytes)} sizes but {len(dtypes)} dtypes")
+    # BEGIN SOLUTION A3.1: greedy buckets in reverse registration order, split by cap and dtype
     buckets: list[list[int]] = []
     size = 0
     for i in reversed(range(len(nbytes))):
@@ -52,6 +53,7 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Any], cap_bytes: float)
             buckets.append([i])
             size = nbytes[i]
     return buckets
+    # END SOLUTION
 
 
 def flatten(arrays: Sequence[Any]) -> Any:
@@ -97,11 +99,13 @@ class Bucket:
 
     def pack(self) -> None:
         """Copy every parameter's ``.grad`` into the buffer; a parameter without one contributes zeros."""
+        # BEGIN SOLUTION A3.2: copy every gradient into the flat buffer (zeros for a missing one)
         for p, piece in self._slices():
             if p.grad is None:
                 piece[...] = 0
             else:
                 piece[...] = p.grad.reshape(-1)
+        # END SOLUTION
 
     def pack_zeros(self) -> None:
         """Fill the gradient part of the buffer with zeros (a rank that takes part without gradients)."""
@@ -116,5 +120,7 @@ class Bucket:
         training loop expects (``.grad`` holds the latest step's gradient), but keep a ``.copy()`` of a
         gradient you want to look at after the next backward.
         """
+        # BEGIN SOLUTION A3.2: make every .grad a view of its piece of the buffer
         for p, piece in self._slices():
             p.grad = piece.reshape(p.shape)
+        # END SOLUTION

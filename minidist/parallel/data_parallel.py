@@ -215,6 +215,7 @@ class DistributedDataParallel(Module):
             self._pass_active = True
             self._pass_number = autograd.backward_pass_count()
             autograd.queue_callback(self._finish_pass)
+        # BEGIN SOLUTION A3.3: mark the gradient ready; start every full bucket, strictly in index order
         i = self._index_of[id(param)]
         if self._ready[i]:
             return
@@ -224,6 +225,7 @@ class DistributedDataParallel(Module):
             # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
             while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
                 self._start_next_bucket()
+        # END SOLUTION
 
     def _abandon_failed_pass(self) -> None:
         """Forget a pass whose backward raised, after letting its started buckets finish (errors dropped).
@@ -257,9 +259,11 @@ class DistributedDataParallel(Module):
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
         """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
         with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
+            # BEGIN SOLUTION A3.2: average the bucket's gradients over the group
             bucket.pack()
             dist.all_reduce(bucket.flat, op="avg", group=self._comm)
             bucket.unpack()
+            # END SOLUTION
 
     def _finish_pass(self) -> None:
         """End of backward: start what is left, wait for every bucket, then check the bookkeeping."""

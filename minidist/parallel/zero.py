@@ -236,11 +236,13 @@ class ZeroRedundancyOptimizer:
 
     def _reduce_scatter_gradients(self) -> Any:
         """The group-average gradient of this rank's chunk, 1-D, ``layout.shard_numel`` elements."""
+        # BEGIN SOLUTION A7.1: reduce-scatter the flat gradient so each rank gets the average of its chunk
         flat = self._flat_buffer()  # zero where a parameter has no local gradient
         for p, offset in zip(self.params, self.layout.offsets):
             if p.grad is not None:
                 flat[offset : offset + p.size] = p.grad.reshape(-1)
         averaged = dist.reduce_scatter(flat, op="avg", group=self.group)
+        # END SOLUTION
         if averaged.size != self.layout.shard_numel:  # dist and zero_layout disagree on the chunk layout
             raise RuntimeError(
                 f"reduce_scatter returned {averaged.size} elements, but this rank owns "
@@ -249,10 +251,12 @@ class ZeroRedundancyOptimizer:
         return averaged
 
     def _all_gather_parameters(self) -> None:
+        # BEGIN SOLUTION A7.2: all-gather the updated shards into every rank's parameters
         xp = backend.array_module(self.params[0].data)
         owned = [s.data.reshape(-1) for s in self._shards]
         mine = xp.concatenate(owned) if owned else xp.zeros(0, dtype=self.params[0].dtype)
         self._write_parameters(dist.all_gather(mine, group=self.group))
+        # END SOLUTION
 
     def _write_parameters(self, flat: Any) -> None:
         """Copy consecutive pieces of the P-element ``flat`` into the parameters, in place."""

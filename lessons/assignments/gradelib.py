@@ -1,0 +1,204 @@
+"""Helpers for assignment tests and their MPI workers: launch ranks, explain failures, check gradients.
+
+Tests import it as ``gradelib`` (``conftest.py`` puts this folder on ``sys.path``); MPI workers insert
+the folder themselves. It imports minidist only inside functions, so the minidist under test is the one
+``PYTHONPATH`` finds (the grader puts the submission first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_FIRST_ERROR = re.compile(r"^((?:[\w]+\.)*\w*(?:Error|Exception)\b.*)$")
+
+
+def rank_timeout(default: float = 20.0) -> float:
+    """Seconds MPI ranks may run: ``default``, or less when the grader's per-test limit is shorter."""
+    limit = os.environ.get("MINIDIST_GRADE_TIMEOUT")
+    return default if not limit else max(3.0, min(default, 0.75 * float(limit)))
+
+
+def _mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: install minidist with its dependencies (pip install -e .)")
+    return found
+
+
+_PREFIX = re.compile(r"^\[rank (\d+)\] ?")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+def explain_crash(stderr: str) -> str:
+    """``"SomeError: message (in f at minidist/x.py:12 -> g at minidist/y.py:40)"`` from ranks' output.
+
+    Takes the traceback of the first rank that printed one (minidist prefixes rank output with
+    ``[rank r]``), and of a chain of exceptions the last one (the one that ended the program), with the
+    outermost and innermost of its frames inside a minidist package (where the test called into it, and
+    where it raised). ``""`` if there is no Python exception.
+    """
+    first_rank, lines = None, []
+    for raw in stderr.splitlines():
+        match = _PREFIX.match(raw)
+        rank = match.group(1) if match else None
+        if first_rank is None and "Traceback" in raw:
+            first_rank = rank
+        if first_rank is not None and rank == first_rank:
+            lines.append(_PREFIX.sub("", raw))
+    segment: list[str] = []
+    for line in lines:
+        if line.startswith(_CHAINED):
+            segment = []
+        else:
+            segment.append(line)
+    error = next((m.group(1) for m in map(_FIRST_ERROR.match, segment) if m), "")
+    if not error:
+        return ""
+    frames = []
+    for line in segment:
+        match = _FRAME.match(line)
+        if match and "/minidist/" in match["file"]:
+            short = match["file"][match["file"].rindex("/minidist/") + 1 :]
+            frames.append(f"{match['func']} at {short}:{match['line']}")
+    if len(frames) > 2:
+        frames = [frames[0], "...", frames[-1]]
+    return error + (f" (in {' -> '.join(frames)})" if frames else "")
+
+
+def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) -> list[dict]:
+    """Run ``mpiexec -n n python worker OUT_DIR`` with ``config`` in ``OUT_DIR/config.json``.
+
+    Returns every rank's ``rank<r>.json`` (written by :func:`worker_main`). Raises ``AssertionError``
+    in plain words when the ranks hang past ``timeout`` (default :func:`rank_timeout`), when a rank
+    crashes (naming the first exception), or when the ranks imported another minidist than the grader's.
+    """
+    timeout = rank_timeout() if timeout is None else timeout
+    with tempfile.TemporaryDirectory(prefix="minidist-ranks-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        cmd = [_mpiexec(), "-n", str(n), sys.executable, str(worker), tmp]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise AssertionError(
+                f"the {n} ranks did not finish within {timeout:.0f} s: a hang. Typical causes: a rank waits "
+                "for a message nobody sends (wrong neighbour or step count), or ranks call collectives in "
+                "different orders"
+            ) from None
+        if proc.returncode != 0:
+            error = explain_crash(err) or explain_crash(out) or err.strip()[-300:]
+            raise AssertionError(f"a rank crashed (world size {n}): {error}")
+        results = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(n)]
+    expected = os.environ.get("MINIDIST_GRADE_PATH")
+    for r in results:
+        if expected and not Path(r["minidist"]).resolve().is_relative_to(Path(expected).resolve()):
+            raise RuntimeError(f"rank {r['rank']} imported minidist from {r['minidist']}, not {expected}")
+    return results
+
+
+def worker_main(body: Callable[[Any, dict], list[str]]) -> None:
+    """The main of an MPI worker: ``body(world, config)`` returns failure messages (empty: all good).
+
+    Each rank writes ``rank<r>.json`` with its failures, into the folder given as ``sys.argv[1]``.
+    """
+    import minidist
+    from minidist import dist
+
+    out = Path(sys.argv[1])
+    config = json.loads((out / "config.json").read_text())
+    world = dist.init()
+    failures = body(world, config)
+    result = {"rank": world.rank, "failures": failures, "minidist": minidist.__file__}
+    (out / f"rank{world.rank}.json").write_text(json.dumps(result))
+
+
+def assert_no_failures(results: list[dict]) -> None:
+    """Fail with the first rank's first failure message (and how many more there were)."""
+    failures = [f for r in results for f in r["failures"]]
+    if failures:
+        more = f" (and {len(failures) - 1} more failures)" if len(failures) > 1 else ""
+        raise AssertionError(failures[0] + more)
+
+
+def show(a: Any, limit: int = 8) -> str:
+    """A short rendering of an array for failure messages."""
+    flat = np.asarray(a).reshape(-1)
+    body = np.array2string(flat[:limit], precision=4, separator=", ")
+    return body[:-1] + ", ...]" if flat.size > limit else body
+
+
+def numerical_gradient(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar ``f()`` with respect to ``x`` (float64, changed in place)."""
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        up = f()
+        x[i] = old - eps
+        down = f()
+        x[i] = old
+        grad[i] = (up - down) / (2 * eps)
+    return grad
+
+
+def assert_close(got: Any, want: np.ndarray, what: str, rtol: float = 1e-5, atol: float = 1e-7) -> None:
+    """``got`` has ``want``'s shape and values (allclose), else a message naming ``what`` and the values."""
+    if got is None:
+        raise AssertionError(f"{what}: got None instead of an array of shape {want.shape}")
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: got shape {got.shape}, expected {want.shape}")
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        raise AssertionError(f"{what}: got {show(got)}, expected {show(want)}")
+
+
+def expected_unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Brute force: every element of the input receives the sum of the gradients of all its copies."""
+    index = np.arange(int(np.prod(shape, dtype=int))).reshape(shape)
+    copies = np.broadcast_to(index, grad.shape)
+    return np.bincount(copies.reshape(-1), weights=grad.reshape(-1), minlength=index.size).reshape(shape)
+
+
+def check_op(op_class, inputs, what: str, seed: int = 0, **options) -> None:
+    """Compare ``op_class().backward(g)`` with the numerical gradient of ``sum(g * forward(inputs))``."""
+    rng = np.random.default_rng(seed)
+    fn = op_class()
+    out = fn.forward(*inputs, **options)
+    g = rng.standard_normal(np.shape(out))
+    grads = fn.backward(g)
+    if not isinstance(grads, tuple) or len(grads) != len(inputs):
+        raise AssertionError(
+            f"{what}: backward must return a tuple with one gradient per input, got {grads!r}"
+        )
+    for i, x in enumerate(inputs):
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+            continue  # integer targets etc. get no gradient
+
+        def f():
+            return float(np.sum(g * op_class().forward(*inputs, **options)))
+
+        assert_close(grads[i], numerical_gradient(f, x), f"{what}: gradient of input {i} (shape {x.shape})")

@@ -1,0 +1,97 @@
+"""``release``: write a student copy of minidist in which an assignment's solutions are stubs.
+
+Rule (documented in ``lessons/assignments/INSTRUCTORS.md``): releasing assignment Ak blanks every region
+of Ak *and of every later assignment* (A(k+1), ...), so a student of A2 cannot read the DDP solution of
+A3, and keeps the regions of earlier assignments (A1 for an A2 release) as working reference code,
+because later assignments build on them (A3's DDP needs a working all-reduce).
+
+The copy holds: the ``minidist`` package (without ``__pycache__``: compiled bytecode would carry the
+solutions), the assignment's handout, task file, public tests and workers, the shared test support of
+``lessons/assignments`` and the project files needed to ``pip install -e`` it. Never the ``hidden/``
+tests, never other assignments' folders.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minidist.assignments import layout
+from minidist.assignments.markers import assignment_number, blank, regions_in
+
+_IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".hypothesis")
+_SUPPORT_FILES = ("conftest.py", "gradelib.py", "pytest.ini")  # shared test support in lessons/assignments
+_PROJECT_FILES = ("pyproject.toml", "LICENSE", "README.md")
+
+
+@dataclass
+class ReleaseReport:
+    out: Path
+    blanked: dict[str, int] = field(default_factory=dict)  # task -> regions replaced
+
+    def summary(self) -> str:
+        tasks = ", ".join(f"{t} ({n})" if n > 1 else t for t, n in sorted(self.blanked.items()))
+        return f"wrote {self.out}; replaced {sum(self.blanked.values())} solution regions: {tasks}"
+
+
+def release(assignment: str, out: Path | str, root: Path | None = None, force: bool = False) -> ReleaseReport:
+    """Write the student copy of ``assignment`` (e.g. ``"A2"``) into ``out``.
+
+    Args:
+        assignment: ``"A<n>"``; must have a folder ``lessons/assignments/A<n>`` with a ``tasks.toml``.
+        out: the folder to create; it must not exist or be empty unless ``force`` (then it is replaced).
+        root: the reference repository (default: the one this package lives in).
+
+    Raises:
+        ValueError: unknown assignment, an assignment without solution regions, a non-empty ``out``
+            without ``force``, ``out`` inside the reference package, or malformed markers.
+    """
+    root = Path(root) if root is not None else layout.REPO_ROOT
+    number = assignment_number(assignment)
+    source = layout.assignment_dir(assignment, root)  # raises ValueError listing the assignments
+    out = Path(out).resolve()
+    if out == root.resolve() or out.is_relative_to((root / "minidist").resolve()):
+        raise ValueError(
+            f"refusing to release into {out}: it is inside the reference tree; choose another --out"
+        )
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ValueError(f"{out} exists and is not empty; remove it or pass --force to replace it")
+        shutil.rmtree(out)
+
+    package = root / "minidist"
+    regions = regions_in(layout.marked_files(package), root)
+    if not any(r.assignment == assignment for r in regions):
+        raise ValueError(
+            f"{assignment} has no solution regions in {package}: mark them with "
+            f"'# BEGIN SOLUTION {assignment}.1: <what to implement>' ... '# END SOLUTION'"
+        )
+
+    report = ReleaseReport(out)
+    shutil.copytree(package, out / "minidist", ignore=shutil.ignore_patterns(*_IGNORE_NAMES))
+    for path in sorted({r.path for r in regions}):
+        target = out / path
+        text, _ = blank(target.read_text(), lambda r: r.number >= number, path)
+        target.write_text(text)
+    for r in regions:
+        if r.number >= number:
+            report.blanked[r.task] = report.blanked.get(r.task, 0) + 1
+
+    lessons = out / "lessons" / "assignments"
+    lessons.mkdir(parents=True)
+    for name in _SUPPORT_FILES:
+        shutil.copy2(source.parent / name, lessons / name)
+    shutil.copytree(source, lessons / assignment, ignore=shutil.ignore_patterns("hidden", *_IGNORE_NAMES))
+    for name in _PROJECT_FILES:
+        if (root / name).exists():
+            shutil.copy2(root / name, out / name)
+    _check_no_solutions_left(out, number)
+    return report
+
+
+def _check_no_solutions_left(out: Path, number: int) -> None:
+    """A last guard: no region of this or a later assignment survives anywhere in the copy."""
+    left = [r for r in regions_in(layout.marked_files(out / "minidist"), out) if r.number >= number]
+    if left:
+        raise RuntimeError(f"release left solution regions in place: {left[:3]} (a bug in release.py)")

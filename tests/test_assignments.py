@@ -1,0 +1,230 @@
+"""The coursework machinery grades itself: markers, release, grader, and plausible student mistakes.
+
+* markers: parsing, malformed markers, stubs that compile with the right indentation;
+* consistency: every task in a task file has a solution region and every region a declared task;
+* release: the student copy imports, carries no solution of the released or later assignments (nor
+  bytecode, nor hidden tests) and keeps earlier assignments' solutions;
+* the reference scores full marks on every assignment; the released starter scores 0 quickly;
+* mutants: a small patch per task that a student could plausibly write loses that task's points, and
+  the feedback names the problem (a deadlock and an endless loop included: they time out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidist.assignments import grade, layout, release
+from minidist.assignments.markers import blank, find_regions, regions_in
+from minidist.assignments.tasks import load
+
+REPO = layout.REPO_ROOT
+ASSIGNMENTS = layout.available()
+PUBLIC_ONLY_STARTER = {"A2", "A3", "A7"}  # MPI-heavy: the public tests show the starter's 0 as well
+
+
+def test_markers_parse_and_blank():
+    text = (
+        "def f(x):\n"
+        '    """Doc."""\n'
+        "    # BEGIN SOLUTION A2.1: double x\n"
+        "    y = 2 * x\n"
+        "    return y\n"
+        "    # END SOLUTION\n"
+        "\n"
+        "def g():\n"
+        "    # BEGIN SOLUTION A1.3: the answer\n"
+        "    return 42\n"
+        "    # END SOLUTION\n"
+    )
+    regions = find_regions(text)
+    assert [(r.task, r.description, r.begin, r.end) for r in regions] == [
+        ("A2.1", "double x", 2, 5),
+        ("A1.3", "the answer", 8, 10),
+    ]
+    out, count = blank(text, lambda r: r.number >= 2)
+    assert count == 1
+    assert '    raise NotImplementedError("A2.1: double x")' in out and "return 42" in out
+    namespace: dict = {}
+    exec(compile(out, "<released>", "exec"), namespace)  # the stub compiles and keeps the signature
+    with pytest.raises(NotImplementedError, match="A2.1: double x"):
+        namespace["f"](3)
+    assert namespace["g"]() == 42
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ("# BEGIN SOLUTION A1.1: x\ny = 1\n", "never closed"),
+        ("y = 1\n# END SOLUTION\n", "without a BEGIN"),
+        ("# BEGIN SOLUTION A1.1: x\n# BEGIN SOLUTION A1.2: y\n", "inside the region"),
+        ("# BEGIN SOLUTION A1: no task number\ny = 1\n# END SOLUTION\n", "malformed"),
+        ("# BEGIN SOLUTION A1.1: only a comment\n# nothing\n# END SOLUTION\n", "holds no code"),
+    ],
+)
+def test_malformed_markers_are_rejected(bad, problem):
+    with pytest.raises(ValueError, match=problem):
+        find_regions(bad, "demo.py")
+
+
+def test_every_task_has_a_region_and_every_region_a_task():
+    regions = regions_in(layout.marked_files(REPO / "minidist"), REPO)
+    declared = {}
+    for a in ASSIGNMENTS:
+        spec = load(layout.assignment_dir(a))
+        declared.update({t.id: a for t in spec.tasks})
+        assert sum(t.max_points for t in spec.tasks) > 0
+    marked = {r.task for r in regions}
+    assert set(declared) <= marked, f"tasks without a solution region: {sorted(set(declared) - marked)}"
+    assert marked <= set(declared), f"regions of undeclared tasks: {sorted(marked - set(declared))}"
+
+
+def _run_in(copy: Path, code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True)
+
+
+def test_release_blanks_this_and_later_assignments_and_still_imports(tmp_path):
+    out = tmp_path / "A2"
+    report = release("A2", out)
+    assert set(report.blanked) >= {"A2.1", "A2.2", "A2.3", "A3.1", "A3.2", "A3.3", "A7.1", "A7.2"}
+    assert not any(t.startswith("A1.") for t in report.blanked)
+    left = {r.task for r in regions_in(layout.marked_files(out / "minidist"), out)}
+    assert left and all(t.startswith("A1.") for t in left), f"kept regions: {left}"  # earlier: intact
+    assert not list(out.rglob("__pycache__")) and not list(out.rglob("*.pyc"))
+    assert (out / "lessons/assignments/A2/public").is_dir() and (
+        out / "lessons/assignments/A2/tasks.toml"
+    ).exists()
+    assert not (out / "lessons/assignments/A2/hidden").exists(), "hidden tests must not be released"
+    assert not (out / "lessons/assignments/A3").exists(), "other assignments' folders must not be released"
+    assert "host_sendrecv" not in (out / "minidist/dist/ring.py").read_text()  # the ring's code is gone
+    proc = _run_in(
+        out,
+        "import minidist, minidist.dist, minidist.parallel, minidist.assignments; print(minidist.__file__)",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).resolve().is_relative_to(out.resolve())
+    with pytest.raises(ValueError, match="not empty"):
+        release("A2", out)
+    with pytest.raises(ValueError, match="available"):
+        release("A9", tmp_path / "nine")
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_reference_scores_full_marks(assignment):
+    report = grade(assignment)
+    assert report.score == report.max_score > 0, report.table()
+    assert not report.notes, report.notes  # hidden tests were found and run
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_released_starter_scores_zero(assignment, tmp_path):
+    release(assignment, tmp_path / "starter")
+    report = grade(assignment, tmp_path / "starter", include_hidden=assignment not in PUBLIC_ONLY_STARTER)
+    assert report.score == 0, report.table()
+    for task in report.tasks:
+        assert "NotImplementedError" in task.feedback, task.feedback
+    assert report.seconds < 60, f"the starter took {report.seconds:.0f} s to grade: something waited"
+
+
+def test_results_json_and_cli(tmp_path):
+    results = tmp_path / "results.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "minidist.assignments",
+        "grade",
+        "A1",
+        "--task",
+        "A1.1",
+        "--results",
+        str(results),
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "A1.1" in proc.stdout and "total" in proc.stdout
+    data = json.loads(results.read_text())
+    assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+    for t in data["tests"]:
+        assert set(t) >= {"name", "score", "max_score", "output", "visibility"}
+    assert {t["visibility"] for t in data["tests"]} == {"visible", "after_published"}
+    bad = subprocess.run([sys.executable, "-m", "minidist.assignments", "grade", "A1", "--task", "A1.9"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "unknown task" in bad.stderr
+
+
+def test_grader_refuses_a_shadowed_minidist(tmp_path):
+    fake = tmp_path / "sub" / "minidist"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__file__ = '/somewhere/else/minidist/__init__.py'\n")
+    with pytest.raises(RuntimeError, match="shadows"):
+        grade("A1", tmp_path / "sub", only_tasks=["A1.1"])
+
+
+# (assignment, task, file, old, new, words the feedback must contain, per-test timeout or None)
+MUTANTS = [
+    ("A1", "A1.1", "minidist/ops/arithmetic.py", "grad.sum(axis=stretched, keepdims=True)",
+     "grad.sum(axis=stretched)", "expected (2, 1)", None),
+    ("A1", "A1.2", "minidist/ops/arithmetic.py", "grad_b = -grad * self.a / (self.b * self.b)",
+     "grad_b = grad * self.a / (self.b * self.b)", "Div", None),
+    ("A1", "A1.3", "minidist/ops/elementwise.py", "return (grad * self.y * (1 - self.y),)",
+     "return (grad * self.y,)", "Sigmoid", None),
+    ("A1", "A1.4", "minidist/ops/softmax.py", "return (d_logits * (grad * self.scale),)",
+     "return (d_logits * grad,)", "CrossEntropy", None),
+    ("A1", "A1.5", "minidist/autograd.py", "counts[id(inp)] += 1", "counts[id(inp)] = 1", "diamond", None),
+    ("A1", "A1.5", "minidist/autograd.py", "node.grad = g.copy() if node.grad is None else node.grad + g",
+     "node.grad = g.copy()", "must ADD", None),
+    ("A1", "A1.5", "minidist/autograd.py", "node = ready.pop()", "node = ready[-1]", "timed out", 4),
+    ("A2", "A2.1", "minidist/dist/ring.py", "send_start, send_stop = bounds[(r - step - 1) % n]",
+     "send_start, send_stop = bounds[(r - step) % n]", "ring_reduce_scatter", None),
+    ("A2", "A2.1", "minidist/dist/ring.py", "    finish(op, flat[own_start:own_stop], n)", "    pass",
+     "divide it by the group size", None),
+    ("A2", "A2.2", "minidist/dist/ring.py",
+     "link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], left)",
+     "link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], right)", "hang", 5),
+    ("A2", "A2.3", "minidist/dist/ring.py",
+     "    ring_reduce_scatter(group, flat, op, bounds)\n    ring_all_gather(group, flat, bounds)\n",
+     "    ring_all_gather(group, flat, bounds)\n    ring_reduce_scatter(group, flat, op, bounds)\n",
+     "ring_all_reduce", None),
+    ("A3", "A3.1", "minidist/parallel/buckets.py", "for i in reversed(range(len(nbytes))):",
+     "for i in range(len(nbytes)):", "REVERSE", None),
+    ("A3", "A3.2", "minidist/parallel/data_parallel.py",
+     'bucket.pack()\n            dist.all_reduce(bucket.flat, op="avg"',
+     'bucket.pack()\n            dist.all_reduce(bucket.flat, op="sum"', "times too large", None),
+    ("A3", "A3.3", "minidist/parallel/data_parallel.py", "self._missing[self._bucket_of[i]] -= 1",
+     "self._missing[i] -= 1", "_on_grad_ready", None),  # parameter index used as bucket index
+    ("A3", "A3.3", "minidist/parallel/data_parallel.py",
+     "while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:\n"
+     "                self._start_next_bucket()",
+     "pass", "did not overlap", None),
+    ("A7", "A7.1", "minidist/parallel/zero.py", 'dist.reduce_scatter(flat, op="avg"',
+     'dist.reduce_scatter(flat, op="sum"', "times too large", None),
+    ("A7", "A7.2", "minidist/parallel/zero.py",
+     "self._write_parameters(dist.all_gather(mine, group=self.group))", "pass",
+     "differs from single-device", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "assignment, task, file, old, new, words, timeout", MUTANTS, ids=[f"{m[1]}-{m[5]}" for m in MUTANTS]
+)
+def test_a_plausible_mistake_loses_the_task_and_is_named(
+    tmp_path, assignment, task, file, old, new, words, timeout
+):
+    copy = tmp_path / "student"
+    shutil.copytree(REPO / "minidist", copy / "minidist", ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / file
+    source = target.read_text()
+    assert source.count(old) == 1, f"mutant for {task}: {old!r} must occur once in {file}"
+    target.write_text(source.replace(old, new))
+    report = grade(assignment, copy, only_tasks=[task], include_hidden=False, timeout=timeout)
+    assert report.points_of(task) < report.tasks[0].max_points, report.table()
+    assert words in report.feedback_of(task), report.table()
+    if timeout is not None:
+        assert report.seconds < 4 * timeout + 30, f"a hang blocked the grader for {report.seconds:.0f} s"
