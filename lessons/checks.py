@@ -211,3 +211,139 @@ def dp_speedup(fn: Callable[..., float]) -> None:
             "2(G-1) alpha + 2(G-1)/G N beta; speedup = (time on 1 GPU) / (time on G).",
             rtol=1e-6,
         )
+
+
+# --- lesson 06: tensor parallelism ---------------------------------------------------------------------
+
+
+@_exercise
+def tp_shard_shape(fn: Callable[[int, int, int, str], tuple[int, int]]) -> None:
+    """a column layer keeps out/tp rows of W (out, in); a row layer keeps in/tp columns."""
+    for out_f, in_f, tp in [(8, 4, 2), (12, 6, 3), (1024, 4096, 8), (6, 6, 1)]:
+        for kind, want in [("column", (out_f // tp, in_f)), ("row", (out_f, in_f // tp))]:
+            got = tuple(int(v) for v in _call(fn, out_f, in_f, tp, kind))
+            assert got == want, (
+                f"shard_shape(out={out_f}, in={in_f}, tp={tp}, {kind!r}) = {got}, expected {want}. Hint: W "
+                "has shape (out_features, in_features); a column-parallel layer splits the OUTPUT features "
+                "(axis 0), a row-parallel one the INPUT features (axis 1)."
+            )
+
+
+@_exercise
+def f_and_g(operator: str, f_backward: Callable[[list[np.ndarray]], list[np.ndarray]]) -> None:
+    """f goes before a column layer: identity forward, all-reduce (sum) of dL/dx backward."""
+    assert operator in ("f", "g"), f"answer 'f' or 'g', got {operator!r}"
+    assert operator == "f", (
+        "g all-reduces in forward: it sums the partial outputs of a ROW-parallel layer. The input of a "
+        "column-parallel layer is already whole on every rank, so its forward needs no communication."
+    )
+    rng = np.random.default_rng(6)
+    # a column-parallel layer on n simulated ranks: rank r computes y_r = x W_r^T; dL/dx_r = dL/dy_r W_r
+    for n in (1, 2, 4):
+        w = rng.standard_normal((4 * n, 5))
+        dy = rng.standard_normal((3, 4 * n))  # dL/dy for the whole output
+        w_shards, dy_shards = np.split(w, n, axis=0), np.split(dy, n, axis=1)
+        local = [d @ ws for d, ws in zip(dy_shards, w_shards)]  # each rank's contribution to dL/dx
+        got = _call(f_backward, [g.copy() for g in local])
+        assert len(got) == n, f"return one gradient per rank ({n}), got {len(got)}"
+        for r, g in enumerate(got):
+            _close(
+                g,
+                dy @ w,
+                f"rank {r} of {n}: dL/dx must be the single-device gradient dL/dy W. Hint: x was used by "
+                "every rank, so its gradient is the SUM over ranks of their contributions (an "
+                "all-reduce), and every rank gets that sum.",
+                rtol=1e-12,
+            )
+
+
+# --- lesson 07: pipeline parallelism -------------------------------------------------------------------
+
+
+@_exercise
+def bubble_fraction(fn: Callable[[int, int], float]) -> None:
+    """the bubble of GPipe and 1F1B is (p - 1) / (m + p - 1) of the step."""
+    from minidist.parallel.pipeline import one_f_one_b, simulate
+
+    for p, m in [(1, 4), (2, 1), (4, 4), (4, 16), (8, 3), (3, 32)]:
+        want = simulate(one_f_one_b(p, m), 1.0, 2.0).bubble_fraction()
+        _close(
+            _call(fn, p, m),
+            want,
+            f"for p={p}, m={m} (the simulated step says {want:.4f}). Hint: the step lasts m + p - 1 slots of "
+            "(t_f + t_b); each stage computes in m of them.",
+        )
+
+
+@_exercise
+def peak_activations_1f1b(fn: Callable[[int, int, int], int]) -> None:
+    """1F1B stage s holds at most min(p - s, m) microbatches' activations."""
+    from minidist.parallel.pipeline import one_f_one_b, peak_activations
+
+    for p, m in [(4, 8), (4, 2), (2, 5), (6, 6), (1, 3)]:
+        peaks = peak_activations(one_f_one_b(p, m))
+        for s in range(p):
+            got = _call(fn, p, m, s)
+            assert got == peaks[s], (
+                f"stage {s} of p={p}, m={m}: you say {got}, the schedule holds at most {peaks[s]}. Hint: "
+                "stage s runs p - s - 1 warm-up forwards, then one more forward before its first "
+                "backward; it cannot hold more microbatches than there are."
+            )
+
+
+# --- lesson 08: checkpoints ----------------------------------------------------------------------------
+
+
+@_exercise
+def shards_needed(fn: Callable[[int, int, int, int], list[tuple[int, int, int]]]) -> None:
+    """new tp rank r needs exactly the saved shards that overlap its slice, and only those rows."""
+    for size, saved_tp, new_tp in [(12, 2, 3), (12, 3, 2), (8, 4, 4), (8, 1, 4), (8, 4, 1), (24, 4, 6)]:
+        data = np.arange(size)
+        saved = np.split(data, saved_tp)
+        for r in range(new_tp):
+            want = np.split(data, new_tp)[r]
+            pieces = _call(fn, size, saved_tp, new_tp, r)
+            hint = (
+                f"size={size}, saved tp={saved_tp}, new tp={new_tp}, rank {r} needs global rows "
+                f"{want[0]}..{want[-1]}; you returned {pieces}. Hint: shard k holds global rows "
+                "[k*S, (k+1)*S) with S = size / saved_tp; intersect that with the new rank's range and "
+                "convert to rows local to shard k."
+            )
+            assert all(hi > lo for _, lo, hi in pieces), "no empty pieces: read only shards you need. " + hint
+            assert len({k for k, _, _ in pieces}) == len(pieces), "each saved shard at most once. " + hint
+            got = np.concatenate([saved[k][lo:hi] for k, lo, hi in pieces]) if pieces else np.array([])
+            assert np.array_equal(got, want), hint
+
+
+@_exercise
+def files_before_latest(fn: Callable[[int, list[int]], set[str]]) -> None:
+    """before `latest` moves, the step folder (renamed from .tmp) holds every shard and the manifest."""
+    for step, writers in [(12, [0, 1]), (3, [0]), (40, [0, 2, 5])]:
+        folder = f"step_{step:09d}"
+        want = {f"{folder}/manifest.json"} | {f"{folder}/rank{r:05d}.safetensors" for r in writers}
+        got = set(_call(fn, step, writers))
+        assert got == want, (
+            f"step {step}, shards written by ranks {writers}: expected {sorted(want)}, got {sorted(got)}. "
+            "Hint: every shard and the manifest must be durable in the committed folder step_<9 digits>/ "
+            "(the .tmp folder has already been renamed); 'latest' itself is what gets switched."
+        )
+
+
+# --- lesson 09: the 3D mesh ----------------------------------------------------------------------------
+
+
+@_exercise
+def mesh_rank(fn: Callable[[int, int, int, int, int], int]) -> None:
+    """rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank: tp fastest, then dp, then pp."""
+    from minidist.parallel.mesh import mesh_rank as reference
+
+    for dp, tp, pp in [(2, 2, 2), (3, 2, 1), (1, 4, 2), (2, 1, 3), (4, 8, 2)]:
+        for d in range(dp):
+            for t in range(tp):
+                for s in range(pp):
+                    got, want = _call(fn, d, t, s, dp, tp), reference(d, t, s, dp, tp)
+                    assert got == want, (
+                        f"(dp_rank, tp_rank, pp_rank) = ({d}, {t}, {s}) in dp={dp}, tp={tp}, pp={pp}: you "
+                        f"say rank {got}, the mesh says {want}. Hint: neighbouring ranks share a tp group, "
+                        "so tp_rank varies fastest; one pipeline stage spans dp * tp ranks."
+                    )

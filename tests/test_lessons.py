@@ -6,7 +6,7 @@ prints CORRECT). A failing cell fails the test. The wrong answers of ``lessons/s
 the check functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
-ipyparallel, matplotlib). About 2 minutes on 2 cores.
+ipyparallel, matplotlib). About 3.5 minutes on 2 cores.
 """
 
 from __future__ import annotations

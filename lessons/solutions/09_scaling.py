@@ -18,3 +18,18 @@ def dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta):
 # %% [wrong speedup]
 def dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta):
     return gpus  # the ideal, not the real speedup
+
+
+# %% [solution rank]
+def mesh_rank(dp_rank, tp_rank, pp_rank, dp, tp):
+    return pp_rank * dp * tp + dp_rank * tp + tp_rank
+
+
+# %% [wrong rank]
+def mesh_rank(dp_rank, tp_rank, pp_rank, dp, tp):
+    return pp_rank * dp * tp + tp_rank * dp + dp_rank  # dp fastest: tp groups would span nodes
+
+
+# %% [wrong rank]
+def mesh_rank(dp_rank, tp_rank, pp_rank, dp, tp):
+    return dp_rank * tp + tp_rank  # forgets the pipeline stage

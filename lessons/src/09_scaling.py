@@ -2,22 +2,17 @@
 # ruff: noqa: E402, F811
 
 # %% [markdown]
-# # Lesson 09 — Putting it together: why not 256x on 256 GPUs?
+# # Lesson 09 — Putting it together: the 3D mesh, and why not 256x on 256 GPUs?
 #
 # **Learning goals.** After this lesson you can
-# 1. predict a training step's time from compute, communication and the pipeline bubble, with the
+# 1. lay out `dp x tp x pp` ranks on a `ProcessMesh`, compute a rank from its coordinates, and name the
+#    ranks of each group;
+# 2. train the MLP on 8 ranks with all three kinds of parallelism at once, and say what each group
+#    communicates, and how often;
+# 3. predict a training step's time from compute, communication and the pipeline bubble, with the
 #    formulas of lessons 03-07 (`minidist/perfmodel.py`);
-# 2. calibrate that model on your own machine and check it against measured steps;
-# 3. plot speedup against the number of GPUs and find where adding GPUs stops paying off.
-#
-# The model, per step, on `dp x tp x pp` devices:
-#
-# - compute `6 x params x tokens / (devices x FLOP/s)` (Kaplan et al. 2020: 2 FLOPs per parameter per
-#   token forward, 4 backward);
-# - the pipeline bubble, a fraction `(p-1)/(m+p-1)` of the pipeline time (lesson 07);
-# - the data-parallel ring all-reduce of the gradients, `2(n-1) alpha + 2(n-1)/n N beta` (lesson 03),
-#   minus what overlap hides behind backward (lesson 04);
-# - tensor-parallel all-reduces of activations, 4 per transformer layer (Megatron-LM §3, lesson 06).
+# 4. calibrate that model on your own machine and check it against measured steps;
+# 5. plot speedup against the number of GPUs and find where adding GPUs stops paying off.
 
 # %%
 import json
@@ -28,9 +23,125 @@ import checks
 import matplotlib.pyplot as plt
 
 from minidist import perfmodel
+from minidist.notebook import mpiexec_path
+from minidist.parallel.mesh import draw_grid, mesh_coords
 
 # %% [markdown]
-# ## 1. Calibrate on this machine, and check
+# ## Part A — the 3D mesh
+#
+# Lessons 04-07 each split one thing: the batch (data parallelism, dp), each layer (tensor
+# parallelism, tp), the stack of layers (pipeline parallelism, pp). Large models use all three at
+# once (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+# Megatron-LM", SC 2021, §3). Every rank gets three coordinates `(dp_rank, tp_rank, pp_rank)`, and for
+# each axis a communicator: the ranks that differ *only* in that coordinate
+# (`minidist/parallel/mesh.py`, `ProcessMesh`).
+#
+# ### A1. Which rank sits where
+#
+# minidist follows Megatron-LM's order: tp varies fastest, then dp, then pp. Launchers place
+# consecutive ranks on the same machine, so a tp group — which all-reduces activations in every layer,
+# the most frequent traffic — stays inside a node.
+
+# %%
+dp, tp, pp = 2, 2, 2
+print(draw_grid(dp, tp, pp))
+
+fig, axes = plt.subplots(1, 3, figsize=(12, 2.8))
+for ax, (axis, index) in zip(axes, [("tp", 1), ("dp", 0), ("pp", 2)]):
+    for rank in range(dp * tp * pp):
+        coords = mesh_coords(rank, dp, tp, pp)  # (dp_rank, tp_rank, pp_rank)
+        others = tuple(c for i, c in enumerate(coords) if i != index)  # equal others = same group
+        group = others[0] * 2 + others[1]
+        col, row = coords[2] * (tp + 1) + coords[1], coords[0]  # stages side by side, dp rows, tp columns
+        ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.9, color=plt.cm.Set2(group)))
+        ax.text(col + 0.45, -row + 0.45, str(rank), ha="center", va="center")
+    for stage in range(pp):
+        ax.text(stage * (tp + 1) + tp / 2 - 0.05, 1.1, f"stage {stage}", ha="center")
+    ax.set_xlim(-0.2, pp * (tp + 1) - 0.8)
+    ax.set_ylim(-dp + 0.8, 1.5)
+    ax.set_title(f"{axis} groups (one colour each)")
+    ax.axis("off")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# In each picture a pipeline stage is a block of `dp` rows by `tp` columns. The tp groups are
+# neighbouring ranks ({0,1}, {2,3}, ...), the dp groups are `tp` apart ({0,2}, {1,3}, ...), the pp
+# groups `dp x tp` apart ({0,4}, {1,5}, ...).
+#
+# **Your turn.** Write `mesh_rank(dp_rank, tp_rank, pp_rank, dp, tp)`: the world rank at those
+# coordinates (the inverse of `mesh_coords`).
+
+
+# %% [exercise rank]
+def mesh_rank(dp_rank, tp_rank, pp_rank, dp, tp):
+    raise NotImplementedError  # your code here
+
+
+# %% [check rank]
+checks.mesh_rank(mesh_rank)
+
+# %% [markdown]
+# ### A2. A dp x tp x pp run on 8 ranks
+#
+# `examples/train_mlp.py` builds the mesh with `ProcessMesh(dp, tp, pp)`, an MLP whose linear layers
+# are column/row-parallel over `mesh.tp_group` (lesson 06), cuts it into stages over `mesh.pp_group`
+# with `PipelineParallel(mlp, mesh, microbatches=4, schedule="1f1b")` (lesson 07), which also averages
+# each stage's gradients over `mesh.dp_group` after the pipeline flush (lesson 04). The core of it:
+#
+# ```python
+# mesh = ProcessMesh(dp=2, tp=2, pp=2)                       # collective: every rank, same sizes
+# model_parallel_manual_seed(seed, group=mesh.tp_group)      # same weights; dropout streams per tp rank
+# mlp = MLP(64, [64, 64], 10, mesh=mesh)                     # tensor-parallel layers over mesh.tp_group
+# model = PipelineParallel(mlp, mesh, microbatches=4, schedule="1f1b")   # stages, and dp averaging
+# ```
+#
+# 8 ranks on 2 cores: slow per rank, but it runs. First the 3D run, then the same training on one
+# process, for comparison (a small model: hidden layers of 64, 3 epochs of the bundled digits).
+
+# %%
+mpiexec, python = mpiexec_path(), sys.executable
+flags = "--epochs 3 --hidden 64 64 --batch-size 128"
+mesh = "--dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b"
+no_bars = "2>&1 | tr '\\r' '\\n' | sed 's/train:[^]]*]//g' | grep -v '^ *$'"  # drop progress bars
+# !{mpiexec} -n 8 {python} ../examples/train_mlp.py {mesh} {flags} {no_bars}
+print("--- the same training on 1 process:")
+# !{mpiexec} -n 1 {python} ../examples/train_mlp.py {flags} {no_bars}
+
+# %% [markdown]
+# The same model, up to float32 rounding: the accuracies agree (the losses in the last digits at
+# most). Eight ranks compute what one computes — only spread out.
+#
+# ### A3. What each group communicates
+#
+# - **tp** groups {0,1} {2,3} {4,5} {6,7}: all-reduce *activations* — g after each row-parallel
+#   layer in forward, f before each column-parallel layer in backward. Every tensor-parallel block,
+#   every microbatch, both directions; messages of microbatch x features.
+# - **pp** groups {0,4} {1,5} {2,6} {3,7}: point-to-point — activations down to the next stage, their
+#   gradients back up. Every microbatch, at every stage boundary; microbatch x features.
+# - **dp** groups {0,2} {1,3} {4,6} {5,7}: all-reduce of this rank's *gradients*, once per step, after
+#   the pipeline flush; as large as this rank's parameters, `1/(tp x pp)` of the model.
+#
+# So tp traffic is the most frequent and sits on the critical path (the next layer waits for it):
+# keep tp inside a node. pp traffic is point-to-point and small. dp traffic is large but happens once
+# per step and can overlap with compute — the dp group can span the slowest links. Each rank holds
+# `1/(tp x pp)` of the weights; dp does not reduce it (ZeRO, lesson 05, would).
+#
+# Part B asks what this costs in time, and where adding GPUs stops paying off.
+#
+# ## Part B — the scaling model
+#
+# The model, per step, on `dp x tp x pp` devices:
+#
+# - compute `6 x params x tokens / (devices x FLOP/s)` (Kaplan et al. 2020: 2 FLOPs per parameter per
+#   token forward, 4 backward);
+# - the pipeline bubble, a fraction `(p-1)/(m+p-1)` of the pipeline time (lesson 07);
+# - the data-parallel ring all-reduce of the gradients, `2(n-1) alpha + 2(n-1)/n N beta` (lesson 03),
+#   minus what overlap hides behind backward (lesson 04);
+# - tensor-parallel all-reduces of activations, 4 per transformer layer (Megatron-LM §3, lesson 06).
+
+# %% [markdown]
+# ### B1. Calibrate on this machine, and check
 #
 # `benchmarks/perfmodel_check.py` launches real MPI jobs: each measures this machine's FLOP/s (a
 # timed matmul), alpha and beta (ping-pongs) and gamma (a timed add), then times DDP training steps of
@@ -55,7 +166,7 @@ for r in rows:
 # dominate even more. A model that is
 # right within some tens of percent is good enough for what we use it for next: *trends*.
 #
-# ## 2. Your turn: the data-parallel speedup
+# ### B2. Your turn: the data-parallel speedup
 #
 # One GPU takes `T(1) = C / F` for `C` FLOPs at `F` FLOP/s. On G GPUs with the same global batch
 # (strong scaling) each computes `C / G`, then all-reduces N bytes of gradients with the ring:
@@ -74,7 +185,7 @@ def dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta):
 checks.dp_speedup(dp_speedup)
 
 # %% [markdown]
-# ## 3. Speedup from 1 to 1,024 GPUs
+# ### B3. Speedup from 1 to 1,024 GPUs
 #
 # Now the real thing: models of 125 M, 1.3 B and 13 B parameters with the global batches GPT-3 used for
 # them (Brown et al. 2020, Table 2.1: 0.5 M, 1 M and 2 M tokens, sequences of 2,048 tokens), gradients
@@ -115,7 +226,7 @@ plt.show()
 # processes per step**. The larger models here train with larger batches, so each GPU computes longer
 # between two all-reduces.
 #
-# ## 4. Where does the time go?
+# ### B4. Where does the time go?
 #
 # At 256 GPUs the 13 B model on InfiniBand gets about 210x, not 256x. The reason is visible when the
 # step is split into its parts:
@@ -163,6 +274,9 @@ for layout in [dict(dp=256), dict(dp=64, tp=4), dict(dp=32, tp=4, pp=2, microbat
 
 # %% [markdown]
 # ## Summary
+# - A `ProcessMesh` gives each rank `(dp_rank, tp_rank, pp_rank)` with tp fastest; each axis has its
+#   own group and its own traffic: tp all-reduces activations per block, pp sends activations and
+#   gradients per microbatch, dp all-reduces gradients once per step.
 # - Step time = compute / G + communication that does not shrink with G (+ bubble, + TP traffic).
 # - Speedup flattens where communication catches up with compute: the sweet spot depends on the model
 #   size, the batch and the network, and a few lines of arithmetic find it before you rent 1,024 GPUs.

@@ -1,0 +1,64 @@
+"""Lesson 07: time one pipeline step on real ranks; rank 0 writes every stage's spans as JSON.
+
+    MINIDIST_TIMEOUT=60 mpiexec -n 4 python lessons/scripts/pipeline_trace.py OUT.json --schedule 1f1b -m 8
+
+One rank per stage (p = the number of ranks). The model is ``2p`` blocks of Linear(width, width) + Tanh,
+so every stage does the same work. After one untraced warm-up step, one step is traced
+(``minidist.trace``: the executor records a ``"forward i"`` / ``"backward i"`` span per microbatch).
+OUT.json holds ``{"schedule", "p", "m", "events": [per rank], "stats": [per rank]}`` where ``stats``
+is the executor's ``StepStats`` (busy, step, measured bubble fraction, peak activations held).
+
+``MINIDIST_TIMEOUT`` makes a waiting rank poll and sleep instead of spinning in MPI, so that idle
+stages leave the cores to busy ones when there are more ranks than cores.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import minidist as md  # noqa: E402
+from minidist import dist, nn, trace  # noqa: E402
+from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+p.add_argument("-m", "--microbatches", type=int, default=8)
+p.add_argument("--width", type=int, default=256)
+p.add_argument("--batch", type=int, default=512, help="global batch, cut into the microbatches")
+args = p.parse_args()
+
+world = dist.init()
+md.manual_seed(0)
+layers = []
+for _ in range(2 * world.size):
+    layers += [nn.Linear(args.width, args.width), nn.Tanh()]
+pipe = PipelineParallel(nn.Sequential(*layers), world, microbatches=args.microbatches, schedule=args.schedule)
+rng = np.random.default_rng(0)
+x, y = rng.standard_normal((args.batch, args.width)), rng.integers(0, args.width, args.batch)
+pipe.train_step(x, y, nn.functional.cross_entropy)  # warm-up: first-touch allocations, message headers
+world.barrier()
+trace.enable()  # right after a barrier: the ranks' clocks start together
+pipe.train_step(x, y, nn.functional.cross_entropy)
+trace.disable()
+s = pipe.stats
+mine = {
+    "events": trace.events(),
+    "stats": {
+        "busy_s": s.busy_s,
+        "step_s": s.step_s,
+        "bubble": s.bubble_fraction,
+        "peak_activations": s.peak_activations,
+    },
+}
+everyone = world.mpi.gather(mine, root=0)
+if world.rank == 0:
+    result = {"schedule": args.schedule, "p": world.size, "m": args.microbatches}
+    result |= {"events": [r["events"] for r in everyone], "stats": [r["stats"] for r in everyone]}
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    print(f"{args.schedule}, p={world.size}, m={args.microbatches}: step {s.step_s * 1e3:.0f} ms")

@@ -1,0 +1,224 @@
+"""Lesson 07 source (percent format); `python lessons/build.py` turns it into 07_pipeline_parallel.ipynb."""
+# ruff: noqa: E402, F811
+
+# %% [markdown]
+# # Lesson 07 — Pipeline parallelism: GPipe, 1F1B and the bubble
+#
+# **Learning goals.** After this lesson you can
+# 1. read a pipeline schedule as a list of instructions per stage, and draw it as a Gantt chart;
+# 2. derive the bubble fraction `(p-1)/(m+p-1)` and check it against a simulation and real ranks;
+# 3. explain why 1F1B holds far fewer activations than GPipe for the same bubble.
+#
+# Tensor parallelism (lesson 06) splits each layer; pipeline parallelism splits the model *by layers*:
+# stage s (one rank) holds a run of consecutive layers, sends its activations to stage s+1 and receives
+# gradients back. One batch would keep only one stage busy at a time, so it is cut into `m`
+# *microbatches* that follow each other down the pipe. The code is `minidist/parallel/pipeline/`:
+# `schedules.py` (what each stage does, as plain data) → `simulate.py` (run it on paper) → `gantt.py`
+# (draw it) → `executor.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
+
+# %%
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import checks
+import matplotlib.pyplot as plt
+
+from minidist.notebook import mpiexec_path
+from minidist.parallel.pipeline import (
+    draw_gantt,
+    gpipe,
+    one_f_one_b,
+    peak_activations,
+    simulate,
+    text_grid,
+)
+from minidist.parallel.pipeline.gantt import timeline_from_trace
+
+# %% [markdown]
+# ## 1. A schedule is a list of instructions
+#
+# `F3` = forward of microbatch 3, `B3` = its backward, `sA`/`rA` = send/receive activations (to and
+# from the next/previous stage), `sG`/`rG` = the same for gradients. `sA2+rG0` is one `sendrecv`: two
+# neighbours that would both send at once exchange in one call, which is how the executor avoids the
+# deadlock of lesson 02.
+
+# %%
+print(gpipe(3, 4))
+print()
+print(one_f_one_b(3, 4))
+
+# %% [markdown]
+# **GPipe** (Huang et al. 2019, §2.2) runs all forwards, then all backwards. **1F1B** (PipeDream-Flush,
+# Narayanan et al. 2021, §2.2.1): stage s runs `p - s - 1` warm-up forwards, then alternates one
+# forward and one backward, then drains. `simulate` runs the programs with blocking messages (a send
+# waits for its receive), forward time 1, backward time 2, and `text_grid` prints the timeline:
+# `..` is a stage waiting — the **bubble**.
+
+# %%
+print(text_grid(gpipe(3, 4)))
+print()
+print(text_grid(one_f_one_b(3, 4)))
+
+# %% [markdown]
+# ## 2. Gantt charts
+#
+# The same with 4 stages and 8 microbatches, drawn with `draw_gantt` (blue: forward, orange: backward).
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
+for ax, schedule in zip(axes, [gpipe(4, 8), one_f_one_b(4, 8)]):
+    draw_gantt(schedule, ax=ax)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Both steps take the same time: the white triangles at the start (the pipe filling) and at the end
+# (draining) are as large in both. What differs is the *order* in between.
+#
+# ## 3. Your turn: the bubble fraction
+#
+# With forward time `t_f` and backward time `t_b` per microbatch and stage, the step of either schedule
+# lasts `(m + p - 1)(t_f + t_b)`: the last microbatch enters stage 0 after `m - 1` others, and needs
+# `p` stages forward and back. Each stage computes for `m (t_f + t_b)` of it. Write
+# `bubble_fraction(p, m)`: the share of the step a stage is idle.
+
+
+# %% [exercise bubble]
+def bubble_fraction(p, m):
+    raise NotImplementedError  # your code here
+
+
+# %% [check bubble]
+checks.bubble_fraction(bubble_fraction)
+
+# %% [markdown]
+# More microbatches shrink the bubble; more stages grow it. The simulation agrees with the formula for
+# every `m` (the check above compared them; here they are plotted for p = 2, 4, 8):
+
+# %%
+ms = list(range(1, 33))
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+for p in (2, 4, 8):
+    simulated = [simulate(one_f_one_b(p, m)).bubble_fraction() for m in ms]
+    ax.plot(ms, simulated, "o", ms=3, label=f"simulated, p={p}")
+    ax.plot(ms, [(p - 1) / (m + p - 1) for m in ms], "-", lw=1, color=ax.lines[-1].get_color())
+ax.set_xlabel("microbatches m")
+ax.set_ylabel("bubble fraction")
+ax.set_title("lines: (p-1)/(m+p-1)")
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 4. Measure it on real ranks
+#
+# `scripts/pipeline_trace.py` trains one step of a 4-block MLP (width 512, batch 2,048) cut into p = 2
+# stages with `PipelineParallel`, with `minidist.trace` on: the executor records one span per forward
+# and backward. `timeline_from_trace` turns the spans into the same `Timeline` that `simulate` makes, so
+# the same Gantt chart and `bubble_fraction` serve for theory and measurement. (Two ranks, because this
+# laptop has two cores: with more ranks than cores, stages would wait for a core, not for each other.
+# `MINIDIST_TIMEOUT` makes a waiting rank sleep rather than spin, leaving the core to the busy one.)
+
+# %%
+mpiexec, python = mpiexec_path(), sys.executable
+out = Path(tempfile.mkdtemp(prefix="minidist_lesson07_"))
+runs = {}
+for schedule, m in [("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8)]:
+    path = out / f"{schedule}_{m}.json"
+    cmd = [mpiexec, "-n", "2", python, "scripts/pipeline_trace.py", str(path), "--schedule", schedule]
+    cmd += ["-m", str(m), "--width", "512", "--batch", "2048"]
+    env = dict(os.environ, MINIDIST_TIMEOUT="60", OMP_NUM_THREADS="1")
+    subprocess.run(cmd, check=True, timeout=120, env=env, capture_output=True)
+    r = json.loads(path.read_text())
+    r["timeline"] = timeline_from_trace(one_f_one_b(2, m) if schedule == "1f1b" else gpipe(2, m), r["events"])
+    runs[schedule, m] = r
+    print(
+        f"{schedule:5} m={m}: step {r['timeline'].total * 1e3:5.0f} ms, measured bubble "
+        f"{r['timeline'].bubble_fraction():.2f}, formula {1 / (m + 1):.2f}"
+    )
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+for ax, key in zip(axes, [("gpipe", 4), ("1f1b", 4)]):
+    t = runs[key]["timeline"]
+    draw_gantt(t, ax=ax, title=f"measured: {key[0]}, p=2, m=4, bubble {t.bubble_fraction():.2f}")
+axes[-1].set_xlabel("time (s)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The measured bubble follows the formula but sits above it: a real step also has message transfers
+# between the stages (not free, unlike in the simulation), a loss only on the last stage, and Python
+# overhead per microbatch that does not shrink with the microbatch. A busy machine adds noise — re-run
+# the cell to see it move. Smaller microbatches also make each matmul less efficient: m cannot grow
+# for free.
+#
+# ## 5. Activation memory: where 1F1B wins
+#
+# A stage must keep a microbatch's activations (its autograd graph) from that microbatch's forward to
+# its backward. GPipe runs all `m` forwards first, so every stage holds `m` microbatches at the turn.
+# 1F1B starts backwards as soon as the first microbatch comes back, and holds far fewer.
+#
+# **Your turn.** Write `peak_activations_1f1b(p, m, s)`: the most microbatches stage s of a 1F1B
+# schedule holds at once. (Read the warm-up rule in section 1 — and mind `m < p`.)
+
+
+# %% [exercise peak]
+def peak_activations_1f1b(p, m, s):
+    raise NotImplementedError  # your code here
+
+
+# %% [check peak]
+checks.peak_activations_1f1b(peak_activations_1f1b)
+
+# %% [markdown]
+# `peak_activations(schedule)` counts it from the instruction lists; the executor counts it on real
+# ranks (`pipe.stats.peak_activations`). All three agree:
+
+# %%
+p, m = 4, 8
+fig, ax = plt.subplots(figsize=(6, 3))
+for offset, (name, schedule) in zip((-0.2, 0.2), [("GPipe", gpipe(p, m)), ("1F1B", one_f_one_b(p, m))]):
+    ax.bar([s + offset for s in range(p)], peak_activations(schedule), width=0.4, label=name)
+ax.set_xticks(range(p), [f"stage {s}" for s in range(p)])
+ax.set_ylabel("microbatches held at once")
+ax.set_title(f"peak activations, p={p}, m={m}")
+ax.legend()
+plt.tight_layout()
+plt.show()
+for key in [("gpipe", 4), ("1f1b", 4)]:
+    held = [s["peak_activations"] for s in runs[key]["stats"]]
+    print(f"measured on 2 ranks, {key[0]}, m=4: stages hold {held} microbatches at most")
+
+# %% [markdown]
+# So with 1F1B, more microbatches shrink the bubble *without* costing activation memory: stage 0 holds
+# `p` microbatches whatever `m` is. That is why Megatron-LM uses it. (Its interleaved variant gives each
+# rank several smaller chunks of the model and shrinks the bubble further, for more messages:
+# `schedule="interleaved"` in `PipelineParallel`.)
+#
+# ## 6. `PipelineParallel` in your own code
+#
+# ```python
+# pipe = PipelineParallel(model, group=world, microbatches=4, schedule="1f1b")  # this rank's stage
+# opt = optim.SGD(pipe.parameters(), lr=0.1)          # this stage's parameters only
+# opt.zero_grad()
+# loss = pipe.train_step(x, y, nn.functional.cross_entropy)   # mean loss, on every rank
+# opt.step()
+# print(pipe.stats)                                   # busy, step time, bubble, peak activations
+# logits = pipe.predict(x_test)                       # forward only
+# ```
+#
+# Each rank builds the whole `nn.Sequential` from the same seed and keeps its stage's layers; the last
+# stage scales each microbatch's loss by `1/m`, so the accumulated gradients equal one step on the
+# whole batch: p stages train the same model as one process (`tests/test_pipeline_equivalence.py`).
+#
+# ## Summary
+# - A schedule is data: per stage, an ordered list of forwards, backwards, sends and receives.
+# - Bubble fraction `(p-1)/(m+p-1)` for both GPipe and 1F1B: use `m` several times `p`.
+# - 1F1B holds at most `p - s` microbatches on stage s instead of `m`: same bubble, far less memory.
+#
+# Next: [lesson 08](08_checkpoints.ipynb) — what happens when one of these ranks dies.
