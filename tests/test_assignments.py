@@ -26,7 +26,7 @@ from minidist.assignments.tasks import load
 
 REPO = layout.REPO_ROOT
 ASSIGNMENTS = layout.available()
-PUBLIC_ONLY_STARTER = {"A2", "A3", "A7"}  # MPI-heavy: the public tests show the starter's 0 as well
+PUBLIC_ONLY_STARTER = {"A2", "A3", "A4", "A5", "A6", "A7"}  # MPI-heavy: the public tests show the 0 as well
 
 
 def test_markers_parse_and_blank():
@@ -126,6 +126,16 @@ def test_reference_scores_full_marks(assignment):
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_released_starter_scores_zero(assignment, tmp_path):
     release(assignment, tmp_path / "starter")
+    number = int(assignment[1:])
+    earlier = [r for r in regions_in(layout.marked_files(REPO / "minidist"), REPO) if r.number < number]
+    kept = regions_in(layout.marked_files(tmp_path / "starter" / "minidist"), tmp_path / "starter")
+    assert [(r.path, r.task) for r in kept] == [(r.path, r.task) for r in earlier], (
+        "earlier solutions must stay"
+    )
+    proc = _run_in(
+        tmp_path / "starter", "import minidist.parallel, minidist.parallel.pipeline, minidist.checkpoint"
+    )
+    assert proc.returncode == 0, proc.stderr  # every module still imports with this and later regions blanked
     report = grade(assignment, tmp_path / "starter", include_hidden=assignment not in PUBLIC_ONLY_STARTER)
     assert report.score == 0, report.table()
     for task in report.tasks:
@@ -208,6 +218,55 @@ MUTANTS = [
     ("A7", "A7.2", "minidist/parallel/zero.py",
      "self._write_parameters(dist.all_gather(mine, group=self.group))", "pass",
      "differs from single-device", None),
+    ("A4", "A4.1", "minidist/parallel/tensor_parallel/mappings.py",
+     'return (dist.all_reduce(grad.copy(), op="sum", group=self.group),)', "return (grad,)",
+     "f's backward must all-reduce", None),
+    ("A4", "A4.2", "minidist/parallel/tensor_parallel/layers.py",
+     "index[tp_dim] = slice(group.rank * width, (group.rank + 1) * width)",
+     "index[tp_dim] = slice(group.rank, None, group.size)", "strided", None),
+    ("A4", "A4.3", "minidist/parallel/tensor_parallel/layers.py",
+     "x = copy_to_tensor_parallel_region(x, self.group)  # f", "pass  # f", "pass the input through f", None),
+    ("A4", "A4.4", "minidist/parallel/tensor_parallel/layers.py",  # the bias on every rank before the g
+     "partial = F.linear(x, self.weight)  # (..., out): this rank's share of the sum over in\n"
+     "        y = reduce_from_tensor_parallel_region(partial, self.group)  # g\n"
+     "        return y if self.bias is None else y + self.bias",
+     "partial = F.linear(x, self.weight, self.bias)\n"
+     "        y = reduce_from_tensor_parallel_region(partial, self.group)  # g\n        return y",
+     "bias was added 2 times", None),
+    ("A5", "A5.1", "minidist/parallel/pipeline/schedules.py",  # plain blocking sends, no Exchange:
+     "prog.append(Exchange(Instruction(SEND_ACT, i), Instruction(RECV_GRAD, j)))\n"  # both neighbours
+     "            prog.append(Instruction(BACKWARD, j))\n"  # send at once and wait for each other
+     "            if not first:  # the gradient goes up as the next forward's input comes down\n"
+     "                more = j < steady - 1\n"
+     "                prog.append(\n"
+     "                    Exchange(Instruction(SEND_GRAD, j), Instruction(RECV_ACT, i + 1))\n"
+     "                    if more\n"
+     "                    else Instruction(SEND_GRAD, j)\n"
+     "                )",
+     "prog += [Instruction(SEND_ACT, i), Instruction(RECV_GRAD, j)]\n"
+     "            prog.append(Instruction(BACKWARD, j))\n"
+     "            if not first:\n"
+     "                prog.append(Instruction(SEND_GRAD, j))\n"
+     "                if j < steady - 1:\n"
+     "                    prog.append(Instruction(RECV_ACT, i + 1))",
+     "deadlocks", 5),
+    ("A5", "A5.1", "minidist/parallel/pipeline/schedules.py", "warmup = min(p - s - 1, m)",
+     "warmup = m if s < p - 1 else 0", "1F1B holds at most", None),  # GPipe's memory
+    ("A5", "A5.2", "minidist/parallel/pipeline/executor.py",  # a real deadlock over MPI: cut by the timeout
+     "recvtag=_tag(step.recv)", "recvtag=_tag(step.send)", "hang", 5),
+    ("A6", "A6.1", "minidist/checkpoint/reshard.py", "return np.split(full, tp, axis=tp_dim)[tp_rank]",
+     "return np.split(full, tp, axis=0)[tp_rank]", "slice along THIS model's tp_dim", None),
+    ("A6", "A6.2", "minidist/checkpoint/save.py",
+     "atomic.commit_dir(tmp, final)\n            atomic.write_latest(root, final.name)",
+     "atomic.write_latest(root, final.name)\n            atomic.commit_dir(tmp, final)",
+     "switched before the new folder was complete", None),
+    ("A6", "A6.2", "minidist/checkpoint/atomic.py", 'write_durable(tmp, (name + "\\n").encode())',
+     'tmp.write_text(name + "\\n")', "not fsynced", None),
+    ("A6", "A6.3", "minidist/checkpoint/shardio.py",
+     "            if digest.result() != sha256:\n                raise CheckpointError(\n"
+     '                    "shard file corrupt: its sha256 checksum differs from the manifest", path\n'
+     "                )\n            # END SOLUTION",
+     "            pass\n            # END SOLUTION", "silently different model", None),
 ]  # fmt: skip
 
 

@@ -61,17 +61,21 @@ def fsync_dir(path: Path) -> None:
 
 def commit_dir(tmp: Path, final: Path) -> None:
     """Make the finished folder ``tmp`` appear as ``final`` in one atomic rename."""
+    # BEGIN SOLUTION A6.2: fsync the folder, rename it into place, fsync the parent
     fsync_dir(tmp)
     os.rename(tmp, final)  # fails (rather than merging) if final exists as a non-empty folder
     fsync_dir(final.parent)
+    # END SOLUTION
 
 
 def write_latest(root: Path, name: str) -> None:
     """Point ``root/latest`` at checkpoint folder ``name``, replacing the old pointer atomically."""
+    # BEGIN SOLUTION A6.2: write latest.tmp durably, os.replace it onto latest, fsync root
     tmp = root / (LATEST + ".tmp")
     write_durable(tmp, (name + "\n").encode())
     os.replace(tmp, root / LATEST)
     fsync_dir(root)
+    # END SOLUTION
 
 
 def read_latest(root: Path) -> str | None:

@@ -20,10 +20,12 @@ from minidist.checkpoint.errors import CheckpointError
 
 def needed_shards(entry: dict[str, Any], tp: int, tp_rank: int, tp_dim: int | None) -> list[dict[str, Any]]:
     """The shard records (``{"file", "tp_rank", "shape"}``) this rank must read for ``entry``."""
+    # BEGIN SOLUTION A6.1: only this rank's own shard if the split is unchanged, else every shard
     shards = entry["shards"]
     if tp_dim is not None and entry["tp_dim"] == tp_dim and len(shards) == tp:
         return [shards[tp_rank]]
     return shards
+    # END SOLUTION
 
 
 def local_piece(
@@ -34,6 +36,7 @@ def local_piece(
     Raises ``CheckpointError`` if the global tensor cannot be cut into ``tp`` equal slices along
     ``tp_dim`` (the model's tensor-parallel size does not divide that dimension).
     """
+    # BEGIN SOLUTION A6.1: assemble along the saved tp_dim, check, slice along this model's tp_dim
     if len(arrays) == 1 and len(entry["shards"]) > 1:  # the fast path: our own shard, unchanged
         return arrays[0]
     # One shard is the whole tensor already (no copy); several are concatenated along the saved tp_dim.
@@ -51,3 +54,4 @@ def local_piece(
             f"tensor-parallel slices along axis {tp_dim}; choose a tp size that divides {full.shape[tp_dim]}"
         )
     return np.split(full, tp, axis=tp_dim)[tp_rank]
+    # END SOLUTION

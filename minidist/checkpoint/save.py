@@ -114,9 +114,11 @@ def save(
         try:
             header = optim_state.header(optimizer) if optimizer is not None else None
             manifest = _manifest(everyone, layout, int(step), extra, header)
+            # BEGIN SOLUTION A6.2: manifest (durable), commit the folder, then switch latest
             atomic.write_durable(tmp / atomic.MANIFEST, mf.dumps(manifest))
             atomic.commit_dir(tmp, final)
             atomic.write_latest(root, final.name)
+            # END SOLUTION
             if keep_last is not None:
                 atomic.prune(root, keep_last, protect=final)
         except OSError as err:

@@ -59,10 +59,12 @@ def read_shard(path: Path, sha256: str, nbytes: int, keep: bool = True) -> dict[
         size = path.stat().st_size
     except FileNotFoundError:
         raise CheckpointError("shard file missing", path) from None
+    # BEGIN SOLUTION A6.3: refuse a file whose size differs from the manifest's (truncated or extended)
     if size != nbytes or size == 0:
         raise CheckpointError(
             f"shard file truncated or changed: {size} bytes, the manifest says {nbytes}", path
         )
+    # END SOLUTION
     arrays: dict[str, np.ndarray] = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -79,8 +81,10 @@ def read_shard(path: Path, sha256: str, nbytes: int, keep: bool = True) -> dict[
                 raise CheckpointError(
                     f"shard file corrupt: not a valid safetensors file ({err})", path
                 ) from None
+            # BEGIN SOLUTION A6.3: return the arrays only if the file's sha256 matches the manifest's
             if digest.result() != sha256:
                 raise CheckpointError(
                     "shard file corrupt: its sha256 checksum differs from the manifest", path
                 )
+            # END SOLUTION
     return arrays

@@ -95,6 +95,7 @@ class StageExecutor:
         self._header_sent = False
         self._data, self._targets, self._loss_fn = inputs, targets, loss_fn
         self.stats, self._live, self._loss = StepStats(), 0, 0.0
+        # BEGIN SOLUTION A5.2: run each step: Exchange, forward, backward, blocking send or receive
         for step in self.program:
             if isinstance(step, Exchange):
                 self._exchange(step)
@@ -111,6 +112,7 @@ class StageExecutor:
                 with trace.span(str(step), trace.WAIT):
                     self.group.recv(buffer, self._peer(step), tag=_tag(step))
                 self._received(step, buffer)
+        # END SOLUTION
         self._data = self._targets = None  # drop references to the batch
         return self._loss if self.stage == self.num_stages - 1 else float("nan")
 
@@ -189,11 +191,13 @@ class StageExecutor:
             raise RuntimeError(
                 f"schedule bug: the first activation of a step travels in an Exchange ({step})"
             )
+        # BEGIN SOLUTION A5.2: one sendrecv with the neighbour: both halves progress together
         array, buffer = self._outgoing(step.send), self._incoming(step.recv)
         peer = self._peer(step.send)
         with trace.span(str(step), trace.WAIT):
             self.group.sendrecv(array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv))
         self._received(step.recv, buffer)
+        # END SOLUTION
 
 
 def _tag(ins: Instruction) -> int:

@@ -188,6 +188,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     warm-up is cut short and the pipeline never fills). Raises ``ValueError`` unless ``p, m >= 1``.
     """
     _check(p, m)
+    # BEGIN SOLUTION A5.1: every stage's 1F1B program: warm-up, steady state with Exchanges, cool-down
     stages = []
     for s in range(p):
         first, last = s == 0, s == p - 1
@@ -216,6 +217,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
             prog += [Instruction(RECV_GRAD, j), Instruction(BACKWARD, j)]
             prog += [Instruction(SEND_GRAD, j)] if not first else []
         stages.append(tuple(prog))
+    # END SOLUTION
     return Schedule("1f1b", p, m, tuple(stages))
 
 

@@ -42,12 +42,14 @@ from minidist.parallel.tensor_parallel.mappings import (
 
 def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parameter:
     """This rank's slice (rank ``group.rank`` of ``group.size`` equal ones) of ``full`` along ``tp_dim``."""
+    # BEGIN SOLUTION A4.2: this rank's contiguous slice along tp_dim, as a Parameter with tp_dim/tp_group
     width = full.shape[tp_dim] // group.size
     index = [slice(None)] * full.ndim
     index[tp_dim] = slice(group.rank * width, (group.rank + 1) * width)
     shard = Parameter(full.data[tuple(index)].copy())  # copy: contiguous, and the full array is freed
     shard.tp_dim, shard.tp_group = tp_dim, group
     return shard
+    # END SOLUTION
 
 
 def _check_sizes(layer: str, in_features: int, out_features: int, split: str, group: Communicator) -> None:
@@ -100,9 +102,11 @@ class ColumnParallelLinear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_last_axis(self, x, self.in_features, "in_features")
+        # BEGIN SOLUTION A4.3: f, this rank's slice of the output features, gather if gather_output
         x = copy_to_tensor_parallel_region(x, self.group)  # f
         y = F.linear(x, self.weight, self.bias)  # (..., out / n)
         return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
+        # END SOLUTION
 
     def extra_repr(self) -> str:
         return (
@@ -149,9 +153,11 @@ class RowParallelLinear(Module):
         else:
             _check_last_axis(self, x, self.in_features, "in_features")
             x = scatter_to_tensor_parallel_region(x, self.group)
+        # BEGIN SOLUTION A4.4: partial product, g (all-reduce), then the bias once
         partial = F.linear(x, self.weight)  # (..., out): this rank's share of the sum over in
         y = reduce_from_tensor_parallel_region(partial, self.group)  # g
         return y if self.bias is None else y + self.bias  # once, after the reduction
+        # END SOLUTION
 
     def extra_repr(self) -> str:
         return (
