@@ -110,10 +110,31 @@ def test_release_blanks_this_and_later_assignments_and_still_imports(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).resolve().is_relative_to(out.resolve())
-    with pytest.raises(ValueError, match="not empty"):
+    with pytest.raises(ValueError, match="earlier release; pass --force"):
         release("A2", out)
     with pytest.raises(ValueError, match="available"):
         release("A9", tmp_path / "nine")
+
+
+def test_release_never_deletes_what_it_did_not_write(tmp_path):
+    """--force replaces only an earlier release: never a folder holding the reference tree, never
+    someone's other files, never a file."""
+    precious = tmp_path / "work"
+    precious.mkdir()
+    (precious / "precious.txt").write_text("a week of work")
+    repo = layout.REPO_ROOT
+    for out in (precious, repo.parent, repo, repo / "minidist" / "x"):  # repo.parent contains the repo
+        with pytest.raises(ValueError, match="refusing|not an earlier release"):
+            release("A2", out, force=True)
+    assert (precious / "precious.txt").read_text() == "a week of work"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        release("A2", a_file, force=True)
+    copy = tmp_path / "copy"
+    release("A2", copy)
+    release("A2", copy, force=True)  # an earlier release may be replaced
+    assert (copy / "minidist").is_dir()
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)

@@ -23,6 +23,7 @@ from minidist.assignments.markers import assignment_number, blank, regions_in
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".hypothesis")
 _SUPPORT_FILES = ("conftest.py", "gradelib.py", "pytest.ini")  # shared test support in lessons/assignments
 _PROJECT_FILES = ("pyproject.toml", "LICENSE", "README.md")
+RELEASE_MARK = ".minidist-release"  # written into every release: --force replaces only such folders
 
 
 @dataclass
@@ -40,26 +41,18 @@ def release(assignment: str, out: Path | str, root: Path | None = None, force: b
 
     Args:
         assignment: ``"A<n>"``; must have a folder ``lessons/assignments/A<n>`` with a ``tasks.toml``.
-        out: the folder to create; it must not exist or be empty unless ``force`` (then it is replaced).
+        out: the folder to create; it must not exist or be empty, or hold an earlier release and
+            ``force`` be set (then it is replaced).
         root: the reference repository (default: the one this package lives in).
 
     Raises:
         ValueError: unknown assignment, an assignment without solution regions, a non-empty ``out``
-            without ``force``, ``out`` inside the reference package, or malformed markers.
+            that is not an earlier release or without ``force``, ``out`` that is a file, is inside the
+            reference package or contains the reference tree, or malformed markers.
     """
     root = Path(root) if root is not None else layout.REPO_ROOT
     number = assignment_number(assignment)
     source = layout.assignment_dir(assignment, root)  # raises ValueError listing the assignments
-    out = Path(out).resolve()
-    if out == root.resolve() or out.is_relative_to((root / "minidist").resolve()):
-        raise ValueError(
-            f"refusing to release into {out}: it is inside the reference tree; choose another --out"
-        )
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ValueError(f"{out} exists and is not empty; remove it or pass --force to replace it")
-        shutil.rmtree(out)
-
     package = root / "minidist"
     regions = regions_in(layout.marked_files(package), root)
     if not any(r.assignment == assignment for r in regions):
@@ -67,6 +60,10 @@ def release(assignment: str, out: Path | str, root: Path | None = None, force: b
             f"{assignment} has no solution regions in {package}: mark them with "
             f"'# BEGIN SOLUTION {assignment}.1: <what to implement>' ... '# END SOLUTION'"
         )
+    out = Path(out).resolve()
+    _check_out(out, root.resolve(), force)  # everything is checked before anything is deleted
+    if out.exists():
+        shutil.rmtree(out)
 
     report = ReleaseReport(out)
     shutil.copytree(package, out / "minidist", ignore=shutil.ignore_patterns(*_IGNORE_NAMES))
@@ -87,7 +84,32 @@ def release(assignment: str, out: Path | str, root: Path | None = None, force: b
         if (root / name).exists():
             shutil.copy2(root / name, out / name)
     _check_no_solutions_left(out, number)
+    (out / RELEASE_MARK).write_text(f"student release of {assignment}; --force may replace this folder\n")
     return report
+
+
+def _check_out(out: Path, root: Path, force: bool) -> None:
+    """Refuse an ``--out`` whose replacement could destroy work; raises ``ValueError`` saying why.
+
+    ``--force`` replaces only a folder that an earlier release wrote (it holds :data:`RELEASE_MARK`):
+    never the reference tree, a folder that contains it (``--out ~`` would otherwise delete the home
+    folder), or any other non-empty folder.
+    """
+    if out == root or root.is_relative_to(out) or out.is_relative_to(root / "minidist"):
+        raise ValueError(
+            f"refusing to release into {out}: it is, contains or is inside the reference tree {root}; "
+            "choose a new folder, e.g. --out student_copy"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; choose a folder name that does not exist")
+    if out.exists() and any(out.iterdir()):
+        if not (out / RELEASE_MARK).exists():
+            raise ValueError(
+                f"{out} exists, is not empty and is not an earlier release (no {RELEASE_MARK} in it); "
+                "refusing to delete it even with --force: choose a new folder or remove it yourself"
+            )
+        if not force:
+            raise ValueError(f"{out} holds an earlier release; pass --force to replace it")
 
 
 def _check_no_solutions_left(out: Path, number: int) -> None:
