@@ -68,13 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per layer (Megatron-LM)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (layers cut into consecutive runs)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
-    p.add_argument("--microbatches", type=int, default=4, help="with --pp: microbatches per replica's batch")
+    # (None = not given: with --pp 1 there is no pipeline, so giving these is an error, not ignored)
+    p.add_argument("--microbatches", type=int, default=None, help="with --pp: per replica's batch [4]")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], help="with --pp [1f1b]")
     p.add_argument(
-        "--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="with --pp: schedule"
-    )
-    p.add_argument(
-        "--virtual-stages", type=int, default=1,
-        help="with --schedule interleaved: model chunks per rank (--microbatches a multiple of --pp)",
+        "--virtual-stages", type=int, default=None,
+        help="with --schedule interleaved: model chunks per rank [1] (--microbatches a multiple of --pp)",
     )  # fmt: skip
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
@@ -102,6 +101,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
+    pipeline_flags = {"--microbatches": args.microbatches, "--schedule": args.schedule,
+                      "--virtual-stages": args.virtual_stages}  # fmt: skip
+    if args.pp == 1 and any(v is not None for v in pipeline_flags.values()):
+        given = ", ".join(name for name, v in pipeline_flags.items() if v is not None)
+        p.error(f"{given} only mean something with pipeline stages: add --pp N (N >= 2) or drop them")
+    args.microbatches = 4 if args.microbatches is None else args.microbatches
+    args.schedule = args.schedule or "1f1b"
+    args.virtual_stages = 1 if args.virtual_stages is None else args.virtual_stages
     if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1) or args.microbatches < 1:
         p.error("--tp, --pp, --dp and --microbatches must be >= 1")
     if args.checkpoint_every < 0 or (args.max_steps is not None and args.max_steps < 1):

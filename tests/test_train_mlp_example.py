@@ -203,6 +203,16 @@ def test_pipeline_with_incompatible_flags_is_an_error_on_every_rank():
 
 
 @pytest.mark.mpi
+def test_pipeline_flags_without_pp_are_an_error_not_ignored():
+    result = run_mpi(
+        2, EXAMPLE, "--schedule", "interleaved", "--virtual-stages", "2", timeout=60, check=False
+    )
+    assert result.returncode != 0
+    message = "--schedule, --virtual-stages only mean something with pipeline stages: add --pp N"
+    assert result.stderr.count(message) == 2, result.stderr  # argparse, on both ranks
+
+
+@pytest.mark.mpi
 def test_fewer_layers_than_stages_is_an_error_on_every_rank():
     result = run_mpi(4, EXAMPLE, "--pp", "4", "--hidden", "32", timeout=60, check=False)
     assert result.returncode != 0
