@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,6 +44,16 @@ def test_one_process_mesh_and_its_errors():
         mesh.rank_of(0, 1, 0)
 
 
+def test_numpy_integer_sizes_are_ints_and_bools_are_not():
+    mesh = ProcessMesh(dp=np.int64(1), tp=np.int32(1), pp=np.uint8(1))
+    assert (mesh.dp, mesh.tp, mesh.pp) == (1, 1, 1) and all(
+        type(v) is int for v in (mesh.dp, mesh.tp, mesh.pp)
+    )
+    for bad in (True, np.bool_(True)):  # True == 1 would pass as a size
+        with pytest.raises(TypeError, match=r"dp must be an int, got (np\.)?True_? on rank 0"):
+            ProcessMesh(dp=bad)
+
+
 @pytest.mark.mpi
 def test_groups_on_four_ranks_and_errors_on_every_rank(tmp_path):
     run_mpi(4, "mesh_check.py", tmp_path, timeout=60)
@@ -68,6 +79,7 @@ def test_groups_on_four_ranks_and_errors_on_every_rank(tmp_path):
             "ranks passed different sizes: rank 0 dp=2, tp=2, pp=1, rank 2 dp=4, tp=1, pp=1",
         ),
         "one_bad": ("TypeError", "tp must be an int, got '2' on rank 3"),
+        "numpy_on_rank_1": ("ok", "ProcessMesh(dp=2, tp=2, pp=1;"),  # np.int64(2) on rank 1 equals 2
         "rank_of": ("ValueError", "tp_rank must be in [0, 2), got 2"),
     }
     for rank, record in enumerate(records):

@@ -46,6 +46,33 @@ EXPECTED = {
         "built differently .*rank 0: .*virtual_stages=1.*rank 1: .*virtual_stages=2",
     ),
     "interleaved_predict_without_inputs": ("ValueError", r"predict: the first stage \(rank 0"),
+    "loss_returns_vector": (
+        "TypeError",
+        r"on rank 1 of the pipeline group: loss_fn must return a one-element minidist Tensor .*"
+        r"got Tensor of shape \(4,\) on microbatch 0",
+    ),
+    "loss_returns_float_gpipe": (
+        "TypeError",
+        "loss_fn must return a one-element .* got float on microbatch 0",
+    ),
+    "targets_out_of_range": (
+        "ValueError",
+        r"on rank 1 of the pipeline group: loss_fn\(output, targets\) failed on microbatch 0: ValueError: "
+        r"cross_entropy: targets must lie in \[0, 4\).* output has shape \(4, 4\)",
+    ),
+    "targets_bad_in_microbatch_1_gpipe": ("ValueError", "failed on microbatch 1: ValueError: cross_entropy"),
+    "targets_bad_in_microbatch_1_interleaved": ("ValueError", "failed on microbatch 1: ValueError: cross"),
+    "loss_returns_vector_interleaved": ("TypeError", r"got Tensor of shape \(4,\) on microbatch 0"),
+    "loss_fn_not_callable_on_rank_1": ("TypeError", r"loss_fn must be callable .* ranks \[1\] passed"),
+    "dp_replica_loss_fails": (
+        "ValueError",
+        r"on rank 1 of the data-parallel group: PipelineParallel on rank 0 of the pipeline group: "
+        r"loss_fn\(output, targets\) failed on microbatch 0",
+    ),
+    "predict_while_other_trains": (
+        "ValueError",
+        r"called different operations \(rank 0: predict; rank 1: train_step\)",
+    ),
 }
 
 
@@ -61,3 +88,8 @@ def test_every_rank_raises_the_same_clear_error(tmp_path):
     # after all that, the group still trains: no error left a message or a collective half done
     assert ranks[0]["after"] == ranks[1]["after"] > 0
     assert ranks[0]["after_interleaved"] == ranks[1]["after_interleaved"] > 0
+    # a failed loss leaves nothing behind: the same pipeline then trains exactly like a fresh one
+    for r in range(2):
+        retried, fresh = ranks[r]["recovers_after_a_failed_loss"]
+        assert retried == fresh > 0, ranks[r]["recovers_after_a_failed_loss"]
+    assert ranks[0]["numpy_counts"] == ranks[1]["numpy_counts"] > 0  # np.int64 microbatches accepted

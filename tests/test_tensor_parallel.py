@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -88,6 +89,41 @@ def test_layers_equal_the_dense_layer(tp, data):
             np.testing.assert_allclose(got, ref[key], **TOL, err_msg=f"{key} of {cfg}")
 
 
+TP_ERRORS = {  # case in tests/workers/tp_errors.py -> (exception type, pattern), the same on both ranks
+    "row_in_features_differ": ("ValueError", r"RowParallelLinear: the ranks .* passed different arguments "
+                               r"\(rank 0: in_features=8, .*; rank 1: in_features=12,"),
+    "column_out_features_differ": ("ValueError", r"rank 0: in_features=8, out_features=8, .*gather_output=T"
+                                   r".*rank 1: in_features=8, out_features=12,"),
+    "gather_output_differs": ("ValueError", r"rank 0: .*gather_output=True.*rank 1: .*gather_output=False"),
+    "input_is_parallel_differs": ("ValueError", r"rank 1: .*input_is_parallel=False"),
+    "dtype_differs": ("ValueError", r"rank 0: .*dtype=float32; rank 1: .*dtype=float64"),
+    "mlp_activation_differs": ("ValueError", r"ParallelMLP: .*activation='relu'.*activation='gelu'"),
+    "float_size_on_rank_1": ("TypeError", r"in_features must be a positive int, got 6.0 \(raised on rank 1"),
+    "not_divisible_on_rank_0": ("ValueError", r"in_features=7 is not divisible .*\(raised on rank 0"),
+    "mlp_hidden_not_divisible": ("ValueError", r"hidden_features=7 is not divisible by .* size 2"),
+    "scalar_input": ("ValueError", r"got input of shape \(\): it expects input of shape \(\.\.\., 6\)"),
+    "clip_error_if_nonfinite": ("RuntimeError", r"total norm of order 2.0 of the gradients is inf"),
+    "clip_fewer_params_on_rank_1": ("ValueError", r"tensor-parallel group passed different parameters .*"
+                                    r"rank 0: 4 parameters, 3 sharded; rank 1: 2 parameters, 1 sharded"),
+    "clip_other_max_norm": ("ValueError", r"tensor-parallel group passed different parameters or arguments"),
+    "clip_other_norm_type_over_pp": ("ValueError", r"pipeline group passed different arguments"),
+}  # fmt: skip
+
+
+@pytest.mark.mpi
+def test_misuse_raises_the_same_error_on_every_rank(tmp_path):
+    run_mpi(2, "tp_errors.py", tmp_path, timeout=60)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for case, (kind, pattern) in TP_ERRORS.items():
+        assert ranks[0][case] == ranks[1][case], case
+        assert ranks[0][case][0] == kind and re.search(pattern, ranks[0][case][1]), (case, ranks[0][case])
+    assert ranks[0]["numpy_sizes"] == ranks[1]["numpy_sizes"] == [None, ["int", 4]]
+    # a NaN in one rank's copy of a replicated gradient: NaN on every rank, gradients left unchanged
+    for case in ("clip_nan_inf_norm", "clip_nan_2_norm"):
+        assert ranks[0][case] == ranks[1][case] == [None, ["nan", True]], case
+    assert ranks[0]["after"] == ranks[1]["after"] > 0  # nothing was left half done
+
+
 @pytest.mark.mpi
 def test_f_g_scatter_gather_gradients_match_finite_differences(tmp_path):
     run_mpi(3, "tp_mappings.py", tmp_path, 7, timeout=120)
@@ -110,22 +146,64 @@ def fake_group(size: int, rank: int = 0) -> Communicator:
     return group
 
 
-def test_sizes_not_divisible_by_the_group_are_errors():
+@pytest.fixture
+def same_arguments_everywhere(monkeypatch):
+    """Stand-in for the construction-time all-gather (``checks.py``): every rank of the fake group sent
+    this rank's record, i.e. all ranks passed the same arguments (tests/workers/tp_errors.py runs the
+    real collective with arguments that differ)."""
+    from minidist.parallel.tensor_parallel import checks
+
+    monkeypatch.setattr(checks, "_gather", lambda group, record: np.tile(record, group.size))
+
+
+def test_sizes_not_divisible_by_the_group_are_errors(same_arguments_everywhere):
     group = fake_group(3)
     with pytest.raises(ValueError, match=r"out_features=8 is not divisible .* group size 3"):
         ColumnParallelLinear(4, 8, group=group)
     with pytest.raises(ValueError, match=r"in_features=10 is not divisible .* group size 3"):
         RowParallelLinear(10, 4, group=group)
-    with pytest.raises(ValueError, match=r"out_features=4 is not divisible"):
+    with pytest.raises(ValueError, match=r"hidden_features=4 is not divisible"):
         ParallelMLP(6, 4, group=group)
-    with pytest.raises(ValueError, match="positive sizes"):
+    with pytest.raises(ValueError, match="in_features must be a positive int, got 0"):
         ColumnParallelLinear(0, 3, group=group)
+
+
+def test_sizes_must_be_ints_and_numpy_ints_are_fine(same_arguments_everywhere):
+    group = fake_group(2)
+    with pytest.raises(TypeError, match=r"ColumnParallelLinear: in_features must be a positive int, got 6.0"):
+        ColumnParallelLinear(6.0, 8, group=group)
+    with pytest.raises(TypeError, match="out_features must be a positive int, got True"):
+        RowParallelLinear(8, True, group=group)  # a bool is not a size, although True == 1
+    with pytest.raises(TypeError, match="hidden_features must be a positive int, got '8'"):
+        ParallelMLP(4, "8", group=group)
+    layer = ColumnParallelLinear(np.int64(6), np.int32(8), group=group)
+    assert type(layer.in_features) is int and layer.out_features_per_partition == 4
+    assert type(ParallelMLP(np.int16(4), np.uint8(8), group=group).fc2.in_features) is int
+
+
+def test_disagreeing_ranks_are_listed_by_their_arguments(monkeypatch):
+    """The message of ``checks.agree`` when the gathered records differ (rank 1 flipped gather_output)."""
+    from minidist.parallel.tensor_parallel import checks
+
+    def gather(group, record):
+        other = bytes(record).replace(b"gather_output=False", b"gather_output=True ")
+        return np.concatenate([record, record, np.frombuffer(other, np.uint8)])
+
+    monkeypatch.setattr(checks, "_gather", gather)
+    pattern = r"ranks 0, 1: in_features=4, .*gather_output=False.*; rank 2: .*gather_output=True"
+    with pytest.raises(ValueError, match=pattern):
+        ColumnParallelLinear(4, 6, group=fake_group(3))
 
 
 def test_wrong_input_width_and_bad_options_are_errors():
     col = ColumnParallelLinear(4, 6)
-    with pytest.raises(ValueError, match=r"got input of shape \(2, 5\): its last axis must be 4"):
+    with pytest.raises(ValueError, match=r"got input of shape \(2, 5\): .*its last axis must be 4"):
         col(md.tensor(np.ones((2, 5))))
+    for layer in (col, RowParallelLinear(4, 6)):
+        with pytest.raises(
+            ValueError, match=r"got input of shape \(\)\: it expects input of shape \(\.\.\., 4\)"
+        ):
+            layer(md.tensor(np.float32(1.0)))
     with pytest.raises(ValueError, match="activation must be one of"):
         ParallelMLP(4, 8, activation="swish")
     with pytest.raises(ValueError, match="dropout probability"):
@@ -170,6 +248,26 @@ def test_clip_grad_norm_matches_the_norm_of_all_gradients_as_one_vector(norm_typ
         clipped = np.concatenate([p.grad.ravel() for p in params])
         np.testing.assert_allclose(clipped, flat * 0.5 / (expected + 1e-6), rtol=1e-12)
         assert np.linalg.norm(clipped, ord=norm_type) == pytest.approx(0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_gradient_gives_a_non_finite_norm_and_leaves_the_gradients(norm_type, bad):
+    from minidist.nn.utils import clip_grad_norm_ as local_clip
+    from minidist.parallel import clip_grad_norm_ as parallel_clip
+
+    for clip in (local_clip, parallel_clip):
+        params = params_with_grads(2)
+        params[3].grad[1, 1] = bad  # after a finite parameter: max(0, nan) must not hide it
+        before = [p.grad.copy() for p in params]
+        norm = clip(params, 0.5, norm_type)
+        # PyTorch's total norm propagates NaN for every norm_type; inf stays inf
+        assert math.isnan(norm) if math.isnan(bad) else norm == math.inf
+        for p, b in zip(params, before):
+            np.testing.assert_array_equal(p.grad, b)  # unchanged: not zeroed, not poisoned
+        with pytest.raises(RuntimeError, match=f"total norm of order {norm_type} .* is {norm}"):
+            clip(params, 0.5, norm_type, error_if_nonfinite=True)
+        assert clip(params_with_grads(2), 0.5, norm_type, error_if_nonfinite=True) > 0.5  # finite: fine
 
 
 def test_clip_grad_norm_errors():

@@ -5,25 +5,35 @@ that tp=n trains exactly like tp=1. Under tensor parallelism a rank holds two ki
 (Shoeybi et al. 2019, §3; their ``tp_dim`` attribute says which, see ``nn.Parameter``):
 
 * **sharded** (``tp_dim`` 0 or 1): this rank holds 1/n of the tensor. Its share of the squared norm is
-  summed over the tp group (one all-reduce per distinct group, usually one);
+  summed over the tp group (one small all-gather per distinct group, usually one);
 * **replicated** (``tp_dim`` None): every tp rank holds the same gradient. Summing over the group
-  would count it n times, so each rank adds it once, locally.
+  would count it n times, so it is counted once.
 
 Pipeline stages hold disjoint parameters, so with ``pp_group`` the per-stage totals are summed over
-it. Data-parallel replicas need nothing: after DDP their gradients are already equal.
+it. The all-gathers (rather than all-reduces: same cost for a few numbers) also carry a hash of every
+rank's parameter list and arguments, so ranks that disagree raise instead of clipping differently.
+Data-parallel replicas need nothing: after DDP their gradients are already equal.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from minidist import dist
 from minidist.autograd import Tensor
 from minidist.dist.comm import Communicator
-from minidist.nn.utils import check_clip_args, finish_norm, norm_contribution, scale_grads_
+from minidist.nn.utils import (
+    check_clip_args,
+    check_finite,
+    combine_contributions,
+    finish_norm,
+    norm_contribution,
+    scale_grads_,
+)
 
 
 def clip_grad_norm_(
@@ -31,20 +41,33 @@ def clip_grad_norm_(
     max_norm: float,
     norm_type: float = 2.0,
     pp_group: Communicator | None = None,
+    error_if_nonfinite: bool = False,
 ) -> float:
     """Scale every ``.grad`` in place so that the global ``norm_type``-norm is at most ``max_norm``.
 
     The norm is over all gradients of the *whole* model as one vector: sharded parameters summed over
     their ``tp_group``, replicated ones counted once, stages summed over ``pp_group`` (if given).
     Returns that norm before clipping (a Python float, the same on every rank). Collective over each
-    ``tp_group`` (and ``pp_group``): every rank must call it, with the same kinds of parameters.
-    A parameter without a gradient contributes nothing.
+    ``tp_group`` (and ``pp_group``): every rank must call it, with its shard of the same parameters.
+    A parameter without a gradient contributes nothing. A NaN or inf gradient anywhere makes the
+    returned norm NaN or inf (also for ``norm_type=inf``) on every rank, and the gradients are then
+    left unchanged (``minidist/nn/utils.py`` explains why); skip the step, or pass
+    ``error_if_nonfinite=True`` to raise.
 
-    Raises ``TypeError``/``ValueError`` for a non-number, ``max_norm < 0`` or ``norm_type <= 0``;
-    ``ValueError`` for a sharded parameter (``tp_dim`` set) without a ``tp_group``.
+    Each tp group exchanges, with the contributions it sums anyway, a hash of every rank's parameter
+    list (shapes, ``tp_dim``s) and arguments, so a rank that passed other parameters (or another
+    ``max_norm``) is an error on every rank instead of a silently wrong norm: one all-gather of five
+    numbers per tp group and one over ``pp_group``, the collectives this function needs anyway. The
+    replicated part travels along too (its largest value is used: equal on every rank in normal use),
+    so the norm is the same on every rank even if one rank's copy of a replicated gradient is NaN.
+
+    Raises (on every rank of the groups): ``TypeError``/``ValueError`` for a non-number,
+    ``max_norm < 0`` or ``norm_type <= 0`` (local checks, before any message: pass the same arguments
+    everywhere); ``ValueError`` for a sharded parameter (``tp_dim`` set) without a ``tp_group``, or for
+    ranks of a tp group (pp group) whose parameter lists or arguments differ; ``RuntimeError`` for a
+    non-finite norm if ``error_if_nonfinite``.
     """
     norm_type = check_clip_args(max_norm, norm_type)
-    op = "max" if math.isinf(norm_type) else "sum"
     params = list(parameters)
     grads = [p.grad for p in params if p.grad is not None]
     replicated = norm_contribution(
@@ -62,13 +85,51 @@ def clip_grad_norm_(
             group, members = by_group.setdefault(id(p.tp_group), (p.tp_group, []))
             if p.grad is not None:
                 members.append(p.grad)
-    parts = [replicated]
-    for group, members in by_group.values():
-        part = np.array([norm_contribution(members, norm_type)])
-        parts.append(float(dist.all_reduce(part, op=op, group=group)[0]))
-    total = np.array([max(parts) if op == "max" else sum(parts)])
-    if pp_group is not None:
-        dist.all_reduce(total, op=op, group=pp_group)
-    norm = finish_norm(float(total[0]), norm_type)
+    arguments = (float(max_norm), norm_type, bool(error_if_nonfinite))
+    layout = _digest([(tuple(p.shape), getattr(p, "tp_dim", None)) for p in params], arguments)
+    sharded = sum(getattr(p, "tp_dim", None) is not None for p in params)
+    parts = [] if by_group else [replicated]
+    for group, members in by_group.values():  # the replicated part travels with the first group's
+        mine = [norm_contribution(members, norm_type), replicated, layout, len(params), sharded]
+        parts.append(_gather_and_check(group, mine, norm_type, "tensor-parallel", "parameters"))
+        replicated = 0.0
+    total = combine_contributions(parts, norm_type)
+    if pp_group is not None:  # stages hold different parameters: compare only the arguments
+        mine = [total, 0.0, _digest([], arguments), len(params), sharded]
+        total = _gather_and_check(
+            pp_group, mine, norm_type, "pipeline", "arguments (max_norm, norm_type or error_if_nonfinite)"
+        )
+    norm = finish_norm(total, norm_type)
+    check_finite(norm, norm_type, error_if_nonfinite)  # the same norm on every rank: all raise alike
     scale_grads_(grads, max_norm, norm)
     return norm
+
+
+def _digest(layout: list[Any], arguments: tuple[Any, ...]) -> float:
+    """A 48-bit hash of ``(layout, arguments)`` as a float64 (exact: below 2**53), equal across processes."""
+    blob = repr((layout, arguments)).encode()
+    return float(int.from_bytes(hashlib.blake2b(blob, digest_size=6).digest(), "little"))
+
+
+def _gather_and_check(
+    group: Communicator, mine: list[float], norm_type: float, kind: str, what: str
+) -> float:
+    """All-gather ``[sharded contribution, replicated contribution, hash, #params, #sharded]``; raise on
+    every rank if the hashes differ, else return the combined contribution: the sharded ones combined
+    (in rank order, so identical on every rank) with the largest replicated one. Replicated gradients
+    are equal on every rank, so that is counting them once; the max also makes a NaN or inf that only
+    one rank's copy holds reach every rank (NaN wins in ``ndarray.max``), so all ranks agree."""
+    everyone = dist.all_gather(np.array(mine, np.float64), group=group).reshape(group.size, 5)
+    if len(set(everyone[:, 2].tolist())) > 1:
+        if what == "parameters":
+            counts = "; ".join(
+                f"rank {r}: {int(n)} parameters, {int(k)} sharded" for r, (*_, n, k) in enumerate(everyone)
+            )
+            what = f"parameters or arguments ({counts}; or other shapes, tp_dims or arguments)"
+        raise ValueError(
+            f"clip_grad_norm_: the ranks of a {kind} group passed different {what}; every rank must "
+            "pass its shard of the same parameters, with the same max_norm, norm_type and "
+            "error_if_nonfinite"
+        )
+    sharded = combine_contributions(everyone[:, 0], norm_type)
+    return combine_contributions([sharded, everyone[:, 1].max()], norm_type)

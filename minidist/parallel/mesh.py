@@ -20,6 +20,7 @@ the dp groups {0,2} {1,3} {4,6} {5,7}, the pp groups {0,4} {1,5} {2,6} {3,7}.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from minidist.dist.comm import Communicator, group_or_world
@@ -66,7 +67,7 @@ class ProcessMesh:
     of one model replica, rank i = stage i). ``str(mesh)`` draws the grid.
 
     Raises (on every rank: the sizes are compared across ranks before anything can fail):
-        TypeError: a size is not an int.
+        TypeError: a size is not an int (NumPy integers are accepted; bools are not).
         ValueError: a size is < 1, the ranks passed different sizes, or ``dp * tp * pp`` differs from
             the world size (the message names all four numbers).
     """
@@ -76,9 +77,11 @@ class ProcessMesh:
         sizes = {"dp": dp, "tp": tp, "pp": pp}
         # Agree before raising: a rank with bad or different sizes must not leave the others waiting in
         # the splits below. One small object all-gather (pickled reprs, so any bad value travels).
-        everyone = world.mpi.allgather({k: v if _is_int(v) else repr(v) for k, v in sizes.items()})
+        # NumPy integers count as ints (normalised to Python ints); anything else travels as its repr.
+        everyone = world.mpi.allgather({k: _as_int(v) for k, v in sizes.items()})
         _check_sizes(everyone, world.size)
 
+        dp, tp, pp = (everyone[world.rank][k] for k in AXES)
         self.dp, self.tp, self.pp = dp, tp, pp
         self.world = world
         self.world_size = world.size
@@ -108,6 +111,16 @@ class ProcessMesh:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_int(value: Any) -> Any:
+    """``value`` as a Python int if it is an integer (an int or NumPy integer, not a bool), else its repr."""
+    if isinstance(value, bool):  # True == 1 would silently pass as a size
+        return repr(value)
+    try:
+        return operator.index(value)  # int, np.int64, ...; np.bool_ and floats raise TypeError
+    except TypeError:
+        return repr(value)
 
 
 def _check_sizes(everyone: list[dict[str, Any]], world_size: int) -> None:

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from minidist import dist
 from minidist.parallel import ProcessMesh
 
@@ -34,11 +36,15 @@ cases = {
     "differ": dict(dp=4, tp=1, pp=1) if world.rank == 2 else dict(dp=2, tp=2, pp=1),
     # Only rank 3 passes a bad type: the others must not wait for it in the communicator splits.
     "one_bad": dict(dp=2, tp="2", pp=1) if world.rank == 3 else dict(dp=2, tp=2, pp=1),
+    # NumPy integers on one rank: the same sizes as the others' ints, so a valid mesh
+    "numpy_on_rank_1": dict(dp=np.int64(2), tp=np.int32(2), pp=1)
+    if world.rank == 1
+    else dict(dp=2, tp=2, pp=1),
 }
 for name, sizes in cases.items():
     try:
-        ProcessMesh(**sizes)
-        record["errors"][name] = None
+        built = ProcessMesh(**sizes)
+        record["errors"][name] = ["ok", repr(built)] if name == "numpy_on_rank_1" else None
     except (TypeError, ValueError) as error:
         record["errors"][name] = [type(error).__name__, str(error)]
 mesh = ProcessMesh(2, 2, 1)

@@ -38,6 +38,50 @@ def interleaved(microbatches=2, **kwargs) -> PipelineParallel:
     return PipelineParallel(model, world, microbatches=microbatches, schedule="interleaved", **kwargs)
 
 
+def vector_loss(out, targets):
+    return (out * out).mean(axis=1)  # one loss per sample, not their mean
+
+
+def float_loss(out, targets):
+    return float(ce(out, targets).item())  # a Python float: nothing to differentiate
+
+
+def loss_fails(schedule="1f1b", v=1, microbatches=2, targets=None, loss_fn=ce, group=world, **kwargs):
+    pipe = PipelineParallel(
+        pp_common.make_model(0),
+        group,
+        microbatches=microbatches,
+        schedule=schedule,
+        virtual_stages=v,
+        **kwargs,
+    )
+    return pipe.train_step(md.tensor(x[:8], dtype=np.float64), y[:8] if targets is None else targets, loss_fn)
+
+
+def recovers_after_a_failed_loss():
+    """The same pipeline trains normally after a step whose loss failed, like a fresh one."""
+    pipe = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
+    try:
+        step(pipe, x[:8], np.full(8, 9))
+    except ValueError:
+        pipe.zero_grad()
+    fresh = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
+    return [step(pipe, x[:8], y[:8]), step(fresh, x[:8], y[:8])]
+
+
+def numpy_counts():
+    """NumPy integers on rank 0, ints on rank 1: the same pipeline, no disagreement."""
+    m, v = (np.int64(2), np.int32(2)) if rank == 0 else (2, 2)
+    return step(interleaved(microbatches=m, virtual_stages=v), x[:8], y[:8])
+
+
+def predict_while_other_trains():
+    pipe = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
+    return pipe.predict(x) if rank == 0 else step(pipe, x[:8], y[:8])
+
+
+second_half_bad = np.concatenate([y[:4], np.full(4, 9)])  # microbatch 0 succeeds, microbatch 1 fails
+
 cases = {
     "more_stages_than_layers": lambda: PipelineParallel(tiny(), world, microbatches=2),
     "batch_not_divisible": lambda: step(PipelineParallel(pp_common.make_model(0), world, microbatches=4)),
@@ -71,6 +115,19 @@ cases = {
     ),
     "virtual_stages_differ": lambda: interleaved(virtual_stages=1 + rank),
     "interleaved_predict_without_inputs": lambda: interleaved(virtual_stages=2).predict(None),
+    # loss_fn misuse: seen on the last stage only, mid-schedule, but reported on every rank
+    "loss_returns_vector": lambda: loss_fails(loss_fn=vector_loss),
+    "loss_returns_float_gpipe": lambda: loss_fails("gpipe", loss_fn=float_loss),
+    "targets_out_of_range": lambda: loss_fails(targets=np.full(8, 9)),
+    "targets_bad_in_microbatch_1_gpipe": lambda: loss_fails("gpipe", targets=second_half_bad),
+    "targets_bad_in_microbatch_1_interleaved": lambda: loss_fails("interleaved", 2, targets=second_half_bad),
+    "loss_returns_vector_interleaved": lambda: loss_fails("interleaved", 3, loss_fn=vector_loss),
+    "loss_fn_not_callable_on_rank_1": lambda: loss_fails(loss_fn=ce if rank == 0 else "cross_entropy"),
+    # dp=2 x pp=1: replica 1's targets are out of range; replica 0 must raise too, not wait
+    "dp_replica_loss_fails": lambda: loss_fails(
+        group=world.split(rank), dp_group=world, targets=np.full(8, 9) if rank else None
+    ),
+    "predict_while_other_trains": predict_while_other_trains,
 }
 results = {}
 for name, case in cases.items():
@@ -79,6 +136,8 @@ for name, case in cases.items():
         results[name] = [None, "no error"]
     except (TypeError, ValueError) as error:
         results[name] = [type(error).__name__, str(error)]
+results["recovers_after_a_failed_loss"] = recovers_after_a_failed_loss()
+results["numpy_counts"] = numpy_counts()
 
 pipe = PipelineParallel(pp_common.make_model(0), world, microbatches=2)
 results["after"] = step(pipe)

@@ -20,6 +20,12 @@ produced itself. The header costs one tiny message per stage boundary and step, 
 size change between steps. (Both schedules begin every stage's traffic with a plain ``recv_act 0``
 / ``send_act 0``, never an Exchange, so the header travels alone, in the same direction.)
 
+**A failing loss.** Only the last stage calls ``loss_fn``, in the middle of the schedule, while the
+other stages wait for its gradients. If ``loss_fn`` raises or returns something that is not a
+one-element Tensor, the last stage keeps the error in ``error`` and plays the rest of its program
+without computing (sending zero gradients), so every stage finishes the step; ``PipelineParallel``
+then reports the error on every rank (the step's gradients are incomplete and must be discarded).
+
 **Bookkeeping.** ``stats`` of the last step: busy (forward + backward) time, and the most microbatches
 whose activations this stage held at once. With ``minidist.trace`` enabled each computation and each
 message wait is a span (categories ``"forward"``, ``"backward"``, ``trace.WAIT``), so the timeline
@@ -81,13 +87,16 @@ class StageExecutor:
         self.m = num_microbatches
         self.stage, self.num_stages = group.rank, group.size
         self.stats = StepStats()
+        self.error: Exception | None = None  # of the last step's loss_fn (last stage; module docstring)
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (last stage) or nan (others).
 
-        ``inputs`` (stage 0) and ``targets`` (last stage) hold one entry per microbatch. Raises
-        ``TypeError`` if ``loss_fn`` does not return a one-element Tensor.
+        ``inputs`` (stage 0) and ``targets`` (last stage) hold one entry per microbatch. If ``loss_fn``
+        fails or does not return a one-element Tensor, the step still runs to the end and ``error``
+        holds a ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
         """
+        self.error = None
         self._inputs: dict[int, Tensor] = {}  # microbatch -> this stage's input (received activation)
         self._outputs: dict[int, Tensor] = {}  # microbatch -> output (loss on the last stage)
         self._grads: dict[int, Any] = {}  # microbatch -> gradient received for the output
@@ -114,21 +123,17 @@ class StageExecutor:
                 self._received(step, buffer)
         # END SOLUTION
         self._data = self._targets = None  # drop references to the batch
-        return self._loss if self.stage == self.num_stages - 1 else float("nan")
+        return self._loss if self.stage == self.num_stages - 1 and self.error is None else float("nan")
 
     # -- computation -----------------------------------------------------------------------------
     def _forward(self, i: int) -> None:
         x = self._data[i] if self.stage == 0 else self._inputs[i]
+        last = self.stage == self.num_stages - 1
         start = time.perf_counter()
         with trace.span(f"forward {i}", "forward"):
-            out = self.module(x)
-            if self.stage == self.num_stages - 1:
-                out = self._loss_fn(out, self._targets[i])
-                if not isinstance(out, Tensor) or out.size != 1:
-                    raise TypeError(
-                        f"loss_fn must return a one-element minidist Tensor (the mean loss of the "
-                        f"microbatch), got {type(out).__name__} {getattr(out, 'shape', '')}"
-                    )
+            out = None if last and self.error else self.module(x)  # after a failed loss: nothing to do
+            if last and self.error is None:
+                out, self.error = apply_loss(self._loss_fn, out, self._targets[i], i)
         self.stats.busy_s += time.perf_counter() - start
         self._outputs[i] = out
         self._live += 1
@@ -139,10 +144,11 @@ class StageExecutor:
         start = time.perf_counter()
         with trace.span(f"backward {i}", "backward"):
             if self.stage == self.num_stages - 1:
-                # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
-                self._loss += out.item() / self.m
-                if out.requires_grad:
-                    (out * (1.0 / self.m)).backward()
+                if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
+                    # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
+                    self._loss += out.item() / self.m
+                    if out.requires_grad:
+                        (out * (1.0 / self.m)).backward()
             elif out.requires_grad:  # a parameter-free first stage has nothing to differentiate
                 out.backward(self._grads.pop(i))
         self.stats.busy_s += time.perf_counter() - start
@@ -198,6 +204,26 @@ class StageExecutor:
             self.group.sendrecv(array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv))
         self._received(step.recv, buffer)
         # END SOLUTION
+
+
+def apply_loss(loss_fn: Callable, output: Tensor, targets: Any, i: int) -> tuple[Any, Exception | None]:
+    """``(loss_fn(output, targets), None)``, or ``(None, error)`` if it raises or returns anything but a
+    one-element Tensor: a ``TypeError``/``ValueError`` naming microbatch ``i`` and the shapes involved."""
+    try:
+        loss = loss_fn(output, targets)
+    except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
+        return None, ValueError(
+            f"loss_fn(output, targets) failed on microbatch {i}: {type(e).__name__}: {e} (the last "
+            f"stage's output has shape {output.shape}, the microbatch's targets "
+            f"{getattr(targets, 'shape', type(targets).__name__)}); check the targets and loss_fn"
+        )
+    if not isinstance(loss, Tensor) or loss.size != 1:
+        return None, TypeError(
+            f"loss_fn must return a one-element minidist Tensor (the mean loss of the microbatch), "
+            f"got {type(loss).__name__}{f' of shape {loss.shape}' if isinstance(loss, Tensor) else ''} "
+            f"on microbatch {i}"
+        )
+    return loss, None
 
 
 def _tag(ins: Instruction) -> int:

@@ -3,11 +3,15 @@
 ``resolve_groups`` turns what the user passed (a Communicator, None for the world, or a
 ``ProcessMesh``) into the pipeline group and the optional data-parallel group. ``agree`` makes a
 misuse that only some ranks see (a different model, a bad argument on one rank) raise the same error on
-every rank, instead of leaving the others waiting in the first message.
+every rank, instead of leaving the others waiting in the first message. ``gather_step`` is the small
+all-gather that begins every ``train_step`` and ``predict``: it also tells which operation each rank
+called, so ``predict`` on one rank while another trains is an error on both, not a garbled message.
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -64,3 +68,41 @@ def agree(
             f"PipelineParallel: the ranks of the pipeline group were built differently "
             f"({listing}); build the same model with the same arguments on every rank"
         )
+
+
+OPERATIONS = ("train_step", "predict")
+STEP_FIELDS = 3  # integers per rank after the operation code (the same for every operation)
+
+
+def gather_step(
+    group: Communicator, operation: str, fields: Sequence[int]
+) -> tuple[np.ndarray, ValueError | None]:
+    """All-gather ``operation`` and up to ``STEP_FIELDS`` ints from every rank of ``group``.
+
+    Returns ``(fields of every rank, shape (group.size, STEP_FIELDS), padded with -1; error)``, where
+    ``error`` is a ``ValueError`` (the same on every rank) if the ranks called different operations.
+    One all-gather of 4 int64 per rank, whatever the operation, so mismatched calls still pair up.
+    """
+    record = np.full(1 + STEP_FIELDS, -1, np.int64)
+    record[0] = OPERATIONS.index(operation)
+    record[1 : 1 + len(fields)] = fields
+    everyone = dist.all_gather(record, group=group).reshape(group.size, 1 + STEP_FIELDS)
+    codes = everyone[:, 0].tolist()
+    error = None
+    if len(set(codes)) > 1:
+        calls = "; ".join(f"rank {r}: {OPERATIONS[c]}" for r, c in enumerate(codes))
+        error = ValueError(
+            f"PipelineParallel: the ranks of the pipeline group called different operations ({calls}); "
+            "every rank of the group must call train_step or predict together, in the same order"
+        )
+    return everyone[:, 1:], error
+
+
+def as_count(value: Any) -> Any:
+    """``value`` as a Python int if it is an integer (an int or NumPy integer, not a bool), else itself."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value

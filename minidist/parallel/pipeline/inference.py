@@ -26,6 +26,7 @@ from minidist.autograd import Tensor
 from minidist.dist import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.executor import _MAX_DIMS, _header, _parse_header
+from minidist.parallel.pipeline.groups import gather_step
 
 TAG_PREDICT_HEADER, TAG_PREDICT = 11, 12
 
@@ -41,11 +42,14 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
 
     Returns the last chunk's output as a backend array, shape ``(B, ...)``, on every rank of ``group``.
     Runs under ``no_grad``, with the chunks in eval mode (restored afterwards). Raises ``ValueError`` on
-    every rank if rank 0 has no inputs.
+    every rank if rank 0 has no inputs, or if some ranks called ``train_step`` instead
+    (``groups.gather_step``).
     """
     p, rank = group.size, group.rank
-    has_inputs = dist.all_gather(np.array([inputs is not None], np.int64), group=group)
-    if not has_inputs[0]:
+    has_inputs, mismatch = gather_step(group, "predict", [inputs is not None])
+    if mismatch is not None:
+        raise mismatch
+    if not has_inputs[0, 0]:
         raise ValueError(
             "predict: the first stage (rank 0 of the pipeline group) got no inputs; pass the batch"
         )

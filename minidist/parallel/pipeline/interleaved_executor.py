@@ -36,6 +36,9 @@ itself. In a Batch, the header is started together with the activation and every
 receiver that still lacks the shape waits for the header alone (its other messages are already in
 flight, so nothing waits on it that would not in the simulation), then starts the activation's receive.
 
+**A failing loss** is handled as in ``executor.py``: the rank holding the last virtual stage keeps the
+error in ``error``, stops computing losses and sends zero gradients, so every rank finishes the step.
+
 Arrays travel through host memory (``backend.to_numpy``; a no-op on the CPU backend).
 """
 
@@ -53,7 +56,7 @@ from minidist.dist import Communicator
 from minidist.dist.p2p_batch import P2PRequest, irecv, isend, wait_all
 from minidist.dist.validate import MAX_TAG
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.executor import _MAX_DIMS, StepStats, _header, _parse_header
+from minidist.parallel.pipeline.executor import _MAX_DIMS, StepStats, _header, _parse_header, apply_loss
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -90,13 +93,16 @@ class InterleavedExecutor:
         self.boundaries = max(self.last, 1)
         self.period = max((MAX_TAG - TAG_BASE + 1) // (3 * self.boundaries), 1)  # W in the docstring
         self.stats = StepStats()
+        self.error: Exception | None = None  # of the last step's loss_fn (rank p-1; executor.py)
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
 
-        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. Raises
-        ``TypeError`` if ``loss_fn`` does not return a one-element Tensor.
+        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If ``loss_fn``
+        fails or does not return a one-element Tensor, the step still runs to the end and ``error``
+        holds a ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
         """
+        self.error = None
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
         self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
         self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
@@ -112,7 +118,7 @@ class InterleavedExecutor:
             else:
                 self._messages(step)
         self._data = self._targets = None  # drop references to the batch
-        return self._loss if self.stage == self.p - 1 else float("nan")
+        return self._loss if self.stage == self.p - 1 and self.error is None else float("nan")
 
     # -- computation -----------------------------------------------------------------------------
     def _forward(self, i: int, c: int) -> None:
@@ -120,14 +126,9 @@ class InterleavedExecutor:
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
         with trace.span(_name(FORWARD, i, c), FORWARD):
-            out = self.chunks[c](x)
-            if g == self.last:
-                out = self._loss_fn(out, self._targets[i])
-                if not isinstance(out, Tensor) or out.size != 1:
-                    raise TypeError(
-                        f"loss_fn must return a one-element minidist Tensor (the mean loss of the "
-                        f"microbatch), got {type(out).__name__} {getattr(out, 'shape', '')}"
-                    )
+            out = None if g == self.last and self.error else self.chunks[c](x)  # failed loss: skip
+            if g == self.last and self.error is None:
+                out, self.error = apply_loss(self._loss_fn, out, self._targets[i], i)
         self.stats.busy_s += time.perf_counter() - start
         self._outputs[(i, c)] = out
         self._live += 1
@@ -141,10 +142,11 @@ class InterleavedExecutor:
         start = time.perf_counter()
         with trace.span(_name(BACKWARD, i, c), BACKWARD):
             if g == self.last:
-                # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
-                self._loss += out.item() / self.m
-                if out.requires_grad:
-                    (out * (1.0 / self.m)).backward()
+                if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
+                    # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
+                    self._loss += out.item() / self.m
+                    if out.requires_grad:
+                        (out * (1.0 / self.m)).backward()
             else:
                 grad = self._grads.pop((i, c))
                 if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate

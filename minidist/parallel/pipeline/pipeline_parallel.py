@@ -50,11 +50,13 @@ from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
-from minidist.parallel.pipeline.groups import agree, resolve_groups
+from minidist.parallel.pipeline.groups import agree, as_count, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.interleaved_executor import InterleavedExecutor
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
+
+_MISSING, _NOT_CALLABLE = 1, 2  # bit flags in train_step's agreement (_check_batch)
 
 
 class PipelineParallel:
@@ -64,12 +66,24 @@ class PipelineParallel:
         model: an ``nn.Sequential`` built identically (same seed) on every rank.
         group: the pipeline communicator (rank s runs stage s), ``None`` for the world, or a mesh: any
             object with ``.pp_group`` (and ``.dp_group``, used when ``dp_group`` is not given).
-        microbatches: ``m >= 1``; every batch size must be divisible by it.
+        microbatches: ``m >= 1`` (an int or NumPy integer); every batch size must be divisible by it.
         schedule: ``"1f1b"``, ``"gpipe"`` (``schedules.py``) or ``"interleaved"`` (``interleaved.py``).
         dp_group: data-parallel communicator over the replicas of this stage, or None.
         cuts: explicit cut points (where stages 1..p-1 start; with interleaving the ``p v - 1`` points
             where virtual stages 1..pv-1 start); default: balanced by parameter count.
         virtual_stages: ``v``, model chunks per rank; more than 1 only with ``schedule="interleaved"``.
+
+    **Errors during a step.** ``train_step`` and ``predict`` begin with one small all-gather over the
+    group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
+    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation).
+    ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
+    targets out of range, or layers that changed the batch size) or returns anything but a
+    one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
+    then reported on every rank of the group (and of the dp group), so no rank is left waiting; the
+    step's gradients are incomplete then: call ``zero_grad`` before the next step. An exception raised
+    inside the model's layers is *not* caught that way: it ends the job through minidist's excepthook
+    (``minidist/dist/watchdog.py``), or, if caught (e.g. in a notebook), the other ranks wait until
+    ``MINIDIST_TIMEOUT`` turns their wait into an error.
 
     Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names: a
     :class:`PipelineStage`, or with ``v > 1`` a :class:`PipelineChunks` holding all ``v`` chunks),
@@ -99,7 +113,8 @@ class PipelineParallel:
         group, dp_group = resolve_groups(group, dp_group)
         self.group, self.dp_group = group, dp_group
         self.stage_index, self.num_stages = group.rank, group.size
-        p, v = group.size, virtual_stages
+        microbatches = as_count(microbatches)  # NumPy integers are fine: from here on a Python int
+        p, v = group.size, as_count(virtual_stages)
         error, bounds, plan = None, [], None
         try:
             if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
@@ -172,11 +187,13 @@ class PipelineParallel:
         mean over the global batch (the replicas' shares may differ; each must be divisible by ``m``).
 
         Raises ``ValueError`` on every rank of the group and of the dp group if the batch size is not
-        divisible by ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ, or
-        stage 0 lacks inputs / the last stage lacks targets.
+        divisible by ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ,
+        stage 0 lacks inputs / the last stage lacks targets, some rank called ``predict`` instead, or
+        ``loss_fn`` raised on the last stage; ``TypeError`` if ``loss_fn`` is not callable or returned
+        anything but a one-element Tensor (class docstring: the step runs to its end first).
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
-        batch, global_batch = self._check_batch(inputs, targets)
+        batch, global_batch = self._check_batch(inputs, targets, loss_fn)
         start = time.perf_counter()
         size = batch // m
         xs = ys = None
@@ -185,15 +202,27 @@ class PipelineParallel:
             xs = [Tensor(data[i * size : (i + 1) * size]) for i in range(m)]
         if s == p - 1:
             ys = [targets[i * size : (i + 1) * size] for i in range(m)]
-        loss = np.array([self._executor.run(xs, ys, loss_fn)], dtype=np.float64)
-        dist.broadcast(loss, src=p - 1, group=self.group)  # the mean loss is known on the last stage only
+        # The mean loss is known on the last stage only; with it goes whether loss_fn failed there.
+        result = np.array([self._executor.run(xs, ys, loss_fn), self._executor.error is not None])
+        dist.broadcast(result, src=p - 1, group=self.group)
         self.stats.step_s = time.perf_counter() - start
-        if self.dp_group is not None and self.dp_group.size > 1:
-            weight = batch / global_batch  # this replica's share of the global batch
-            self._combine_gradients_over_dp(weight)
-            loss *= weight
-            dist.all_reduce(loss, op="sum", group=self.dp_group)  # the mean over the global batch
-        return float(loss[0])
+        error: Exception | None = None
+        if result[1]:
+            try:  # the last stage's message, to every rank of the pipeline group
+                agree(self.group, self._executor.error, "")
+            except (TypeError, ValueError) as e:
+                error = e
+        if self.dp_group is None or self.dp_group.size == 1:
+            if error is not None:
+                raise error
+            return float(result[0])
+        weight = batch / global_batch  # this replica's share of the global batch
+        result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
+        dist.all_reduce(result, op="sum", group=self.dp_group)
+        if result[1]:
+            agree(self.dp_group, error, "", what="data-parallel group")
+        self._combine_gradients_over_dp(weight)
+        return float(result[0])
 
     def predict(self, inputs: Any) -> Any:
         """Forward-only pass of ``inputs`` through all stages (no grad, eval mode); for evaluation.
@@ -209,18 +238,27 @@ class PipelineParallel:
             data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
         return forward_only(self.chunks, self.group, data)
 
-    def _check_batch(self, inputs: Any, targets: Any) -> tuple[int, int]:
+    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, int]:
         """(this replica's batch size, the global batch over the dp group), agreed with two small
         all-gathers (pp group, then dp group); the same error on every rank of both groups."""
         s, p, m = self.stage_index, self.num_stages, self.microbatches
         n_in = -1 if inputs is None else len(inputs)
         n_tg = -1 if targets is None else len(targets)
         missing = (s == 0 and inputs is None) or (s == p - 1 and targets is None)
-        info = dist.all_gather(np.array([n_in, n_tg, int(missing)], np.int64), group=self.group).reshape(p, 3)
-        error: ValueError | None = None
+        flags = (_MISSING if missing else 0) | (0 if callable(loss_fn) else _NOT_CALLABLE)
+        info, mismatch = gather_step(self.group, "train_step", [n_in, n_tg, flags])
+        error: Exception | None = mismatch  # the ranks called different operations
         sizes = sorted({int(n) for n in info[:, :2].reshape(-1) if n >= 0})
-        if info[:, 2].any():
-            ranks = np.flatnonzero(info[:, 2]).tolist()
+        if error is not None:
+            pass
+        elif (info[:, 2] & _NOT_CALLABLE).any():
+            ranks = np.flatnonzero(info[:, 2] & _NOT_CALLABLE).tolist()
+            error = TypeError(
+                f"train_step: loss_fn must be callable (loss_fn(output, targets) -> scalar Tensor), "
+                f"but ranks {ranks} passed something else; pass e.g. nn.functional.cross_entropy"
+            )
+        elif (info[:, 2] & _MISSING).any():
+            ranks = np.flatnonzero(info[:, 2] & _MISSING).tolist()
             error = ValueError(
                 f"train_step: ranks {ranks} passed None where the first stage needs inputs / "
                 "the last stage needs targets; pass the batch on those ranks"

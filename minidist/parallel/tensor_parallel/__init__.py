@@ -3,8 +3,9 @@
 Reading order: ``mappings.py`` (the f and g operators and their gather/scatter variants: all the
 communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``) -> ``mlp.py``
 (``ParallelMLP``: column then row, one all-reduce each way) -> ``random.py`` (the RNG tracker:
-dropout masks per rank on sharded activations, shared on replicated ones). The process grid these
-groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
+dropout masks per rank on sharded activations, shared on replicated ones). ``checks.py`` compares
+every layer's arguments across its group at construction, so a mismatch raises on every rank. The
+process grid these groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
 ``minidist/parallel/clip_grad.py``.
 """
 

@@ -32,6 +32,7 @@ from minidist.dist.comm import Communicator, group_or_world
 from minidist.nn import functional as F
 from minidist.nn.layers import uniform
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.tensor_parallel.checks import agree, check_divisible, describe_dtype, positive_int
 from minidist.parallel.tensor_parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_tensor_parallel_region,
@@ -52,22 +53,12 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     # END SOLUTION
 
 
-def _check_sizes(layer: str, in_features: int, out_features: int, split: str, group: Communicator) -> None:
-    if in_features <= 0 or out_features <= 0:
-        raise ValueError(f"{layer} needs positive sizes, got in={in_features}, out={out_features}")
-    n = in_features if split == "in_features" else out_features
-    if n % group.size:
-        raise ValueError(
-            f"{layer}({in_features}, {out_features}): {split}={n} is not divisible by the tensor-parallel "
-            f"group size {group.size}; choose a size divisible by {group.size} or a different tp"
-        )
-
-
 def _check_last_axis(layer: Module, x: Tensor, expected: int, what: str) -> None:
-    if x.shape[-1] != expected:
+    if x.ndim == 0 or x.shape[-1] != expected:
         raise ValueError(
             f"{type(layer).__name__}({layer.in_features}, {layer.out_features}) on a group of "
-            f"{layer.group.size} got input of shape {x.shape}: its last axis must be {expected} ({what})"
+            f"{layer.group.size} got input of shape {x.shape}: it expects input of shape (..., {expected}), "
+            f"its last axis must be {expected} ({what})"
         )
 
 
@@ -78,8 +69,14 @@ class ColumnParallelLinear(Module):
     (..., out_features / n), or with ``gather_output=True`` the whole (..., out_features) on every rank
     (one all-gather forward). Backward all-reduces ``dL/dx`` (the f operator).
 
-    Raises ``ValueError`` for non-positive sizes, ``out_features`` not divisible by ``group.size``, or
-    an input whose last axis is not ``in_features``.
+    Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
+    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank.
+
+    Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
+    (NumPy integers are fine), ``ValueError`` for a size < 1, ``out_features`` not divisible by
+    ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
+    ``gather_output`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis is not
+    ``in_features`` (or a scalar).
     """
 
     def __init__(
@@ -93,7 +90,10 @@ class ColumnParallelLinear(Module):
     ) -> None:
         super().__init__()
         self.group = group_or_world(group)
-        _check_sizes("ColumnParallelLinear", in_features, out_features, "out_features", self.group)
+        in_features, out_features = _agree_on_sizes(
+            "ColumnParallelLinear", self.group, in_features, out_features, "out_features",
+            bias=bool(bias), gather_output=bool(gather_output), dtype=describe_dtype(dtype),
+        )  # fmt: skip
         self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
         self.out_features_per_partition = out_features // self.group.size
         bound = 1.0 / math.sqrt(in_features)  # the full layer's fan-in, as nn.Linear
@@ -124,8 +124,14 @@ class RowParallelLinear(Module):
     rank keeps its slice (no communication). Output (..., out_features), the same on every rank:
     ``g(x_r W_r^T) + b``, one all-reduce forward, none backward.
 
-    Raises ``ValueError`` for non-positive sizes, ``in_features`` not divisible by ``group.size``, or
-    an input whose last axis has the wrong length.
+    Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
+    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank.
+
+    Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
+    (NumPy integers are fine), ``ValueError`` for a size < 1, ``in_features`` not divisible by
+    ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
+    ``input_is_parallel`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis
+    has the wrong length (or a scalar).
     """
 
     def __init__(
@@ -139,7 +145,10 @@ class RowParallelLinear(Module):
     ) -> None:
         super().__init__()
         self.group = group_or_world(group)
-        _check_sizes("RowParallelLinear", in_features, out_features, "in_features", self.group)
+        in_features, out_features = _agree_on_sizes(
+            "RowParallelLinear", self.group, in_features, out_features, "in_features",
+            bias=bool(bias), input_is_parallel=bool(input_is_parallel), dtype=describe_dtype(dtype),
+        )  # fmt: skip
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
         self.in_features_per_partition = in_features // self.group.size
@@ -165,3 +174,20 @@ class RowParallelLinear(Module):
             f"out_features={self.out_features}, bias={self.bias is not None}, "
             f"input_is_parallel={self.input_is_parallel}"
         )
+
+
+def _agree_on_sizes(
+    layer: str, group: Communicator, in_features: Any, out_features: Any, split: str, **flags: Any
+) -> tuple[int, int]:
+    """The sizes as ints, after checking them here and comparing all arguments across ``group``."""
+    error, sizes = None, (in_features, out_features)
+    try:
+        sizes = (
+            positive_int(layer, "in_features", in_features),
+            positive_int(layer, "out_features", out_features),
+        )
+        check_divisible(layer, split, sizes[1] if split == "out_features" else sizes[0], group)
+    except (TypeError, ValueError) as e:
+        error = e
+    agree(group, layer, {"in_features": sizes[0], "out_features": sizes[1], **flags}, error)
+    return sizes

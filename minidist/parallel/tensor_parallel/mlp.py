@@ -19,6 +19,13 @@ from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.dist.comm import Communicator, group_or_world
 from minidist.nn import functional as F
 from minidist.nn.module import Module
+from minidist.parallel.tensor_parallel.checks import (
+    agree,
+    already_agreed,
+    check_divisible,
+    describe_dtype,
+    positive_int,
+)
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel.random import get_rng_tracker
 
@@ -34,8 +41,12 @@ class ParallelMLP(Module):
     from the same seed. ``dropout`` > 0 zeroes hidden activations in training with a different mask
     per tp rank (the RNG tracker's generator; seed it with ``model_parallel_manual_seed``).
 
-    Raises ``ValueError`` if ``hidden_features`` is not divisible by the group size, for an unknown
-    ``activation`` (one of ``"relu"``, ``"gelu"``, ``"tanh"``) or a dropout outside [0, 1].
+    Collective: every rank of ``group`` must build it with the same arguments, compared at construction
+    in one small all-gather (``checks.py``). Raises, on every rank of ``group``: ``TypeError`` for a
+    size that is not an int (NumPy integers are fine); ``ValueError`` for a size < 1,
+    ``hidden_features`` not divisible by the group size, an unknown ``activation`` (one of
+    ``"relu"``, ``"gelu"``, ``"tanh"``), a dropout outside [0, 1], or ranks that passed different
+    arguments.
     """
 
     def __init__(
@@ -50,19 +61,31 @@ class ParallelMLP(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        if not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"dropout probability must be between 0 and 1, got {dropout}")
         group = group_or_world(group)
         out_features = in_features if out_features is None else out_features
+        error, sizes = None, (in_features, hidden_features, out_features)
+        try:
+            names = ("in_features", "hidden_features", "out_features")
+            sizes = tuple(positive_int("ParallelMLP", n, v) for n, v in zip(names, sizes))
+            check_divisible("ParallelMLP", "hidden_features", sizes[1], group)
+            if activation not in ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+            if not 0.0 <= dropout <= 1.0:
+                raise ValueError(f"dropout probability must be between 0 and 1, got {dropout}")
+        except (TypeError, ValueError) as e:
+            error = e
+        arguments = dict(zip(("in_features", "hidden_features", "out_features"), sizes))
+        arguments.update(bias=bool(bias), activation=repr(activation), dropout=repr(dropout))
+        agree(group, "ParallelMLP", {**arguments, "dtype": describe_dtype(dtype)}, error)
+        in_features, hidden_features, out_features = sizes
         self.activation, self.dropout = activation, dropout
-        self.fc1 = ColumnParallelLinear(
-            in_features, hidden_features, bias, group, gather_output=False, dtype=dtype
-        )
-        self.fc2 = RowParallelLinear(
-            hidden_features, out_features, bias, group, input_is_parallel=True, dtype=dtype
-        )
+        with already_agreed():  # one collective for the block, not one more per layer
+            self.fc1 = ColumnParallelLinear(
+                in_features, hidden_features, bias, group, gather_output=False, dtype=dtype
+            )
+            self.fc2 = RowParallelLinear(
+                hidden_features, out_features, bias, group, input_is_parallel=True, dtype=dtype
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         h = ACTIVATIONS[self.activation](self.fc1(x))  # (..., hidden / n), sharded
