@@ -2,8 +2,9 @@
 
 Reading order: ``errors.py`` -> ``atomic.py`` (durable writes, the commit protocol, ``latest``) ->
 ``manifest.py`` (what a checkpoint contains) -> ``layout.py`` (global names, who writes which shard) ->
-``optim_state.py`` (optimizer state by name, ZeRO included) -> ``save.py`` -> ``reshard.py`` ->
-``load.py`` -> ``recompute.py`` (Chen et al. 2016) -> ``cli.py`` (``python -m minidist checkpoint info``).
+``optim_state.py`` (optimizer state by name, ZeRO included) -> ``schema.py`` (checking a manifest) ->
+``save.py`` -> ``reshard.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) ->
+``recompute.py`` (Chen et al. 2016) -> ``cli.py`` (``python -m minidist checkpoint info``).
 
 On disk::
 
@@ -16,7 +17,8 @@ does not initialise MPI (that happens on the first collective call).
 """
 
 from minidist.checkpoint.errors import CheckpointError
-from minidist.checkpoint.load import load, load_latest
+from minidist.checkpoint.latest import load_latest
+from minidist.checkpoint.load import load
 from minidist.checkpoint.recompute import recompute
 from minidist.checkpoint.save import save
 

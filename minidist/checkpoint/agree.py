@@ -43,3 +43,33 @@ def raise_if_any(comm: MPI.Comm, error: CheckpointError | None) -> None:
                 raise error
             prefix = "" if err["path"] else f"rank {rank}: "
             raise CheckpointError(prefix + err["problem"], err["path"])
+
+
+def raise_if_any_argument_error(comm: MPI.Comm, error: Exception | None) -> None:
+    """Collective: if any rank passes a bad-argument ``TypeError``/``ValueError``, raise it everywhere.
+
+    A bad argument on one rank only (``step=-1`` there) must not leave the others waiting in the next
+    collective. The lowest rank's error wins; other ranks raise the same type, prefixed with its rank.
+    """
+    mine = None if error is None else {"type": type(error).__name__, "message": str(error)}
+    for rank, err in enumerate(allgather_json(comm, mine)):
+        if err is not None:
+            if error is not None and rank == comm.Get_rank():
+                raise error
+            kind = TypeError if err["type"] == "TypeError" else ValueError
+            raise kind(f"rank {rank}: {err['message']}")
+
+
+def differing(comm: MPI.Comm, values: dict[str, Any]) -> str | None:
+    """Collective: compare the JSON ``values`` of every rank; describe the first field that differs.
+
+    Returns None when every rank passed equal values, else e.g. ``"step (rank 0: 5, rank 1: 6)"``,
+    the same text on every rank (so that all of them raise together).
+    """
+    everyone = allgather_json(comm, values)
+    for field in values:
+        seen = [v[field] for v in everyone]
+        if any(v != seen[0] for v in seen):
+            shown = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen) if r < 4 or v != seen[0])
+            return f"{field} ({shown})"
+    return None

@@ -18,17 +18,26 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
+
+from minidist.checkpoint.errors import CheckpointError
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
 TMP_PREFIX = ".tmp-"
+CORRUPT_PREFIX = ".corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def step_dirname(step: int) -> str:
     """``step_000123``: names sort by step for steps below 10**9."""
     return f"step_{step:09d}"
+
+
+def is_step_dirname(name: str) -> bool:
+    """Whether ``name`` is a committed checkpoint's folder name (what ``latest`` may hold)."""
+    return _STEP_DIR.match(name) is not None
 
 
 def write_durable(path: Path, data: bytes) -> None:
@@ -79,11 +88,22 @@ def write_latest(root: Path, name: str) -> None:
 
 
 def read_latest(root: Path) -> str | None:
-    """The folder name in ``root/latest``, or None if there is no pointer."""
+    """The folder name in ``root/latest``, or None if there is no pointer (or it is empty).
+
+    Raises ``CheckpointError`` naming the pointer if it cannot be read (``root`` is a file, ...) or
+    is not UTF-8 text.
+    """
+    path = root / LATEST
     try:
-        return (root / LATEST).read_text().strip() or None
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise CheckpointError(f"cannot read the 'latest' pointer ({err})", path) from None
+    try:
+        return data.decode("utf-8").strip() or None
+    except UnicodeDecodeError:
+        raise CheckpointError("the 'latest' pointer is not UTF-8 text (corrupt?)", path) from None
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -99,6 +119,21 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
             if match and child.is_dir():
                 found.append((int(match.group(1)), child))
     return sorted(found)
+
+
+def move_aside(root: Path, folder: Path) -> Path:
+    """Rename ``folder`` (a checkpoint that fails verification) to ``root/.corrupt-<name>-<time>``.
+
+    Nothing is deleted: the bytes stay for a person to inspect or repair, under a name that
+    ``list_checkpoints`` and ``remove_stale_tmp`` both ignore. Returns the new path.
+    """
+    target = root / f"{CORRUPT_PREFIX}{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():  # moved aside twice within a second
+        target, n = root / f"{CORRUPT_PREFIX}{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
+    os.rename(folder, target)
+    fsync_dir(root)
+    return target
 
 
 def remove_stale_tmp(root: Path) -> None:

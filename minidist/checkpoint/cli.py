@@ -26,8 +26,18 @@ def run(args: argparse.Namespace) -> int:
 
 def info(directory: Path, verify: bool = False) -> int:
     status = 0
-    folders = atomic.list_checkpoints(directory)
-    latest = atomic.read_latest(directory)
+    if directory.exists() and not directory.is_dir():
+        print(f"error: {directory}: this is a file; pass a checkpoint root or a step_<n> folder")
+        return 1
+    try:
+        folders = atomic.list_checkpoints(directory)
+        latest = atomic.read_latest(directory)
+    except CheckpointError as err:  # an unreadable or non-UTF-8 'latest': still list what is there
+        print(f"error: {err}")
+        folders, latest, status = atomic.list_checkpoints(directory), None, 1
+    except OSError as err:
+        print(f"error: {directory}: cannot list it ({err})")
+        return 1
     if folders:
         print(f"checkpoints in {directory} (latest -> {latest}):")
         for step, path in folders:
@@ -47,7 +57,7 @@ def info(directory: Path, verify: bool = False) -> int:
     if verify:
         problems = _problems(folder, manifest)
         print("\nverify: " + ("all files match their checksums" if not problems else "; ".join(problems)))
-        status = 1 if problems else 0
+        status = 1 if problems else status
     return status
 
 

@@ -10,6 +10,7 @@ so a checkpoint cannot run code.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 from minidist import backend
 from minidist.checkpoint import atomic, optim_state, rng
 from minidist.checkpoint import manifest as mf
-from minidist.checkpoint.agree import allgather_json, raise_if_any
+from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.layout import Layout, layout_of, tp_dim_of, unwrap
 from minidist.checkpoint.reshard import local_piece, needed_shards
@@ -29,16 +30,27 @@ from minidist.checkpoint.save import world_comm
 def resolve(directory: str | os.PathLike) -> Path:
     """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
 
-    Raises ``CheckpointError`` if neither exists.
+    Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
+    unreadable or names something other than a ``step_<n>`` folder.
     """
     path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(
+            "this is a file, not a checkpoint folder or root; "
+            "pass the folder holding manifest.json or 'latest'",
+            path,
+        )
     if (path / atomic.MANIFEST).exists():
         return path
     name = atomic.read_latest(path)
     if name is None:
         raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
-    if "/" in name or name.startswith("."):
-        raise CheckpointError(f"the 'latest' pointer names {name!r}, which is not a checkpoint folder", path)
+    if not atomic.is_step_dirname(name):
+        raise CheckpointError(
+            f"the 'latest' pointer names {name!r}, which is not a checkpoint folder (step_<n>); "
+            "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
+            path,
+        )
     return path / name
 
 
@@ -53,7 +65,8 @@ def load(
     """Collective: restore ``model`` (and ``optimizer``, ``sampler``, RNG states) from a checkpoint.
 
     Args:
-        directory: a checkpoint folder (``.../step_000123``) or the root holding ``latest``.
+        directory: a checkpoint folder (``.../step_000123``) or the root holding ``latest``; the
+            same folder on every rank.
         model, optimizer, mesh, sampler: as for ``save``; the mesh may differ from the saved one
             (another dp, tp, pp or world size): tensors are then resharded by global name.
 
@@ -63,12 +76,21 @@ def load(
 
     Raises:
         CheckpointError: on every rank, naming the file and the problem: missing / unreadable /
-            corrupt / truncated files, a newer format version, a model whose names or global shapes
-            or dtypes differ, a different optimizer class. Nothing has been changed when it is raised.
+            corrupt / truncated files, a malformed manifest, a newer format version, a model whose
+            names or global shapes or dtypes differ, a different optimizer class, a sampler state
+            that does not fit ``sampler`` (another seed or data set), or ranks that resolved
+            different folders. Nothing has been changed when it is raised.
+        TypeError / ValueError: on every rank, for a model that is not a Module or a mesh that does
+            not match the world.
     """
     comm = world_comm(mesh)
-    layout = layout_of(mesh, comm)
-    module = unwrap(model)
+    error = None
+    try:
+        layout = layout_of(mesh, comm)
+        module = unwrap(model)
+    except (TypeError, ValueError) as err:
+        error = err
+    raise_if_any_argument_error(comm, error)
     error, folder, manifest = None, None, None
     try:
         folder = resolve(directory)
@@ -76,11 +98,20 @@ def load(
     except CheckpointError as err:
         error = err
     raise_if_any(comm, error)
+    digest = hashlib.sha256(mf.dumps(manifest)).hexdigest()[:16]
+    mismatch = differing(comm, {"folder": os.path.realpath(folder), "manifest sha256": digest})
+    if mismatch:  # e.g. another directory per rank, or 'latest' switched between the ranks' reads
+        raise CheckpointError(
+            f"the ranks resolved different checkpoints: {mismatch}; pass the same directory on every "
+            "rank (on a file system all ranks share) and do not save into it while loading"
+        )
 
     params = dict(module.named_parameters())
-    error, plan = None, None
+    same_layout = manifest["mesh"] == layout.describe()
+    error, plan, sampler_state = None, None, None
     try:
         plan = _plan(manifest, folder, params, optimizer, module, layout)
+        sampler_state = _sampler_state(manifest, folder, layout, same_layout, sampler)
     except CheckpointError as err:
         error = err
     raise_if_any(comm, error)
@@ -93,12 +124,7 @@ def load(
             folder / atomic.MANIFEST,
         )
 
-    error, arrays = None, None
-    try:
-        arrays = _read(comm, folder, manifest, plan, layout)
-    except CheckpointError as err:
-        error = err
-    raise_if_any(comm, error)
+    arrays = _read(comm, folder, manifest, plan, layout)  # collective; raises on every rank
 
     # Everything verified on every rank: now change state.
     for name, p in params.items():
@@ -112,19 +138,12 @@ def load(
             if name in params:
                 state.setdefault(name, {}).update(counters)
         optim_state.load_by_name(optimizer, module, manifest["optimizer"], state)
-    same_layout = manifest["mesh"] == layout.describe()
     rng_restored = False
     if same_layout:
-        mine = manifest["ranks"][layout.rank]
-        rng.set_states(mine)
+        rng.set_states(manifest["ranks"][layout.rank])
         rng_restored = True
-    if sampler is not None:
-        saved_states = [r["sampler"] for r in manifest["ranks"] if r["sampler"] is not None]
-        same = [r["sampler"] for r in manifest["ranks"] if r["rank"] == layout.rank and r["sampler"]]
-        if same_layout and same:
-            sampler.load_state_dict(same[0])
-        elif saved_states:
-            sampler.load_state_dict(saved_states[0])
+    if sampler_state is not None:
+        sampler.load_state_dict(sampler_state)
     return {
         "step": manifest["step"],
         "extra": manifest.get("extra"),
@@ -160,11 +179,47 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
     if header is None or header["class"] != wanted:
         found = "no optimizer state" if header is None else f"{header['class']} state"
         raise CheckpointError(f"the checkpoint holds {found}, but the optimizer here is {wanted}", where)
+    ours = optim_state.inner(optimizer).defaults
+    for k, v in header["defaults"].items():  # restored into the optimizer: same names and arity
+        if (
+            k not in ours
+            or isinstance(v, list) != isinstance(ours[k], (tuple, list))
+            or (isinstance(v, list) and len(v) != len(ours[k]))
+        ):
+            raise CheckpointError(f"optimizer hyperparameter {k}={v!r} does not fit this {wanted}", where)
     for key, entry in tensors.items():
         if entry["kind"] == "optim" and entry["name"] in params:
-            tp_dim = tp_dim_of(params[entry["name"]])
+            p = params[entry["name"]]
+            tp_dim = tp_dim_of(p)
+            if entry["global_shape"] != _global_shape(p.shape, tp_dim, layout.tp):
+                raise CheckpointError(
+                    f"optimizer state {key!r} is {entry['global_shape']} in the checkpoint but its "
+                    f"parameter is {_global_shape(p.shape, tp_dim, layout.tp)} (global) here",
+                    where,
+                )
             plan[key] = (needed_shards(entry, layout.tp, layout.tp_rank, tp_dim), tp_dim)
     return plan
+
+
+def _sampler_state(manifest: dict, folder: Path, layout: Layout, same_layout: bool, sampler: Any) -> Any:
+    """The saved sampler state this rank restores (its own on the same layout, else rank 0's), checked.
+
+    Raises ``CheckpointError`` if ``sampler`` refuses it (``resume_point``: another seed, data set
+    length or shuffle setting, or a position that cannot carry over), before anything has changed.
+    """
+    if sampler is None:
+        return None
+    saved = [r["sampler"] for r in manifest["ranks"] if r["sampler"] is not None]
+    same = [r["sampler"] for r in manifest["ranks"] if r["rank"] == layout.rank and r["sampler"]]
+    state = same[0] if same_layout and same else (saved[0] if saved else None)
+    if state is not None and hasattr(sampler, "resume_point"):
+        try:
+            sampler.resume_point(state)
+        except (TypeError, ValueError, KeyError) as err:
+            raise CheckpointError(
+                f"the sampler state cannot be restored: {err}", folder / atomic.MANIFEST
+            ) from None
+    return state
 
 
 def _global_shape(shape: tuple[int, ...], tp_dim: int | None, tp: int) -> list[int]:
@@ -204,16 +259,22 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
     for i, name in enumerate(files):  # the same order on every rank
         if name in shared:
             contents[name] = _broadcast_file(comm, manifest, name, contents.get(name), i % layout.world_size)
-    out = {}
-    for key, (shards, tp_dim) in plan.items():
-        entry = manifest["tensors"][key]
-        pieces = []
-        for s in shards:
-            array = contents[s["file"]].get(key)
-            if array is None or list(array.shape) != list(s["shape"]):
-                raise CheckpointError(f"tensor {key!r} missing or misshapen in the file", folder / s["file"])
-            pieces.append(array)
-        out[key] = local_piece(key, entry, pieces, layout.tp, layout.tp_rank, tp_dim)
+    out, error = {}, None
+    try:  # a piece that cannot be cut (tp does not divide it) may concern one pipeline stage only
+        for key, (shards, tp_dim) in plan.items():
+            entry = manifest["tensors"][key]
+            pieces = []
+            for s in shards:
+                array = contents[s["file"]].get(key)
+                if array is None or list(array.shape) != list(s["shape"]):
+                    raise CheckpointError(
+                        f"tensor {key!r} missing or misshapen in the file", folder / s["file"]
+                    )
+                pieces.append(array)
+            out[key] = local_piece(key, entry, pieces, layout.tp, layout.tp_rank, tp_dim)
+    except CheckpointError as err:
+        error = err
+    raise_if_any(comm, error)
     return out
 
 
@@ -230,46 +291,3 @@ def _broadcast_file(comm: Any, manifest: dict, name: str, arrays: dict | None, r
             comm.Bcast(a.reshape(-1).view(np.uint8), root=root)
         out[key] = a
     return out
-
-
-def load_latest(
-    directory: str | os.PathLike,
-    model: Any,
-    optimizer: Any = None,
-    *,
-    mesh: Any = None,
-    sampler: Any = None,
-    fallback: bool = False,
-    missing_ok: bool = False,
-) -> dict[str, Any] | None:
-    """Collective: load the checkpoint ``directory/latest`` names.
-
-    With ``fallback``, a checkpoint that fails to verify is skipped (a warning is printed on rank 0)
-    and the committed ``step_<n>`` folders are tried newest first, until one loads. With
-    ``missing_ok``, a directory holding no checkpoint at all returns None (a fresh start).
-
-    Raises ``CheckpointError`` on every rank if nothing loads (listing each checkpoint's problem).
-    """
-    root = Path(directory)
-    committed = [path for _, path in reversed(atomic.list_checkpoints(root))]
-    pointer = atomic.read_latest(root)
-    if missing_ok and pointer is None and not committed:
-        return None
-    # ``root`` itself goes through resolve(), which checks the pointer's contents.
-    candidates = [root] if pointer is not None else []
-    skip = {root / pointer} if pointer is not None else set()
-    if fallback or pointer is None:
-        candidates += [path for path in committed if path not in skip]
-    problems = []
-    for candidate in candidates:
-        try:
-            return load(candidate, model, optimizer, mesh=mesh, sampler=sampler)
-        except CheckpointError as err:  # raised identically on every rank, so all move on together
-            problems.append(str(err))
-            if not fallback:
-                raise
-            if world_comm(mesh).Get_rank() == 0:
-                print(f"checkpoint.load_latest: skipping a checkpoint that does not load: {err}", flush=True)
-    raise CheckpointError(
-        "no checkpoint loads" + (": " + "; ".join(problems) if problems else " (none found)"), root
-    )

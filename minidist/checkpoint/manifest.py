@@ -26,9 +26,14 @@ from typing import Any
 
 from minidist.checkpoint.atomic import MANIFEST
 from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.schema import validate
 
 FORMAT = "minidist-checkpoint"
 FORMAT_VERSION = 1
+
+
+class NewerFormatError(CheckpointError):
+    """A checkpoint written by a newer minidist: not damaged, so ``save`` never moves it aside."""
 
 
 def model_key(name: str) -> str:
@@ -46,47 +51,69 @@ def dumps(manifest: dict[str, Any]) -> bytes:
 def read_manifest(folder: Path) -> dict[str, Any]:
     """Read and check ``folder/manifest.json``.
 
-    Raises ``CheckpointError`` naming the file if it is missing, not JSON, not a minidist
-    checkpoint, written by a newer format version than this code understands, or lacks a field.
+    Raises ``CheckpointError`` naming the file if it is missing, unreadable, not UTF-8 JSON, not a
+    minidist checkpoint, lacks a field or holds a malformed one (``schema.validate``), and
+    ``NewerFormatError`` (a ``CheckpointError``) if a newer format version wrote it.
     """
     path = folder / MANIFEST
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError("manifest missing: not a committed checkpoint folder", path) from None
     except OSError as err:
         raise CheckpointError(f"manifest unreadable ({err})", path) from None
     try:
-        manifest = json.loads(text)
+        manifest = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"manifest is not UTF-8 text (corrupt?): {err}", path) from None
     except json.JSONDecodeError as err:
         raise CheckpointError(f"manifest is not valid JSON (truncated or corrupt?): {err}", path) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"not a {FORMAT} manifest", path)
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(
+    for field in ("format_version", "step", "mesh", "files", "tensors", "ranks"):
+        if field not in manifest:
+            raise CheckpointError(f"manifest lacks the field {field!r} (corrupt?)", path)
+    version = manifest["format_version"]
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise NewerFormatError(
             f"checkpoint format version {version} is newer than this minidist understands "
             f"(<= {FORMAT_VERSION}); upgrade minidist to load it",
             path,
         )
-    for field in ("step", "mesh", "files", "tensors", "ranks"):
-        if field not in manifest:
-            raise CheckpointError(f"manifest lacks the field {field!r} (corrupt?)", path)
+    validate(manifest, path)
     return manifest
 
 
 def verify_file(folder: Path, name: str, manifest: dict[str, Any], keep: bool = False) -> dict[str, Any]:
     """Check shard ``name``'s size and sha256 against the manifest; with ``keep``, return its arrays.
 
-    Raises ``CheckpointError`` naming the file if it is not listed, missing, truncated, malformed or
-    corrupt (checksum differs).
+    With ``keep`` the arrays are also checked against the manifest: every tensor the manifest places
+    in this file must be there with the recorded shape and dtype (a checksum cannot catch a manifest
+    edited to match, and the ranks that receive the file size their buffers from the manifest).
+
+    Raises ``CheckpointError`` naming the file if it is not listed, missing, truncated, malformed,
+    corrupt (checksum differs) or holds other shapes or dtypes than the manifest says.
     """
     from minidist.checkpoint.shardio import read_shard  # noqa: PLC0415
 
     expected = manifest["files"].get(name)
     if expected is None:
         raise CheckpointError("file is not listed in the manifest", folder / name)
-    return read_shard(folder / name, expected["sha256"], expected["bytes"], keep=keep)
+    arrays = read_shard(folder / name, expected["sha256"], expected["bytes"], keep=keep)
+    if keep:
+        for key, t in manifest["tensors"].items():
+            for s in t["shards"]:
+                if s["file"] != name:
+                    continue
+                a = arrays.get(key)
+                if a is None or list(a.shape) != s["shape"] or str(a.dtype) != t["dtype"]:
+                    found = "missing" if a is None else f"{list(a.shape)} {a.dtype}"
+                    raise CheckpointError(
+                        f"tensor {key!r} is {found} in the file but {s['shape']} {t['dtype']} in the "
+                        "manifest (the manifest was edited or belongs to another checkpoint)",
+                        folder / name,
+                    )
+    return arrays
 
 
 def summary(folder: Path, manifest: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,10 @@ import numpy as np
 from minidist import backend
 from minidist.checkpoint import atomic, optim_state, rng
 from minidist.checkpoint import manifest as mf
-from minidist.checkpoint.agree import allgather_json, raise_if_any
+from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.layout import Layout, assign_writers, global_shape, layout_of, tp_dim_of, unwrap
+from minidist.checkpoint.manifest import NewerFormatError
 
 
 def world_comm(mesh: Any) -> Any:
@@ -73,22 +75,30 @@ def save(
         the committed folder, on every rank.
 
     Raises:
-        CheckpointError: on every rank, if ``step_<step>`` already exists (nothing is overwritten) or any
-            rank fails to write; the previous checkpoint stays loadable.
-        TypeError / ValueError: a non-int ``step`` or ``keep_last < 1``, ``extra`` not JSON-serialisable,
-            a mesh that does not match the world (raised on every rank: the arguments are the same).
+        CheckpointError: on every rank, if ``step_<step>`` already exists and verifies (nothing is
+            overwritten), or any rank fails to write; the previous checkpoint stays loadable. An
+            existing ``step_<step>`` that fails verification (a damaged checkpoint that
+            ``load_latest(fallback=True)`` skipped) is renamed aside to ``DIR/.corrupt-step_<step>-<time>``
+            (never deleted; a ``UserWarning`` on every rank says so) and the step is saved anew.
+        TypeError / ValueError: on every rank, if any rank passes a non-int or negative ``step``, a
+            ``keep_last`` that is not None or an int >= 1, an ``extra`` that is not JSON-serialisable,
+            a mesh that does not match the world, or if the ranks pass different steps or ``keep_last``.
     """
-    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
-        raise TypeError(f"checkpoint.save: step must be an int >= 0, got {step!r}")
-    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"checkpoint.save: keep_last must be None or an int >= 1, got {keep_last!r}")
-    try:
-        json.dumps(extra)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"checkpoint.save: extra must be JSON-serialisable ({err})") from None
     comm = world_comm(mesh)
-    layout = layout_of(mesh, comm)
-    module = unwrap(model)
+    error = None
+    try:
+        _check_arguments(step, keep_last, extra)
+        layout = layout_of(mesh, comm)
+        module = unwrap(model)
+    except (TypeError, ValueError) as err:
+        error = err
+    raise_if_any_argument_error(comm, error)  # a bad argument on one rank stops every rank
+    keep = None if keep_last is None else int(keep_last)
+    mismatch = differing(comm, {"step": int(step), "keep_last": keep})
+    if mismatch:
+        raise ValueError(
+            f"checkpoint.save: the ranks passed different {mismatch}; pass the same on every rank"
+        )
     root = Path(directory)
     final = root / atomic.step_dirname(int(step))
 
@@ -97,7 +107,7 @@ def save(
     error, written = None, None
     try:
         written = _write_shard(tmp, tensors, layout)
-    except OSError as err:
+    except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
         error = CheckpointError(f"rank {layout.rank} could not write its shard ({err})", tmp)
     mine = {
         "rank": layout.rank,
@@ -119,8 +129,8 @@ def save(
             atomic.commit_dir(tmp, final)
             atomic.write_latest(root, final.name)
             # END SOLUTION
-            if keep_last is not None:
-                atomic.prune(root, keep_last, protect=final)
+            if keep is not None:
+                atomic.prune(root, keep, protect=final)
         except OSError as err:
             error = CheckpointError(f"committing the checkpoint failed ({err})", final)
     if layout.rank == 0 and (failed or error) and tmp.exists():
@@ -129,26 +139,92 @@ def save(
     return final
 
 
+def _check_arguments(step: Any, keep_last: Any, extra: Any) -> None:
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+        raise TypeError(f"checkpoint.save: step must be an int >= 0, got {step!r}")
+    if keep_last is not None and (
+        not isinstance(keep_last, (int, np.integer)) or isinstance(keep_last, bool) or keep_last < 1
+    ):  # a bool is an int to Python, but keep_last=True is surely not "keep 1"
+        raise ValueError(f"checkpoint.save: keep_last must be None or an int >= 1, got {keep_last!r}")
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"checkpoint.save: extra must be JSON-serialisable ({err})") from None
+
+
 def _prepare(comm: Any, root: Path, final: Path) -> Path:
-    """Rank 0 checks that ``final`` is new and makes the temporary folder; all ranks learn its name."""
-    error, name = None, None
+    """Rank 0 checks that ``final`` is new and makes the temporary folder; all ranks learn its name.
+
+    An existing ``final`` that verifies is never touched (error). One that does not (a damaged
+    checkpoint, e.g. skipped by ``load_latest(fallback=True)`` before this run retrained its steps) is
+    moved aside, so that a resumed run is not stuck on it forever; every rank warns about it.
+    """
+    error, name, moved = None, None, None
     if comm.Get_rank() == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                error = CheckpointError(
-                    "a checkpoint for this step already exists; nothing was overwritten. "
-                    "Delete it yourself or save under another step",
-                    final,
-                )
-            else:
+            if final.exists() or final.is_symlink():
+                problem = _verify_existing(final)
+                if problem is None:
+                    error = CheckpointError(
+                        "a checkpoint for this step already exists and verifies; nothing was overwritten. "
+                        "Resume from it, delete or rename it yourself, or save under another step",
+                        final,
+                    )
+                else:
+                    moved = {"to": str(atomic.move_aside(root, final)), "problem": problem}
+            if error is None:
                 atomic.remove_stale_tmp(root)
                 name = f"{atomic.TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
                 (root / name).mkdir()
+        except NewerFormatError as err:
+            error = CheckpointError(
+                f"a checkpoint for this step already exists, written by a newer minidist ({err.problem}); "
+                "nothing was overwritten. Save under another step or upgrade minidist",
+                final,
+            )
         except OSError as err:
             error = CheckpointError(f"cannot create the checkpoint folder ({err})", root)
     raise_if_any(comm, error)
-    return root / allgather_json(comm, name)[0]
+    name, moved = allgather_json(comm, [name, moved])[0]
+    if moved:
+        warnings.warn(
+            f"checkpoint.save: {final} failed verification ({moved['problem']}); it was moved aside to "
+            f"{moved['to']} (nothing deleted) and this step is saved anew",
+            stacklevel=3,
+        )
+    tmp = root / name
+    error = None
+    if not tmp.is_dir():  # every rank must see rank 0's folder: same directory, shared file system
+        error = CheckpointError(
+            f"rank {comm.Get_rank()} does not see the folder {name} that rank 0 created; pass the same "
+            "directory on every rank, on a file system that all ranks share",
+            root,
+        )
+    try:
+        raise_if_any(comm, error)
+    except CheckpointError:
+        if comm.Get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # our own empty folder, never a checkpoint
+        raise
+    return tmp
+
+
+def _verify_existing(folder: Path) -> str | None:
+    """The problem with an existing checkpoint folder (manifest, then every file), or None if it verifies.
+
+    Run by rank 0 alone: it happens only when a save meets a folder of the same step, which is rare.
+    Raises ``NewerFormatError`` for a checkpoint of a newer format (not damaged: never moved aside).
+    """
+    try:
+        manifest = mf.read_manifest(folder)
+        for file in sorted(manifest["files"]):
+            mf.verify_file(folder, file, manifest)
+    except NewerFormatError:
+        raise
+    except CheckpointError as err:
+        return str(err)
+    return None
 
 
 def _collect(module: Any, optimizer: Any, layout: Layout) -> tuple[dict, dict]:

@@ -83,7 +83,8 @@ class DistributedSampler:
     starts there and advances it as indices are handed out (back to 0 once the epoch is exhausted,
     and on ``set_epoch`` to a new epoch). A ``DataLoader`` draws the whole epoch up front, so a
     training loop that checkpoints mid-epoch sets ``sampler.position = batches_done * local batch size``
-    before saving. ``state_dict()`` / ``load_state_dict()`` carry epoch and position.
+    before saving. ``state_dict()`` / ``load_state_dict()`` carry epoch and position, and the seed,
+    shuffle setting and data set length, which must match on resume.
 
     Uneven shares: with ``drop_last=False`` and R not dividing N (strided), or a trailing partial
     global batch smaller than R (global-batch mode), some ranks may get one batch fewer than others.
@@ -143,26 +144,50 @@ class DistributedSampler:
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch", "position", "num_replicas", "rank", "batch_size"}`` (JSON-serialisable ints)."""
+        """``{"epoch", "position", "num_replicas", "rank", "batch_size", "seed", "shuffle",
+        "dataset_len"}`` (JSON-serialisable). The last three fix the permutation: a resumed sampler
+        must have the same ones (``load_state_dict`` checks)."""
         return {
             "epoch": self.epoch,
             "position": self.position,
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "batch_size": self.batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "dataset_len": self.dataset_len,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the saved epoch and position.
+        """Resume at the saved epoch and position (checked by :meth:`resume_point`)."""
+        self.epoch, self.position = self.resume_point(state)
+
+    def resume_point(self, state: dict[str, Any]) -> tuple[int, int]:
+        """The ``(epoch, position)`` that ``load_state_dict(state)`` sets; changes nothing.
 
         Saved by another number of replicas, the position carries over in global-batch mode (as the
         number of whole global batches consumed, which every rank agrees on); in strided mode it cannot.
 
-        Raises ``ValueError`` for a position beyond this rank's share, or a strided-mode state saved with
-        another ``num_replicas`` and a non-zero position.
+        Raises ``ValueError`` if the state was saved with another ``seed``, ``shuffle`` or data set
+        length (the permutation would differ: samples repeated or skipped; states saved before these
+        were recorded are not checked), for a position beyond this rank's share, or for a
+        strided-mode state saved with another ``num_replicas`` and a non-zero position.
         """
+        for field, mine in (
+            ("seed", self.seed),
+            ("shuffle", self.shuffle),
+            ("dataset_len", self.dataset_len),
+        ):
+            if field in state and state[field] != mine:
+                raise ValueError(
+                    f"the saved sampler state has {field}={state[field]!r} but this DistributedSampler has "
+                    f"{field}={mine!r}, so it would draw another permutation (samples repeated or skipped); "
+                    f"create the sampler with {field}={state[field]!r} as the run that saved (e.g. the same "
+                    "--seed and data), or restore only the model and optimizer (no sampler) for a new order."
+                )
         epoch, position = check_int("epoch", state["epoch"], 0), check_int("position", state["position"], 0)
-        saved_r, saved_b = state.get("num_replicas", self.num_replicas), state.get("batch_size")
+        saved_r = check_int("num_replicas", state.get("num_replicas", self.num_replicas), 1)
+        saved_b = None if state.get("batch_size") is None else check_int("batch_size", state["batch_size"], 1)
         if position and (saved_r, saved_b) != (self.num_replicas, self.batch_size):
             if self.batch_size is None or saved_b != self.batch_size:
                 raise ValueError(
@@ -171,14 +196,18 @@ class DistributedSampler:
                     f"batch_size={self.batch_size}; "
                     "use global-batch mode with the same global batch size, or resume at an epoch boundary."
                 )
+            if saved_b < saved_r:
+                raise ValueError(
+                    f"the saved state has batch_size={saved_b} < num_replicas={saved_r} (corrupt?)."
+                )
             base, extra = divmod(saved_b, saved_r)
-            saved_local = base + (1 if state.get("rank", 0) < extra else 0)
+            saved_local = base + (1 if check_int("rank", state.get("rank", 0), 0) < extra else 0)
             position = position // saved_local * self.local_batch_size
         if position > len(self):
             raise ValueError(
                 f"sampler position {position} is beyond this rank's {len(self)} indices per epoch."
             )
-        self.epoch, self.position = epoch, position
+        return epoch, position
 
     @property
     def local_batch_size(self) -> int:

@@ -1,0 +1,89 @@
+"""``load_latest``: resume from the newest checkpoint of a root, stepping back past damaged ones.
+
+The ranks must try the same folders in the same order, or one would wait in a collective the others
+never enter; so rank 0 lists the candidates (the folder ``latest`` names, then every committed
+``step_<n>`` folder, newest first) and shares the list. Each try is a full :func:`load`, which raises
+the same ``CheckpointError`` on every rank, so all ranks move on together. A skipped folder is left in
+place (a load never changes the files); ``save`` moves it aside if the run saves that step again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from minidist.checkpoint import atomic
+from minidist.checkpoint.agree import allgather_json, differing, raise_if_any
+from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.load import load
+from minidist.checkpoint.save import world_comm
+
+
+def load_latest(
+    directory: str | os.PathLike,
+    model: Any,
+    optimizer: Any = None,
+    *,
+    mesh: Any = None,
+    sampler: Any = None,
+    fallback: bool = False,
+    missing_ok: bool = False,
+) -> dict[str, Any] | None:
+    """Collective: load the checkpoint ``directory/latest`` names.
+
+    With ``fallback``, a checkpoint that fails to load is skipped (a warning is printed on rank 0)
+    and the committed ``step_<n>`` folders are tried newest first, until one loads. A skipped folder
+    is left as it is; when the resumed run saves that step again, ``save`` moves the damaged one aside
+    to ``.corrupt-step_<n>-<time>``. With ``missing_ok``, a directory holding no checkpoint at all
+    returns None (a fresh start).
+
+    Raises ``CheckpointError`` on every rank if nothing loads (listing each checkpoint's problem), and
+    ``ValueError`` on every rank if the ranks pass different directories.
+    """
+    comm = world_comm(mesh)
+    root = Path(directory)
+    mismatch = differing(comm, {"directory": os.path.abspath(root)})
+    if mismatch:
+        raise ValueError(
+            f"checkpoint.load_latest: the ranks passed different {mismatch}; pass the same on every rank"
+        )
+    # Rank 0 lists the candidates for everyone: all ranks then try the same folders in the same order.
+    found, error = None, None
+    if comm.Get_rank() == 0:
+        try:
+            committed = [str(path) for _, path in reversed(atomic.list_checkpoints(root))]
+            try:
+                pointer = atomic.read_latest(root)
+            except CheckpointError:
+                pointer = "?"  # present but unreadable: load(root) reports why, as a candidate
+            found = {"committed": committed, "pointer": pointer}
+        except OSError as err:
+            error = CheckpointError(f"cannot list the checkpoint folder ({err})", root)
+    raise_if_any(comm, error)
+    found = allgather_json(comm, found)[0]
+    pointer, committed = found["pointer"], found["committed"]
+    if missing_ok and pointer is None and not committed:
+        return None
+    # ``root`` itself goes through resolve(), which checks the pointer's contents.
+    candidates = [str(root)] if pointer is not None else []
+    skip = {str(root / pointer)} if pointer is not None and atomic.is_step_dirname(pointer) else set()
+    if fallback or pointer is None:
+        candidates += [path for path in committed if path not in skip]
+    problems = []
+    for candidate in candidates:
+        try:
+            return load(candidate, model, optimizer, mesh=mesh, sampler=sampler)
+        except CheckpointError as err:  # raised identically on every rank, so all move on together
+            problems.append(str(err))
+            if not fallback:
+                raise
+            if comm.Get_rank() == 0:
+                print(
+                    f"checkpoint.load_latest: skipping a checkpoint that does not load: {err}. It is left "
+                    "in place; a later save of the same step moves it aside to .corrupt-<name>-<time>",
+                    flush=True,
+                )
+    raise CheckpointError(
+        "no checkpoint loads" + (": " + "; ".join(problems) if problems else " (none found)"), root
+    )

@@ -1,0 +1,157 @@
+"""Checking a manifest's structure before anything reads it: every field's type, and consistency.
+
+``manifest.json`` is plain text that a person (or a failing disk) can change while it stays valid
+JSON: ``tensors`` turned into a list, an empty ``shards`` list, ``format_version`` written as the
+string ``"1"``, a shard's shape edited. Code that trusted the fields would then fail with an
+``AttributeError`` or ``IndexError`` far from the cause, or, worse, hand MPI a buffer of the wrong
+size on one rank. So :func:`validate` checks every field that ``load``, ``save`` and the CLI read, and
+turns any problem into a ``CheckpointError`` naming the field; ``load_latest(fallback=True)`` then
+steps back to an older checkpoint as for any other damage.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minidist import random as md_random
+from minidist.checkpoint.errors import CheckpointError
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a plain name in the folder: no '/', no '..'
+_SAFETENSORS_KINDS = "biuf"  # the dtypes shardio can store
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def validate(manifest: Any, path: Path) -> None:
+    """Raise ``CheckpointError`` (naming ``path`` and the field) unless ``manifest`` is well formed.
+
+    Checks the types of every field the checkpoint code reads, that shard shapes assemble to the
+    global shape along ``tp_dim``, that every shard names a listed file, and that ``ranks`` has one
+    record per rank of the saved mesh.
+    """
+
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(f"manifest field {field} {why} (corrupt or hand-edited manifest?)", path)
+
+    version = manifest["format_version"]
+    if not _is_int(version, 1):
+        raise bad("'format_version'", f"must be an int >= 1, got {version!r}")
+    if not _is_int(manifest["step"]):
+        raise bad("'step'", f"must be an int >= 0, got {manifest['step']!r}")
+    mesh = manifest["mesh"]
+    if not isinstance(mesh, dict) or not all(
+        _is_int(mesh.get(k), 1) for k in ("dp", "tp", "pp", "world_size")
+    ):
+        raise bad("'mesh'", f"must hold ints >= 1 dp, tp, pp, world_size, got {mesh!r}")
+    if mesh["dp"] * mesh["tp"] * mesh["pp"] != mesh["world_size"]:
+        raise bad("'mesh'", f"has dp*tp*pp != world_size: {mesh!r}")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise bad("'files'", "must be an object {file name: {sha256, bytes}}")
+    for name, f in files.items():
+        if not _FILE_NAME.match(name) or name.startswith("."):
+            raise bad(f"'files' key {name!r}", "must be a plain file name inside the checkpoint folder")
+        if not isinstance(f, dict) or not isinstance(f.get("sha256"), str) or not _SHA256.match(f["sha256"]):
+            raise bad(f"'files'[{name!r}]", "must hold 'sha256' as 64 lowercase hex digits")
+        if not _is_int(f.get("bytes"), 1):
+            raise bad(f"'files'[{name!r}]['bytes']", f"must be an int >= 1, got {f.get('bytes')!r}")
+    tensors = manifest["tensors"]
+    if not isinstance(tensors, dict):
+        raise bad("'tensors'", f"must be an object {{key: tensor}}, got a {type(tensors).__name__}")
+    for key, t in tensors.items():
+        _check_tensor(key, t, files, bad)
+    _check_ranks(manifest["ranks"], mesh, bad)
+    _check_optimizer(manifest.get("optimizer"), bad)
+
+
+def _check_tensor(key: str, t: Any, files: dict, bad: Any) -> None:
+    where = f"'tensors'[{key!r}]"
+    if not isinstance(t, dict):
+        raise bad(where, "must be an object")
+    if not isinstance(t.get("name"), str) or t.get("kind") not in ("model", "optim"):
+        raise bad(where, "must have a string 'name' and 'kind' 'model' or 'optim'")
+    if t["kind"] == "optim" and not isinstance(t.get("state"), str):
+        raise bad(f"{where}['state']", f"must name the optimizer state, got {t.get('state')!r}")
+    shape = t.get("global_shape")
+    if not isinstance(shape, list) or not all(_is_int(n) for n in shape):
+        raise bad(f"{where}['global_shape']", f"must be a list of ints >= 0, got {shape!r}")
+    try:  # a string naming a NumPy int or float dtype ("float32", "int64", ...)
+        dtype_ok = isinstance(t.get("dtype"), str) and np.dtype(t["dtype"]).kind in _SAFETENSORS_KINDS
+    except (TypeError, ValueError):
+        dtype_ok = False
+    if not dtype_ok:
+        raise bad(f"{where}['dtype']", f"must name an int/float dtype, got {t.get('dtype')!r}")
+    tp_dim, shards = t.get("tp_dim"), t.get("shards")
+    if tp_dim is not None and not (_is_int(tp_dim) and tp_dim < len(shape)):
+        raise bad(f"{where}['tp_dim']", f"must be null or an axis of {shape}, got {tp_dim!r}")
+    if not isinstance(shards, list) or not shards:
+        raise bad(f"{where}['shards']", "must be a non-empty list")
+    for i, s in enumerate(shards):
+        if not isinstance(s, dict) or not isinstance(s.get("file"), str) or s["file"] not in files:
+            raise bad(f"{where}['shards'][{i}]", "must name a file listed in 'files'")
+        wanted = None if tp_dim is None else i  # shards are stored in tp_rank order
+        if s.get("tp_rank") != wanted or isinstance(s.get("tp_rank"), bool):
+            raise bad(f"{where}['shards'][{i}]['tp_rank']", f"must be {wanted}, got {s.get('tp_rank')!r}")
+        piece = s.get("shape")
+        if not isinstance(piece, list) or not all(_is_int(n) for n in piece) or len(piece) != len(shape):
+            raise bad(
+                f"{where}['shards'][{i}]['shape']",
+                f"must be {len(shape)} ints >= 0 (global_shape is {shape}), got {piece!r}",
+            )
+    # The shards must assemble to the global shape: same extent on every other axis, sum along tp_dim.
+    if tp_dim is None:
+        if len(shards) != 1 or shards[0]["shape"] != shape:
+            raise bad(f"{where}['shards']", f"must be one shard of the global shape {shape} (tp_dim is null)")
+        return
+    others = [[n for a, n in enumerate(s["shape"]) if a != tp_dim] for s in shards]
+    total = sum(s["shape"][tp_dim] for s in shards)
+    if any(o != [n for a, n in enumerate(shape) if a != tp_dim] for o in others) or total != shape[tp_dim]:
+        raise bad(f"{where}['shards']", f"shapes {[s['shape'] for s in shards]} do not assemble to {shape}")
+
+
+def _check_ranks(ranks: Any, mesh: dict, bad: Any) -> None:
+    if not isinstance(ranks, list) or len(ranks) != mesh["world_size"]:
+        raise bad("'ranks'", f"must be a list of {mesh['world_size']} records (the saved world size)")
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict) or r.get("rank") != i or not {"rng", "tp_rng", "sampler"} <= r.keys():
+            raise bad(f"'ranks'[{i}]", f"must be an object with 'rank' {i}, 'rng', 'tp_rng' and 'sampler'")
+        coords = r.get("coords")
+        if not isinstance(coords, list) or len(coords) != 3 or not all(_is_int(c) for c in coords):
+            raise bad(f"'ranks'[{i}]['coords']", f"must be [dp_rank, tp_rank, pp_rank], got {coords!r}")
+        for field in ("tp_rng", "sampler"):
+            if r.get(field) is not None and not isinstance(r[field], dict):
+                raise bad(f"'ranks'[{i}][{field!r}]", "must be null or an object")
+        # Tried on throw-away generators, so that load finds a bad state before it changes anything.
+        for state in [r.get("rng"), *(r.get("tp_rng") or {}).values()]:
+            try:
+                type(md_random.generator().bit_generator)().state = state
+            except (TypeError, ValueError, KeyError, OverflowError) as err:
+                raise bad(f"'ranks'[{i}]", f"holds a malformed random-generator state ({err!r})") from None
+
+
+def _check_optimizer(header: Any, bad: Any) -> None:
+    if header is None:
+        return
+    if not isinstance(header, dict) or not isinstance(header.get("class"), str):
+        raise bad("'optimizer'", "must be null or an object with a string 'class'")
+    if not _is_int(header.get("step_count")):
+        raise bad("'optimizer'['step_count']", f"must be an int >= 0, got {header.get('step_count')!r}")
+    defaults = header.get("defaults")
+    number = (int, float, bool, type(None))
+    if not isinstance(defaults, dict) or not all(
+        isinstance(v, number) or (isinstance(v, list) and all(isinstance(x, (int, float)) for x in v))
+        for v in defaults.values()
+    ):
+        raise bad("'optimizer'['defaults']", "must map hyperparameter names to numbers or lists of numbers")
+    scalars = header.get("scalars")
+    if not isinstance(scalars, dict) or not all(
+        isinstance(c, dict) and all(_is_int(v) for v in c.values()) for c in scalars.values()
+    ):
+        raise bad("'optimizer'['scalars']", "must map parameter names to {counter: int >= 0}")
