@@ -97,8 +97,8 @@ def _check_out(out: Path, root: Path, force: bool) -> None:
     """
     if out == root or root.is_relative_to(out) or out.is_relative_to(root / "minidist"):
         raise ValueError(
-            f"refusing to release into {out}: it is, contains or is inside the reference tree {root}; "
-            "choose a new folder, e.g. --out student_copy"
+            f"refusing to release into {out}: it is the reference tree {root}, contains it, or is inside "
+            "its minidist package; choose a new folder, e.g. --out ../a2-starter"
         )
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a folder name that does not exist")
