@@ -98,6 +98,8 @@ def test_release_blanks_this_and_later_assignments_and_still_imports(tmp_path):
     left = {r.task for r in regions_in(layout.marked_files(out / "minidist"), out)}
     assert left and all(t.startswith("A1.") for t in left), f"kept regions: {left}"  # earlier: intact
     assert not list(out.rglob("__pycache__")) and not list(out.rglob("*.pyc"))
+    handout = (layout.REPO_ROOT / "lessons/assignments/A2/README.md").read_text()
+    assert (out / "README.md").read_text().endswith(handout)  # the handout, not the project README
     assert (out / "lessons/assignments/A2/public").is_dir() and (
         out / "lessons/assignments/A2/tasks.toml"
     ).exists()

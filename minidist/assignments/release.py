@@ -22,7 +22,7 @@ from minidist.assignments.markers import assignment_number, blank, regions_in
 
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".hypothesis")
 _SUPPORT_FILES = ("conftest.py", "gradelib.py", "pytest.ini")  # shared test support in lessons/assignments
-_PROJECT_FILES = ("pyproject.toml", "LICENSE", "README.md")
+_PROJECT_FILES = ("pyproject.toml", "LICENSE")  # README.md: written from the handout, see release()
 RELEASE_MARK = ".minidist-release"  # written into every release: --force replaces only such folders
 
 
@@ -83,6 +83,13 @@ def release(assignment: str, out: Path | str, root: Path | None = None, force: b
     for name in _PROJECT_FILES:
         if (root / name).exists():
             shutil.copy2(root / name, out / name)
+    # The project's README points at tests/ and examples/, which a release leaves out; students get a
+    # README that says what this folder is and then the handout (pyproject.toml needs a README.md).
+    handout = (source / "README.md").read_text() if (source / "README.md").exists() else ""
+    (out / "README.md").write_text(
+        f"<!-- minidist starter code for {assignment}: install with `pip install -e .`, grade with "
+        f"`python -m minidist.assignments grade {assignment} --path .` -->\n\n{handout}"
+    )
     _check_no_solutions_left(out, number)
     (out / RELEASE_MARK).write_text(f"student release of {assignment}; --force may replace this folder\n")
     return report
