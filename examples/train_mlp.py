@@ -101,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
+    if args.data_dir is not None and args.dataset != "mnist":
+        p.error("--data-dir is only read with --dataset mnist (the digits are bundled); add --dataset mnist")
     pipeline_flags = {"--microbatches": args.microbatches, "--schedule": args.schedule,
                       "--virtual-stages": args.virtual_stages}  # fmt: skip
     if args.pp == 1 and any(v is not None for v in pipeline_flags.values()):

@@ -212,6 +212,11 @@ def test_pipeline_flags_without_pp_are_an_error_not_ignored():
     assert result.stderr.count(message) == 2, result.stderr  # argparse, on both ranks
 
 
+def test_data_dir_with_the_bundled_digits_is_an_error_not_ignored(tmp_path):
+    result = run_one_process("--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "--data-dir is only read with --dataset mnist" in result.stderr
+
+
 @pytest.mark.mpi
 def test_fewer_layers_than_stages_is_an_error_on_every_rank():
     result = run_mpi(4, EXAMPLE, "--pp", "4", "--hidden", "32", timeout=60, check=False)

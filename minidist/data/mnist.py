@@ -34,8 +34,9 @@ _FILES = {
 }
 _ALL_NAMES = " ".join(file_name for pair in _FILES.values() for file_name in pair)
 _WHERE_TO_GET = (
-    "Download the four MNIST files yourself (for example from http://yann.lecun.com/exdb/mnist/ or the "
-    "mirror https://ossci-datasets.s3.amazonaws.com/mnist/) into that folder, plain or .gz; "
+    "Download the four MNIST files yourself (for example from the mirror "
+    "https://ossci-datasets.s3.amazonaws.com/mnist/; the original yann.lecun.com page is often "
+    "unavailable) into that folder, plain or .gz; "
     "minidist never downloads anything at run time."
 )
 
