@@ -66,7 +66,8 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
     else:
         per_index = {i: state[n] for i, n in enumerate(names) if n in state}
     inner(optimizer).load_state_dict(
-        {"state": per_index, "defaults": defaults, "step_count": header["step_count"]}
+        {"state": per_index, "defaults": defaults, "step_count": header["step_count"]},
+        copy=False,  # the arrays were just read for this optimizer: nobody else holds them
     )
 
 

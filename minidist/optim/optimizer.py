@@ -56,8 +56,12 @@ class Optimizer:
             "step_count": self.step_count,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned; nothing changes unless all of it fits.
+
+        The arrays are copied, so the caller's dict stays independent of the optimizer (as in
+        PyTorch). ``copy=False`` takes them over instead, for a caller whose arrays nobody else holds:
+        ``minidist.checkpoint.load`` passes freshly read arrays and saves copying the whole state.
 
         Raises ``ValueError`` if the state names a parameter index that does not exist or holds an
         array whose shape differs from its parameter's (it belongs to another model).
@@ -75,11 +79,23 @@ class Optimizer:
                         f"expected {self.params[i].shape}"
                     )
         self.state = {
-            int(i): {k: backend.asarray(v).copy() if hasattr(v, "shape") else v for k, v in s.items()}
+            int(i): {k: _take(v, copy) if hasattr(v, "shape") else v for k, v in s.items()}
             for i, s in state_dict["state"].items()
         }
         self.defaults.update(state_dict["defaults"])
         self.step_count = int(state_dict["step_count"])
+
+
+def _take(array: Any, copy: bool) -> Any:
+    """``array`` on the backend, as a private copy or (``copy=False``) as it is when already there."""
+    on_backend = backend.asarray(array)
+    return on_backend.copy() if copy or not _writable(on_backend) else on_backend
+
+
+def _writable(array: Any) -> bool:
+    """Steps update the state in place, so an array taken over must be writable and contiguous."""
+    flags = getattr(array, "flags", None)
+    return flags is None or (getattr(flags, "writeable", True) and flags.c_contiguous)
 
 
 def _copy(value: Any) -> Any:
