@@ -29,21 +29,20 @@ from minidist.checkpoint.errors import CheckpointError
 def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
     """Write ``arrays`` (NumPy, any shapes) as a safetensors file, fsynced.
 
-    Returns ``(sha256 hex digest of the file, its size in bytes)``. The file is encoded in memory
-    first (one copy of the shard's bytes), then written and hashed at the same time. Raises
-    ``TypeError`` for a dtype safetensors cannot store (e.g. complex).
+    Returns ``(sha256 hex digest of the file, its size in bytes)``. The library writes the file
+    (``safetensors.numpy.save_file``); then a helper thread hashes it from the page cache through a
+    memory map while this thread waits for ``fsync``: the checksum costs no copy and hides behind the
+    disk. Raises ``TypeError`` for a dtype safetensors cannot store (e.g. complex).
     """
     for key, a in arrays.items():
         if a.dtype.kind not in "biuf":
             raise TypeError(f"checkpoint: cannot store {key!r} of dtype {a.dtype} in safetensors")
-    data = safetensors.numpy.save({key: np.ascontiguousarray(a) for key, a in arrays.items()})
-    # Hash in a helper thread while this one writes: both release the GIL, so the checksum is nearly free.
-    with ThreadPoolExecutor(max_workers=1) as pool, open(path, "wb") as f:
-        digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the manifest that vouches for it is written
-        return digest.result(), len(data)
+    safetensors.numpy.save_file({key: np.ascontiguousarray(a) for key, a in arrays.items()}, str(path))
+    with open(path, "rb+") as f, ThreadPoolExecutor(max_workers=1) as pool:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+            digest = pool.submit(lambda: hashlib.sha256(pages).hexdigest())
+            os.fsync(f.fileno())  # on disk before the manifest that vouches for it is written
+            return digest.result(), len(pages)
 
 
 def read_shard(path: Path, sha256: str, nbytes: int, keep: bool = True) -> dict[str, np.ndarray]:
