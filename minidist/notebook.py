@@ -69,6 +69,8 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
 def mpiexec_path() -> str:
     """The ``mpiexec`` next to this Python (the ``mpich`` wheel puts it there), else the one on PATH.
 
+    The one place that answers "which mpiexec?": the lessons, the test suite (``tests/mpi_utils.py``)
+    and the assignment grader (``lessons/assignments/gradelib.py``) all call it. Imports no MPI.
     Raises ``RuntimeError`` if there is none, saying how to install one.
     """
     beside = Path(sys.executable).parent / "mpiexec"
@@ -76,7 +78,10 @@ def mpiexec_path() -> str:
         return str(beside)
     found = shutil.which("mpiexec")
     if found is None:
-        raise RuntimeError('mpiexec not found: install minidist with `pip install -e ".[lessons]"`')
+        raise RuntimeError(
+            "mpiexec not found: install minidist with its dependencies (`pip install -e .` brings the "
+            "mpich wheel, which puts mpiexec next to python)"
+        )
     return found
 
 

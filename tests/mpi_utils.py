@@ -9,25 +9,15 @@ that the test passes as an argument and reads back.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from minidist.notebook import mpiexec_path  # the one mpiexec finder; imports no MPI
+
 WORKERS = Path(__file__).parent / "workers"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def mpiexec_path() -> str:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError('mpiexec not found: install the project with `pip install -e ".[dev]"`')
-    return found
 
 
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:

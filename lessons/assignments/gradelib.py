@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,12 +30,10 @@ def rank_timeout(default: float = 20.0) -> float:
     return default if not limit else max(3.0, min(default, 0.75 * float(limit)))
 
 
-def _mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("mpiexec not found: install minidist with its dependencies (pip install -e .)")
-    return found
+def _mpiexec_path() -> str:
+    from minidist.notebook import mpiexec_path  # noqa: PLC0415  (the submission's minidist, see above)
+
+    return mpiexec_path()
 
 
 _PREFIX = re.compile(r"^\[rank (\d+)\] ?")
@@ -100,7 +97,7 @@ def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) 
             "OPENBLAS_NUM_THREADS": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        cmd = [_mpiexec(), "-n", str(n), sys.executable, str(worker), tmp]
+        cmd = [_mpiexec_path(), "-n", str(n), sys.executable, str(worker), tmp]
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
         )
