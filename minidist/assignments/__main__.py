@@ -23,6 +23,7 @@ def _list() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m minidist.assignments list|release|grade ...``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m minidist.assignments", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the assignments and their solution regions")

@@ -32,6 +32,8 @@ STARTUP_LIMIT_S = 120.0  # from starting the child to its first test: imports an
 
 @dataclass
 class TestResult:
+    """One test's outcome: passed or not, and why not in plain words."""
+
     spec: TestSpec
     passed: bool
     message: str = ""  # the failure in plain words, "" when passed
@@ -40,15 +42,19 @@ class TestResult:
 
 @dataclass
 class TaskResult:
+    """A task's tests and their outcomes; its points are the passed tests' points."""
+
     task: Task
     results: list[TestResult]
 
     @property
     def points(self) -> float:
+        """Points earned: the sum over passed tests."""
         return sum(r.spec.points for r in self.results if r.passed)
 
     @property
     def max_points(self) -> float:
+        """Points available: the sum over all of the task's tests."""
         return sum(r.spec.points for r in self.results)
 
     @property
@@ -63,6 +69,8 @@ class TaskResult:
 
 @dataclass
 class GradeReport:
+    """The grade of one submission: per-task results, the table, Gradescope's results.json."""
+
     assignment: tasks.Assignment
     path: Path
     tasks: list[TaskResult]
@@ -71,16 +79,20 @@ class GradeReport:
 
     @property
     def score(self) -> float:
+        """Points earned over all tasks."""
         return sum(t.points for t in self.tasks)
 
     @property
     def max_score(self) -> float:
+        """Points available over all tasks."""
         return sum(t.max_points for t in self.tasks)
 
     def points_of(self, task_id: str) -> float:
+        """Points earned in task ``task_id`` (e.g. ``"A2.1"``); StopIteration if there is none."""
         return next(t.points for t in self.tasks if t.task.id == task_id)
 
     def feedback_of(self, task_id: str) -> str:
+        """The plain-word feedback of task ``task_id`` (its first failure; "" when all passed)."""
         return next(t.feedback for t in self.tasks if t.task.id == task_id)
 
     def table(self) -> str:
@@ -122,6 +134,7 @@ class GradeReport:
         }
 
     def write_results(self, path: Path | str) -> None:
+        """Write :meth:`gradescope` as JSON to ``path`` (Gradescope reads ``results/results.json``)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.gradescope(), indent=2) + "\n")
 

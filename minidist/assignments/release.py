@@ -28,10 +28,13 @@ RELEASE_MARK = ".minidist-release"  # written into every release: --force replac
 
 @dataclass
 class ReleaseReport:
+    """Where a release was written and how many solution regions of each task it stubbed."""
+
     out: Path
     blanked: dict[str, int] = field(default_factory=dict)  # task -> regions replaced
 
     def summary(self) -> str:
+        """One line for the command line: the folder and the tasks stubbed."""
         tasks = ", ".join(f"{t} ({n})" if n > 1 else t for t, n in sorted(self.blanked.items()))
         return f"wrote {self.out}; replaced {sum(self.blanked.values())} solution regions: {tasks}"
 

@@ -34,6 +34,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 @dataclass(frozen=True)
 class TestSpec:
+    """One graded test: its task, file, pytest name, points and whether it is hidden."""
+
     task: str
     file: str  # relative to the assignment folder
     name: str
@@ -43,22 +45,28 @@ class TestSpec:
 
     @property
     def label(self) -> str:
+        """The test's name as the grade table shows it."""
         return f"{self.name}{' (hidden)' if self.hidden else ''}"
 
 
 @dataclass
 class Task:
+    """A numbered task (``"A2.1"``) and the tests that grade it."""
+
     id: str
     name: str
     tests: list[TestSpec] = field(default_factory=list)
 
     @property
     def max_points(self) -> float:
+        """Points available: the sum over the task's tests."""
         return sum(t.points for t in self.tests)
 
 
 @dataclass
 class Assignment:
+    """An assignment read from its ``tasks.toml``: title, folder, per-test timeout (s) and tasks."""
+
     name: str  # "A2"
     title: str
     folder: Path

@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def info(directory: Path, verify: bool = False) -> int:
+    """Print the checkpoints under ``directory`` and their tensors (``verify``: also check each file's
+    size and sha256); returns the exit code, 1 if something is missing, damaged or fails to verify."""
     status = 0
     if directory.exists() and not directory.is_dir():
         print(f"error: {directory}: this is a file; pass a checkpoint root or a step_<n> folder")

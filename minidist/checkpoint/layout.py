@@ -35,6 +35,7 @@ class Layout:
     pp_rank: int
 
     def describe(self) -> dict[str, int]:
+        """The mesh sizes as the manifest records them."""
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "world_size": self.world_size}
 
 
@@ -68,6 +69,7 @@ def unwrap(model: Any) -> Module:
 
 
 def tp_dim_of(p: Parameter) -> int | None:
+    """The axis along which ``p`` is split over the tp group, or None if replicated (``tp_dim``)."""
     return getattr(p, "tp_dim", None)
 
 

@@ -37,14 +37,17 @@ class NewerFormatError(CheckpointError):
 
 
 def model_key(name: str) -> str:
+    """The manifest and shard key of model parameter ``name`` (its full-model name)."""
     return f"model/{name}"
 
 
 def optim_key(name: str, state: str) -> str:
+    """The key of optimizer state ``state`` (e.g. ``"exp_avg"``) of parameter ``name``."""
     return f"optim/{name}/{state}"
 
 
 def dumps(manifest: dict[str, Any]) -> bytes:
+    """The manifest as UTF-8 JSON bytes with sorted keys, so equal manifests give equal bytes."""
     return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
 
 

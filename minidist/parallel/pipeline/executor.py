@@ -71,6 +71,7 @@ class StepStats:
 
     @property
     def idle_s(self) -> float:
+        """Seconds of the step this stage spent waiting (step time - busy time)."""
         return max(self.step_s - self.busy_s, 0.0)
 
     @property

@@ -161,13 +161,16 @@ class PipelineParallel:
         return self.stage_module.named_parameters()
 
     def parameters(self) -> Iterator[Parameter]:
+        """This stage's parameters (the ones to give the optimizer)."""
         return self.stage_module.parameters()
 
     def zero_grad(self) -> None:
+        """Clear this stage's gradients, as ``Module.zero_grad``."""
         self.stage_module.zero_grad()
 
     @property
     def stats(self) -> StepStats:
+        """The last step's busy and idle seconds, bubble fraction and peak activations on this stage."""
         return self._executor.stats
 
     # -- one step --------------------------------------------------------------------------------

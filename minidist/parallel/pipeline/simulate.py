@@ -64,6 +64,7 @@ class Timeline:
     total: float
 
     def busy(self, stage: int) -> float:
+        """Time units ``stage`` spends computing in the simulated step."""
         return sum(slot.end - slot.start for slot in self.slots[stage])
 
     def bubble_fraction(self) -> float:

@@ -50,6 +50,7 @@ def check_divisible(layer: str, name: str, value: int, group: Communicator) -> N
 
 
 def describe_dtype(dtype: Any) -> str:
+    """``dtype`` as text the ranks can compare (``"float64"``), or its repr if NumPy does not know it."""
     try:
         return str(np.dtype(dtype))
     except TypeError:
