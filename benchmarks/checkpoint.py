@@ -37,7 +37,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import checkpoint, dist, nn, optim  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import checkpoint, nn, optim  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 

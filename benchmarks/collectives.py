@@ -34,7 +34,7 @@ from mpi4py import MPI  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from cost_model import fit_alpha_beta, predict  # noqa: E402
 
-from minidist import dist  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,

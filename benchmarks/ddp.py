@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, optim, trace  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn, optim, trace  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 4, 256

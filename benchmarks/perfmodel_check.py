@@ -37,7 +37,8 @@ WIDTH, LAYERS, GLOBAL_BATCH = 1024, 4, 256
 
 def worker(args: argparse.Namespace) -> None:
     import minidist as md
-    from minidist import dist, nn, optim, perfmodel
+    import minidist.distributed as dist
+    from minidist import nn, optim, perfmodel
     from minidist.parallel import DistributedDataParallel
 
     world = dist.init()

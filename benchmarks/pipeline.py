@@ -43,7 +43,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, trace  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn, trace  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel, draw_gantt, peak_activations, simulate  # noqa: E402
 from minidist.parallel.pipeline.gantt import timeline_from_trace  # noqa: E402
 

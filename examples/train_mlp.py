@@ -44,7 +44,8 @@ from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import backend, checkpoint, dist, nn, optim, trace  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import backend, checkpoint, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402

@@ -1,7 +1,7 @@
 """minidist: an educational, from-scratch distributed deep-learning framework.
 
-Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> dist -> parallel -> examples.
-``minidist.dist`` (MPI) is imported only when you use it: ``from minidist import dist``.
+Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> distributed -> parallel -> examples.
+``minidist.distributed`` (MPI) is imported only when you use it: ``import minidist.distributed as dist``.
 """
 
 from minidist import nn, optim  # nn and optim import minidist.autograd themselves

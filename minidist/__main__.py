@@ -14,7 +14,7 @@ def info() -> str:
 
     import minidist
     from minidist import backend
-    from minidist.dist.staging import mpi_is_cuda_aware
+    from minidist.distributed.staging import mpi_is_cuda_aware
 
     try:
         import cupy

@@ -7,7 +7,7 @@ cells ``dist.init()`` sees a world of N ranks and collectives work as in a scrip
     from minidist.notebook import start_cluster, stop_cluster
     rc = start_cluster(2)            # n engines = n MPI ranks; registers the %px / %%px magics
     %%px
-    from minidist import dist
+    import minidist.distributed as dist
     print(dist.get_rank(), dist.get_world_size())
     stop_cluster()                   # or let the kernel's exit do it
 

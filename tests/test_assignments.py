@@ -105,10 +105,13 @@ def test_release_blanks_this_and_later_assignments_and_still_imports(tmp_path):
     ).exists()
     assert not (out / "lessons/assignments/A2/hidden").exists(), "hidden tests must not be released"
     assert not (out / "lessons/assignments/A3").exists(), "other assignments' folders must not be released"
-    assert "host_sendrecv" not in (out / "minidist/dist/ring.py").read_text()  # the ring's code is gone
+    assert (
+        "host_sendrecv" not in (out / "minidist/distributed/ring.py").read_text()
+    )  # the ring's code is gone
     proc = _run_in(
         out,
-        "import minidist, minidist.dist, minidist.parallel, minidist.assignments; print(minidist.__file__)",
+        "import minidist, minidist.distributed, minidist.parallel, minidist.assignments; "
+        "print(minidist.__file__)",
     )
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).resolve().is_relative_to(out.resolve())
@@ -214,14 +217,14 @@ MUTANTS = [
     ("A1", "A1.5", "minidist/autograd.py", "node.grad = g.copy() if node.grad is None else node.grad + g",
      "node.grad = g.copy()", "must ADD", None),
     ("A1", "A1.5", "minidist/autograd.py", "node = ready.pop()", "node = ready[-1]", "timed out", 4),
-    ("A2", "A2.1", "minidist/dist/ring.py", "send_start, send_stop = bounds[(r - step - 1) % n]",
+    ("A2", "A2.1", "minidist/distributed/ring.py", "send_start, send_stop = bounds[(r - step - 1) % n]",
      "send_start, send_stop = bounds[(r - step) % n]", "ring_reduce_scatter", None),
-    ("A2", "A2.1", "minidist/dist/ring.py", "    finish(op, flat[own_start:own_stop], n)", "    pass",
+    ("A2", "A2.1", "minidist/distributed/ring.py", "    finish(op, flat[own_start:own_stop], n)", "    pass",
      "divide it by the group size", None),
-    ("A2", "A2.2", "minidist/dist/ring.py",
+    ("A2", "A2.2", "minidist/distributed/ring.py",
      "link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], left)",
      "link.host_sendrecv(flat[send_start:send_stop], right, flat[recv_start:recv_stop], right)", "hang", 5),
-    ("A2", "A2.3", "minidist/dist/ring.py",
+    ("A2", "A2.3", "minidist/distributed/ring.py",
      "    ring_reduce_scatter(group, flat, op, bounds)\n    ring_all_gather(group, flat, bounds)\n",
      "    ring_all_gather(group, flat, bounds)\n    ring_reduce_scatter(group, flat, op, bounds)\n",
      "ring_all_reduce", None),

@@ -7,7 +7,7 @@ algorithm of every collective (``all_reduce``, ``reduce_scatter``, ``reduce``, `
 ``broadcast``; "auto" and "mpi" included) on it, computes the expected result with NumPy and reports
 failures, which we assert are none. World sizes 1..8 and their "parity" sub-groups give every group
 size from 1 to 8, powers of two and not (the recursive algorithms fold the latter, see
-``minidist/dist/recursive_doubling.py``).
+``minidist/distributed/recursive_doubling.py``).
 
 The bad-input tests check that misuse raises a clear ``ValueError``/``TypeError`` on every rank, and that
 a message of the wrong length raises ``DistributedError`` and ends the job instead of hanging it.
@@ -143,7 +143,7 @@ def test_scratch_buffer_is_reused_and_grows():
     """Communicator.scratch hands out the same memory again (no per-call allocation) and grows on demand."""
     import numpy as np
 
-    from minidist import dist
+    import minidist.distributed as dist
 
     channel = dist.init().collective_channel
     first = channel.scratch(10, np.float32)

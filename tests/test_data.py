@@ -408,17 +408,17 @@ def test_sampler_accepts_int_tuple_or_sized_dataset():
         assert DistributedSampler(dataset, num_replicas=3, rank=0).dataset_len == 12
 
 
-def test_sampler_defaults_come_from_minidist_dist(monkeypatch):
+def test_sampler_defaults_come_from_minidist_distributed(monkeypatch):
     fake_dist = types.SimpleNamespace(get_world_size=lambda: 4, get_rank=lambda: 2)
-    monkeypatch.setitem(sys.modules, "minidist.dist", fake_dist)
-    monkeypatch.setattr(sys.modules["minidist"], "dist", fake_dist, raising=False)
+    monkeypatch.setitem(sys.modules, "minidist.distributed", fake_dist)
+    monkeypatch.setattr(sys.modules["minidist"], "distributed", fake_dist, raising=False)
     sampler = DistributedSampler(10)
     assert (sampler.num_replicas, sampler.rank) == (4, 2)
 
 
 def test_sampler_without_dist_requires_explicit_world(monkeypatch):
-    monkeypatch.setitem(sys.modules, "minidist.dist", None)  # makes `from minidist import dist` fail
-    monkeypatch.delattr(sys.modules["minidist"], "dist", raising=False)
+    monkeypatch.setitem(sys.modules, "minidist.distributed", None)  # makes `import minidist.distributed` fail
+    monkeypatch.delattr(sys.modules["minidist"], "distributed", raising=False)
     with pytest.raises(ValueError, match="pass num_replicas= and rank= explicitly"):
         DistributedSampler(10)
 

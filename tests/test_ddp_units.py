@@ -1,6 +1,6 @@
 """The pieces of DDP that need no MPI: the bucket plan, bucket buffers and the communication thread.
 
-This process never imports ``minidist.dist`` (which initialises MPI), so the two modules are loaded
+This process never imports ``minidist.distributed`` (which initialises MPI), so the two modules are loaded
 from their files instead of through ``minidist.parallel`` (whose ``__init__`` imports DDP and dist).
 """
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mpi_utils import run_mpi
 
-from minidist.dist.debug import EXIT, FINGERPRINT_BYTES, describe_call, fingerprint, mismatch_message
+from minidist.distributed.debug import EXIT, FINGERPRINT_BYTES, describe_call, fingerprint, mismatch_message
 
 DEBUG = {"MINIDIST_DEBUG": "1"}
 
@@ -56,7 +56,9 @@ def test_a_mismatch_raises_the_same_error_on_every_rank(tmp_path, mode, expected
         assert report["type"] == "CollectiveMismatchError", (rank, report)
         assert report["message"].startswith(expected), (rank, report["message"])
         # The excepthook of dist.init() printed it, prefixed with the rank, before aborting.
-        assert f"[rank {rank}] minidist.dist.errors.CollectiveMismatchError: {expected}" in output, output
+        assert f"[rank {rank}] minidist.distributed.errors.CollectiveMismatchError: {expected}" in output, (
+            output
+        )
 
 
 @pytest.mark.mpi

@@ -1,4 +1,5 @@
-"""Non-blocking point-to-point batches (``minidist.dist.p2p_batch``): what the interleaved pipeline uses.
+"""Non-blocking point-to-point batches (``minidist.distributed.p2p_batch``): what the interleaved pipeline
+uses.
 
 On 2 ranks (``tests/workers/pp_p2p_batch.py``): messages started in crossed orders arrive by tag without
 deadlock; a message shorter or longer than its receive buffer raises ``DistributedError``, with and
@@ -15,8 +16,8 @@ import numpy as np
 import pytest
 from mpi_utils import run_mpi
 
-from minidist import dist
-from minidist.dist.p2p_batch import batch_send_recv, irecv, isend, wait_all
+import minidist.distributed as dist
+from minidist.distributed.p2p_batch import batch_send_recv, irecv, isend, wait_all
 
 SHORT = "rank 1 expected 4 elements of float64 (32 bytes) from rank 0 (tag 7), but rank 0 sent 24 bytes"
 

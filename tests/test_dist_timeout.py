@@ -14,8 +14,8 @@ import time
 import pytest
 from mpi_utils import run_mpi
 
-from minidist.dist.arrivals import describe_arrivals
-from minidist.dist.watchdog import _parse_seconds
+from minidist.distributed.arrivals import describe_arrivals
+from minidist.distributed.watchdog import _parse_seconds
 
 TIMEOUT = 2
 
@@ -49,7 +49,10 @@ def test_a_rank_that_does_not_arrive_is_named_after_the_timeout(tmp_path, mode, 
         assert message.startswith(f"{start}{TIMEOUT} s; it was waiting for "), message
         assert f"Arrival record of #2 all_reduce: ranks [0, 1, 2] entered it; {expected}." in message, message
         assert TIMEOUT <= report["seconds"] < TIMEOUT + 3, report["seconds"]
-        assert f"[rank {rank}] minidist.dist.errors.CollectiveTimeoutError: rank {rank}: all_reduce" in output
+        assert (
+            f"[rank {rank}] minidist.distributed.errors.CollectiveTimeoutError: rank {rank}: all_reduce"
+            in output
+        )
 
 
 @pytest.mark.mpi

@@ -153,7 +153,7 @@ import os, sys
 from minidist.notebook import cluster_pids, mpi_cluster, start_cluster
 try:
     with mpi_cluster(2) as rc:
-        ranks = rc[:].apply_sync(lambda: __import__("minidist.dist", fromlist=["init"]).init().rank)
+        ranks = rc[:].apply_sync(lambda: __import__("minidist.distributed", fromlist=["init"]).init().rank)
         print("RANKS", sorted(ranks), flush=True)
         raise RuntimeError("a failing cell")
 except RuntimeError:

@@ -19,7 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 from minidist.parallel.pipeline import (
     Batch,
     Instruction,

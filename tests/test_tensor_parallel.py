@@ -26,7 +26,7 @@ from mpi_utils import run_mpi  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import nn  # noqa: E402
-from minidist.dist import Communicator  # noqa: E402
+from minidist.distributed import Communicator  # noqa: E402
 from minidist.parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear  # noqa: E402
 from minidist.parallel.tensor_parallel import shard_parameter  # noqa: E402
 

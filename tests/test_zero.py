@@ -10,7 +10,7 @@ all four (stage, optimizer) configurations):
 3. Bad input (DESIGN.md §3.5): every documented error is raised on every rank; uncaught, it ends the
    job instead of hanging.
 
-The reference runs in this process, without MPI (this process never imports ``minidist.dist``).
+The reference runs in this process, without MPI (this process never imports ``minidist.distributed``).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def worker_main(body: Callable[[Any, dict], list[str]]) -> None:
     Each rank writes ``rank<r>.json`` with its failures, into the folder given as ``sys.argv[1]``.
     """
     import minidist
-    from minidist import dist
+    import minidist.distributed as dist
 
     out = Path(sys.argv[1])
     config = json.loads((out / "config.json").read_text())

@@ -27,7 +27,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import checkpoint, dist, nn, optim  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import checkpoint, nn, optim  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ParallelMLP, ProcessMesh  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402

@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from minidist import dist  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--nbytes", type=int, default=1_000_000)

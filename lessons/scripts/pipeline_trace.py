@@ -21,7 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, trace  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn, trace  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 
 p = argparse.ArgumentParser()

@@ -41,7 +41,7 @@ import os
 
 import numpy as np
 
-from minidist import dist
+import minidist.distributed as dist
 
 world = dist.init()
 print(f"I am rank {world.rank} of {world.size}, process id {os.getpid()}")

@@ -79,7 +79,7 @@ draw_ring(simulate_ring(4), 4)
 #
 # "Pass on what you just received" needs memory. Write it as a formula instead:
 # `send_chunk(rank, step, n)` for the reduce-scatter phase (steps 0 .. n-2), as the real code in
-# `minidist/dist/ring.py` computes it. Hint: compare consecutive panels: which cell of each row grew?
+# `minidist/distributed/ring.py` computes it. Hint: compare consecutive panels: which cell of each row grew?
 
 
 # %% [exercise sendchunk]
@@ -131,7 +131,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from minidist import dist, perfmodel
+import minidist.distributed as dist
+from minidist import perfmodel
 
 world = dist.init()
 alpha, beta = perfmodel.measure_alpha_beta(world, iters=5)
@@ -196,7 +197,7 @@ plt.grid(True, which="both", alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# This is why `algorithm="auto"` (`minidist/dist/tuning.py`) picks recursive doubling below a size
+# This is why `algorithm="auto"` (`minidist/distributed/tuning.py`) picks recursive doubling below a size
 # threshold and a bandwidth-optimal algorithm above it — as MPICH and NCCL do.
 #
 # ## Summary

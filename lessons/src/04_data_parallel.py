@@ -39,7 +39,8 @@ rc = start_cluster(2)
 import numpy as np
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 
 world = dist.init()
 

@@ -67,7 +67,8 @@ checks.zero_bytes(zero_bytes)
 import numpy as np
 
 import minidist as md
-from minidist import dist, nn, optim
+import minidist.distributed as dist
+from minidist import nn, optim
 from minidist.parallel import ZeroRedundancyOptimizer
 
 world = dist.init()

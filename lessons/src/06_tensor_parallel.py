@@ -88,7 +88,8 @@ checks.tp_shard_shape(shard_shape)
 import numpy as np
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 world = dist.init()

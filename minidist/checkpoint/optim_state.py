@@ -72,7 +72,7 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
 
 
 def _zero_gather(zero: Any, names: list[str]) -> dict[str, dict[str, Any]]:
-    from minidist import dist  # noqa: PLC0415  (only ZeRO needs communication here)
+    import minidist.distributed as dist  # noqa: PLC0415  (only ZeRO needs communication here)
     from minidist.checkpoint.agree import allgather_json  # noqa: PLC0415
 
     layout, state = zero.layout, zero.optimizer.state

@@ -42,7 +42,7 @@ def world_comm(mesh: Any) -> Any:
     """The raw mpi4py communicator of the whole run (the mesh's world, else ``dist.init()``'s)."""
     world = getattr(mesh, "world", None) if mesh is not None else None
     if world is None:
-        from minidist import dist  # noqa: PLC0415  (MPI only when a collective checkpoint call is made)
+        import minidist.distributed as dist  # noqa: PLC0415  (MPI only when a collective checkpoint call is made)
 
         world = dist.init()
     return world.mpi

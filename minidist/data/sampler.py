@@ -44,18 +44,18 @@ def dataset_length(dataset: Any) -> int:
 
 
 def _default_world() -> tuple[int, int]:
-    """(world size, rank) from ``minidist.dist``, imported only when the caller gave neither.
+    """(world size, rank) from ``minidist.distributed``, imported only when the caller gave neither.
 
     ``dist`` sits above ``data`` in the layer diagram, so we import it lazily and only as a
     convenience default; passing ``num_replicas`` and ``rank`` keeps this module MPI-free.
     """
     try:
-        from minidist import dist  # noqa: PLC0415  (lazy: the sampler itself does not need MPI)
+        import minidist.distributed as dist  # noqa: PLC0415  (lazy: the sampler itself does not need MPI)
 
         return int(dist.get_world_size()), int(dist.get_rank())
     except (ImportError, AttributeError) as err:
         raise ValueError(
-            "DistributedSampler could not ask minidist.dist for the world size and rank "
+            "DistributedSampler could not ask minidist.distributed for the world size and rank "
             f"({err}); pass num_replicas= and rank= explicitly."
         ) from err
 
@@ -99,7 +99,8 @@ class DistributedSampler:
     Raises:
         TypeError: a non-int ``num_replicas``, ``rank``, ``seed`` or ``batch_size``.
         ValueError: ``num_replicas < 1``; ``rank`` outside ``[0, num_replicas)``; ``seed < 0``;
-            ``batch_size < num_replicas``; or no ``num_replicas``/``rank`` and no usable ``minidist.dist``.
+            ``batch_size < num_replicas``; or no ``num_replicas``/``rank`` and no usable
+            ``minidist.distributed``.
     """
 
     def __init__(

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from minidist import dist
+import minidist.distributed as dist
 from minidist.autograd import Tensor
-from minidist.dist.comm import Communicator
+from minidist.distributed.comm import Communicator
 from minidist.nn.utils import (
     check_clip_args,
     check_finite,

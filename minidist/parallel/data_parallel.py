@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist import autograd, backend, dist, trace
+import minidist.distributed as dist
+from minidist import autograd, backend, trace
 from minidist.nn.module import Module, Parameter
 from minidist.parallel import ddp_checks as checks
 from minidist.parallel.buckets import Bucket, flatten, plan_buckets, unflatten_into

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
-from minidist.dist import CollectiveMismatchError
+from minidist.distributed import CollectiveMismatchError
 
 
 def write_flags(extra: Any, ready: np.ndarray | None, training: bool) -> None:

@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist import backend, dist
+import minidist.distributed as dist
+from minidist import backend
 from minidist.autograd import Tensor
 from minidist.optim.optimizer import Optimizer, clear_grads
 from minidist.parallel.zero_checks import check_optimizer_class, check_params, check_stage

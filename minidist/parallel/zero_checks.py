@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist import dist
+import minidist.distributed as dist
 from minidist.autograd import Tensor
 from minidist.optim.optimizer import Optimizer
 

@@ -16,7 +16,8 @@ import numpy as np
 from dist_worker_utils import run_worker, write_json
 
 import minidist as md
-from minidist import checkpoint, dist, nn, optim
+import minidist.distributed as dist
+from minidist import checkpoint, nn, optim
 from minidist.data import DistributedSampler
 
 

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dist_worker_utils import run_worker  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import checkpoint, dist, nn, optim  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import checkpoint, nn, optim  # noqa: E402
 from minidist.checkpoint import CheckpointError, atomic  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ParallelMLP, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402

@@ -14,7 +14,7 @@ import numpy as np
 from dist_worker_utils import run_worker, write_json
 from mpi4py import MPI
 
-from minidist import dist
+import minidist.distributed as dist
 
 
 def main(out_dir: str) -> None:

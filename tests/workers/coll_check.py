@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from dist_worker_utils import run_worker, write_json
 
-from minidist import dist
-from minidist.dist.staging import mpi_reduction_datatype
+import minidist.distributed as dist
+from minidist.distributed.staging import mpi_reduction_datatype
 
 
 def rank_input(seed: int, world_rank: int, length: int, dtype: str) -> np.ndarray:

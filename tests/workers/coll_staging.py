@@ -15,7 +15,7 @@ import numpy as np
 from dist_fake_cupy import FakeCupyArray, copies  # first: installs the fake cupy
 from dist_worker_utils import run_worker, write_json
 
-from minidist import dist
+import minidist.distributed as dist
 
 
 def main(out_dir: str) -> None:

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ddp_common  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 parser = argparse.ArgumentParser()

@@ -6,7 +6,8 @@ Prints "hooks fired before failure: True/False" and "grads equal across ranks: T
 import numpy as np
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 from minidist.parallel import DistributedDataParallel
 
 world = dist.init()

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from dist_worker_utils import write_json
 
-from minidist import dist
+import minidist.distributed as dist
 
 
 def results(world: dist.Communicator, out_dir: Path) -> None:

@@ -3,7 +3,7 @@
 Usage: ``mpiexec -n 3 python dist_fake_cupy.py OUT_DIR``. A stand-in for ``cupy`` is put into
 ``sys.modules`` before minidist is imported. Its arrays keep their data private (MPI cannot read them:
 they have no buffer interface, just as MPI cannot read GPU memory) and count the device-to-host copies
-(``get``) and host-to-device copies (``set``) that ``minidist.dist.staging`` makes. Each rank writes
+(``get``) and host-to-device copies (``set``) that ``minidist.distributed.staging`` makes. Each rank writes
 ``rank<r>.json`` with a list of failures.
 """
 
@@ -51,7 +51,7 @@ fake_cupy = types.ModuleType("cupy")
 fake_cupy.asarray = FakeCupyArray
 sys.modules["cupy"] = fake_cupy
 
-from minidist import dist  # noqa: E402  (after the fake cupy is in place)
+import minidist.distributed as dist  # noqa: E402  (after the fake cupy is in place)
 
 
 def main(out_dir: str) -> None:

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 from dist_worker_utils import run_worker
 
-from minidist import dist
+import minidist.distributed as dist
 
 
 def main(mode: str) -> None:

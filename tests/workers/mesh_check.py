@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist import dist
+import minidist.distributed as dist
 from minidist.parallel import ProcessMesh
 
 out_dir = Path(sys.argv[1])

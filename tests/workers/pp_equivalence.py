@@ -19,7 +19,8 @@ import numpy as np
 import pp_common
 
 import minidist as md
-from minidist import dist, nn, trace
+import minidist.distributed as dist
+from minidist import nn, trace
 from minidist.parallel.pipeline import PipelineParallel, peak_activations
 
 out, configs = Path(sys.argv[1]), json.loads(sys.argv[2])

@@ -15,7 +15,8 @@ import numpy as np
 import pp_common
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 from minidist.parallel.pipeline import PipelineParallel
 
 out = Path(sys.argv[1])

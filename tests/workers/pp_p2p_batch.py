@@ -1,4 +1,4 @@
-"""Non-blocking point-to-point batches (``minidist.dist.p2p_batch``) on 2 ranks.
+"""Non-blocking point-to-point batches (``minidist.distributed.p2p_batch``) on 2 ranks.
 
     mpiexec -n 2 python pp_p2p_batch.py OUT_DIR [timeout]
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist import dist
-from minidist.dist.p2p_batch import batch_send_recv, irecv, isend, wait_all
+import minidist.distributed as dist
+from minidist.distributed.p2p_batch import batch_send_recv, irecv, isend, wait_all
 
 out, timed = Path(sys.argv[1]), sys.argv[2:] == ["timeout"]
 world = dist.init()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import minidist as md
-from minidist import dist
+import minidist.distributed as dist
 from minidist.parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear, clip_grad_norm_
 
 out = Path(sys.argv[1])

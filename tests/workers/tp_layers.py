@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tp_common  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
 from minidist.parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear  # noqa: E402
 from minidist.parallel.tensor_parallel.mappings import split_last_axis  # noqa: E402
 

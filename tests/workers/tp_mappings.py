@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import minidist as md
-from minidist import dist
+import minidist.distributed as dist
 from minidist.parallel import tensor_parallel as tp
 
 out_dir, seed = Path(sys.argv[1]), int(sys.argv[2])

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tp_common  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist import dist, nn, optim  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn, optim  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ParallelMLP, ProcessMesh, clip_grad_norm_  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402

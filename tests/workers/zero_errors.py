@@ -16,7 +16,8 @@ import sys
 import numpy as np
 from dist_worker_utils import run_worker, write_json
 
-from minidist import dist, nn, optim
+import minidist.distributed as dist
+from minidist import nn, optim
 from minidist.parallel import ZeroRedundancyOptimizer as Zero
 
 

@@ -20,7 +20,8 @@ import zero_common as zc
 from dist_worker_utils import run_worker, write_json
 
 import minidist as md
-from minidist import dist, nn
+import minidist.distributed as dist
+from minidist import nn
 from minidist.parallel import ZeroRedundancyOptimizer
 
 

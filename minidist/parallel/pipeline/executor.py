@@ -43,7 +43,7 @@ import numpy as np
 
 from minidist import backend, trace
 from minidist.autograd import Tensor
-from minidist.dist import Communicator
+from minidist.distributed import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist import dist
-from minidist.dist import Communicator
+import minidist.distributed as dist
+from minidist.distributed import Communicator
 
 
 def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communicator, Communicator | None]:
@@ -26,7 +26,7 @@ def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communica
         pp_group = getattr(group, "pp_group", None)
         if not isinstance(pp_group, Communicator):
             raise TypeError(
-                f"group must be a minidist.dist.Communicator, None (the world) or a ProcessMesh, got "
+                f"group must be a minidist.distributed.Communicator, None (the world) or a ProcessMesh, got "
                 f"{type(group).__name__}"
             )
         if getattr(group, "pp", pp_group.size) != pp_group.size:
@@ -39,7 +39,7 @@ def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communica
         return pp_group, dp_group if dp_group is not None else mesh_dp
     if dp_group is not None and not isinstance(dp_group, Communicator):
         raise TypeError(
-            f"dp_group must be a minidist.dist.Communicator or None, got {type(dp_group).__name__}"
+            f"dp_group must be a minidist.distributed.Communicator or None, got {type(dp_group).__name__}"
         )
     return dist.comm.group_or_world(group), dp_group
 

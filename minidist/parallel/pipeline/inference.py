@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from minidist import autograd, backend, dist
+import minidist.distributed as dist
+from minidist import autograd, backend
 from minidist.autograd import Tensor
-from minidist.dist import Communicator
+from minidist.distributed import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.executor import _MAX_DIMS, _header, _parse_header
 from minidist.parallel.pipeline.groups import gather_step

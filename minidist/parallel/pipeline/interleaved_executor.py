@@ -9,7 +9,7 @@ the loss (scaled by ``1/m``), every other one receives its input as a leaf that 
 
 **Messages.** Each :class:`~minidist.parallel.pipeline.schedules.Batch` (up to four messages, to and
 from both neighbours) is started as non-blocking sends and receives and then awaited together
-(``minidist.dist.p2p_batch``; Megatron-LM's ``batch_isend_irecv``), so every message progresses
+(``minidist.distributed.p2p_batch``; Megatron-LM's ``batch_isend_irecv``), so every message progresses
 independently, as ``simulate`` assumes when it proves the schedule deadlock-free. With ``p = 1`` all
 chunks are on one rank and activations and gradients are handed over in memory.
 
@@ -52,9 +52,9 @@ import numpy as np
 
 from minidist import backend, trace
 from minidist.autograd import Tensor
-from minidist.dist import Communicator
-from minidist.dist.p2p_batch import P2PRequest, irecv, isend, wait_all
-from minidist.dist.validate import MAX_TAG
+from minidist.distributed import Communicator
+from minidist.distributed.p2p_batch import P2PRequest, irecv, isend, wait_all
+from minidist.distributed.validate import MAX_TAG
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.executor import _MAX_DIMS, StepStats, _header, _parse_header, apply_loss
 from minidist.parallel.pipeline.schedules import (

@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from minidist import backend, dist
+import minidist.distributed as dist
+from minidist import backend
 from minidist.autograd import Tensor
-from minidist.dist import Communicator
+from minidist.distributed import Communicator
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
@@ -82,7 +83,7 @@ class PipelineParallel:
     then reported on every rank of the group (and of the dp group), so no rank is left waiting; the
     step's gradients are incomplete then: call ``zero_grad`` before the next step. An exception raised
     inside the model's layers is *not* caught that way: it ends the job through minidist's excepthook
-    (``minidist/dist/watchdog.py``), or, if caught (e.g. in a notebook), the other ranks wait until
+    (``minidist/distributed/watchdog.py``), or, if caught (e.g. in a notebook), the other ranks wait until
     ``MINIDIST_TIMEOUT`` turns their wait into an error.
 
     Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names: a

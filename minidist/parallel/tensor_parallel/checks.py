@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist import dist
-from minidist.dist.comm import Communicator
+import minidist.distributed as dist
+from minidist.distributed.comm import Communicator
 
 RECORD_BYTES = 512  # per rank: an error kind and message, then the description of the arguments
 _SEP = "\x1f"  # ASCII unit separator: never part of a repr we format

@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from minidist.autograd import DEFAULT_DTYPE, Tensor
-from minidist.dist.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator, group_or_world
 from minidist.nn import functional as F
 from minidist.nn.layers import uniform
 from minidist.nn.module import Module, Parameter

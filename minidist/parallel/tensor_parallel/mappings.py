@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist import dist
+import minidist.distributed as dist
 from minidist.autograd import Function, Tensor
 from minidist.backend import array_module
-from minidist.dist.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator, group_or_world
 
 
 def split_last_axis(x: Any, group: Communicator) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minidist.autograd import DEFAULT_DTYPE, Tensor
-from minidist.dist.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator, group_or_world
 from minidist.nn import functional as F
 from minidist.nn.module import Module
 from minidist.parallel.tensor_parallel.checks import (

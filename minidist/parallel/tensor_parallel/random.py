@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from minidist import random
-from minidist.dist.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator, group_or_world
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 TP_SEED_OFFSET = 2718  # Megatron-LM's offset: keeps the tracked streams apart from the default one

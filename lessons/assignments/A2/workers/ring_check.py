@@ -22,8 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gradelib  # noqa: E402
 
-from minidist import dist  # noqa: E402
-from minidist.dist import ring  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist.distributed import ring  # noqa: E402
 
 
 def rank_input(seed: int, rank: int, length: int, dtype: str) -> np.ndarray:

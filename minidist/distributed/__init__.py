@@ -1,4 +1,4 @@
-"""``minidist.dist``: processes that talk to each other, with hand-written collectives.
+"""``minidist.distributed``: processes that talk to each other, with hand-written collectives.
 
 Reading order: ``comm.py`` (communicators, send/recv; ``p2p_batch.py`` adds non-blocking ones, for the
 interleaved pipeline) -> ``ring.py`` (ring all-reduce, reduce-scatter,
@@ -20,8 +20,15 @@ This package uses only ``minidist.backend`` from the rest of minidist: it knows 
 modules. Importing it initialises MPI.
 """
 
-from minidist.dist.collectives import ALGORITHMS, all_gather, all_reduce, broadcast, reduce, reduce_scatter
-from minidist.dist.comm import (
+from minidist.distributed.collectives import (
+    ALGORITHMS,
+    all_gather,
+    all_reduce,
+    broadcast,
+    reduce,
+    reduce_scatter,
+)
+from minidist.distributed.comm import (
     Communicator,
     get_local_rank,
     get_rank,
@@ -31,11 +38,11 @@ from minidist.dist.comm import (
     recv,
     send,
 )
-from minidist.dist.debug import barrier, collective_call, debug_enabled
-from minidist.dist.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
-from minidist.dist.reduce_ops import REDUCE_OPS
-from minidist.dist.staging import mpi_is_cuda_aware
-from minidist.dist.watchdog import abort, timeout_seconds
+from minidist.distributed.debug import barrier, collective_call, debug_enabled
+from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
+from minidist.distributed.reduce_ops import REDUCE_OPS
+from minidist.distributed.staging import mpi_is_cuda_aware
+from minidist.distributed.watchdog import abort, timeout_seconds
 
 __all__ = [
     "ALGORITHMS",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist.validate import check_choice
+from minidist.distributed.validate import check_choice
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 

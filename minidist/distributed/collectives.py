@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from minidist.dist.broadcast import tree_broadcast
-from minidist.dist.comm import Communicator, group_or_world
-from minidist.dist.debug import collective_call
-from minidist.dist.mpi_builtin import (
+from minidist.distributed.broadcast import tree_broadcast
+from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.debug import collective_call
+from minidist.distributed.mpi_builtin import (
     mpi_all_gather,
     mpi_all_gather_counts,
     mpi_all_reduce,
@@ -46,16 +46,21 @@ from minidist.dist.mpi_builtin import (
     mpi_reduce,
     mpi_reduce_scatter,
 )
-from minidist.dist.rabenseifner import rabenseifner_all_reduce
-from minidist.dist.recursive_doubling import recursive_doubling_all_reduce
-from minidist.dist.recursive_halving import recursive_halving_reduce_scatter
-from minidist.dist.reduce_ops import check_op
-from minidist.dist.ring import chunk_bounds, ring_all_gather, ring_all_reduce, ring_reduce_scatter_chunk
-from minidist.dist.scatter_allgather import scatter_allgather_broadcast
-from minidist.dist.staging import host_view, like
-from minidist.dist.tree_reduce import tree_reduce
-from minidist.dist.tuning import choose
-from minidist.dist.validate import check_array, check_choice, check_rank
+from minidist.distributed.rabenseifner import rabenseifner_all_reduce
+from minidist.distributed.recursive_doubling import recursive_doubling_all_reduce
+from minidist.distributed.recursive_halving import recursive_halving_reduce_scatter
+from minidist.distributed.reduce_ops import check_op
+from minidist.distributed.ring import (
+    chunk_bounds,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter_chunk,
+)
+from minidist.distributed.scatter_allgather import scatter_allgather_broadcast
+from minidist.distributed.staging import host_view, like
+from minidist.distributed.tree_reduce import tree_reduce
+from minidist.distributed.tuning import choose
+from minidist.distributed.validate import check_array, check_choice, check_rank
 
 # The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
 # group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
@@ -143,7 +148,7 @@ def reduce_scatter(
 
     ``algorithm``, for ``N = a.nbytes``: ``"ring"``, cost ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N
     gamma``; it reads ``a`` in place and passes partial results in two chunk-sized buffers (``ring.py``,
-    :func:`~minidist.dist.ring.ring_reduce_scatter_chunk`). ``"recursive_halving"``: the same bytes in
+    :func:`~minidist.distributed.ring.ring_reduce_scatter_chunk`). ``"recursive_halving"``: the same bytes in
     ``log2 n`` steps, plus ``2 alpha + (1 + 1/n) N beta + N gamma`` when ``n`` is not a power of two
     (``recursive_halving.py``). ``"mpi"``: ``MPI_Reduce_scatter``. ``"auto"``: from ``tuning.py``.
     Raises like :func:`all_reduce` (``a`` need not be writable).

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
-from minidist.dist.reduce_ops import combine_ufunc, finish
+from minidist.distributed.comm import Communicator
+from minidist.distributed.reduce_ops import combine_ufunc, finish
 
 Bounds = list[tuple[int, int]]
 

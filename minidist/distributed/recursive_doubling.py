@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
-from minidist.dist.reduce_ops import combine_ufunc, finish
+from minidist.distributed.comm import Communicator
+from minidist.distributed.reduce_ops import combine_ufunc, finish
 
 
 def largest_power_of_two(n: int) -> int:

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist.comm import Communicator, _from, _to
-from minidist.dist.errors import DistributedError
-from minidist.dist.staging import mpi_datatype
-from minidist.dist.validate import check_array, check_rank, check_tag
+from minidist.distributed.comm import Communicator, _from, _to
+from minidist.distributed.errors import DistributedError
+from minidist.distributed.staging import mpi_datatype
+from minidist.distributed.validate import check_array, check_rank, check_tag
 
 
 class P2PRequest:

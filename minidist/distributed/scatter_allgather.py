@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
-from minidist.dist.ring import chunk_bounds, ring_all_gather
+from minidist.distributed.comm import Communicator
+from minidist.distributed.ring import chunk_bounds, ring_all_gather
 
 
 def scatter_allgather_broadcast(group: Communicator, flat: np.ndarray, src: int) -> None:

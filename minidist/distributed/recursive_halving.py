@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
-from minidist.dist.recursive_doubling import largest_power_of_two, real_rank
-from minidist.dist.reduce_ops import combine_ufunc, finish
-from minidist.dist.ring import Bounds
+from minidist.distributed.comm import Communicator
+from minidist.distributed.recursive_doubling import largest_power_of_two, real_rank
+from minidist.distributed.reduce_ops import combine_ufunc, finish
+from minidist.distributed.ring import Bounds
 
 
 def recursive_halving_reduce_scatter(

@@ -18,9 +18,9 @@ from itertools import accumulate
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist.comm import Communicator
-from minidist.dist.reduce_ops import finish, mpi_op
-from minidist.dist.staging import mpi_buffer, mpi_datatype, mpi_reduction_datatype
+from minidist.distributed.comm import Communicator
+from minidist.distributed.reduce_ops import finish, mpi_op
+from minidist.distributed.staging import mpi_buffer, mpi_datatype, mpi_reduction_datatype
 
 
 def _reduction_type(dtype: np.dtype) -> MPI.Datatype:

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
-from minidist.dist.recursive_doubling import fold_in, fold_out, largest_power_of_two, real_rank
-from minidist.dist.reduce_ops import combine_ufunc, finish
-from minidist.dist.ring import chunk_bounds
+from minidist.distributed.comm import Communicator
+from minidist.distributed.recursive_doubling import fold_in, fold_out, largest_power_of_two, real_rank
+from minidist.distributed.reduce_ops import combine_ufunc, finish
+from minidist.distributed.ring import chunk_bounds
 
 
 def rabenseifner_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:

@@ -41,8 +41,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from minidist.dist.arrivals import ArrivalRecord, describe_arrivals
-from minidist.dist.errors import CollectiveTimeoutError
+from minidist.distributed.arrivals import ArrivalRecord, describe_arrivals
+from minidist.distributed.errors import CollectiveTimeoutError
 
 TIMEOUT_ENV = "MINIDIST_TIMEOUT"
 GRACE_ENV = "MINIDIST_ABORT_GRACE"
@@ -78,11 +78,12 @@ class CallInfo:
 
 
 class CallTracker:
-    """Per-communicator bookkeeping, shared by a :class:`~minidist.dist.comm.Communicator` and its channel.
+    """Per-communicator bookkeeping, shared by a :class:`~minidist.distributed.comm.Communicator` and its
+    channel.
 
     ``seq`` counts the collectives entered on the group while checks are on (debug mode or a timeout);
     ``current`` is the collective being run, if any; ``world_ranks[r]`` is the world rank of group rank
-    ``r``; ``arrivals`` is the group's :class:`~minidist.dist.arrivals.ArrivalRecord`, created only if
+    ``r``; ``arrivals`` is the group's :class:`~minidist.distributed.arrivals.ArrivalRecord`, created only if
     ``MINIDIST_TIMEOUT`` is set when the communicator is created (creating it is collective, so every
     rank must see the same setting, as ranks started by one ``mpiexec`` do).
     """

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist.comm import Communicator
+from minidist.distributed.comm import Communicator
 
 
 def tree_broadcast(group: Communicator, flat: np.ndarray, src: int) -> None:

@@ -1,4 +1,4 @@
-"""Communicators and point-to-point messages: the ground floor of ``minidist.dist``.
+"""Communicators and point-to-point messages: the ground floor of ``minidist.distributed``.
 
 A *communicator* is a group of processes, each with a *rank* ``0..size-1`` inside the group, plus a
 private channel so that messages of one group never mix with another's. MPI starts every process with
@@ -29,10 +29,10 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import backend
-from minidist.dist.errors import DistributedError
-from minidist.dist.staging import host_view, mpi_datatype
-from minidist.dist.validate import check_array, check_rank, check_tag
-from minidist.dist.watchdog import CallTracker, install_excepthook
+from minidist.distributed.errors import DistributedError
+from minidist.distributed.staging import host_view, mpi_datatype
+from minidist.distributed.validate import check_array, check_rank, check_tag
+from minidist.distributed.watchdog import CallTracker, install_excepthook
 
 
 class Communicator:
@@ -40,7 +40,7 @@ class Communicator:
 
     Attributes: ``rank`` (this process's rank in the group), ``size`` (number of ranks), ``mpi`` (the raw
     ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below) and ``calls`` (a
-    :class:`~minidist.dist.watchdog.CallTracker` that numbers the group's collectives, shared with the
+    :class:`~minidist.distributed.watchdog.CallTracker` that numbers the group's collectives, shared with the
     channel).
 
     Creating a Communicator is *collective*: every rank of ``mpi_comm`` must create it at the same point,
@@ -295,7 +295,8 @@ def group_or_world(group: Communicator | None) -> Communicator:
         return init()
     if not isinstance(group, Communicator):
         raise TypeError(
-            f"group must be a minidist.dist.Communicator or None (the world), got {type(group).__name__}; "
+            f"group must be a minidist.distributed.Communicator or None (the world), "
+            f"got {type(group).__name__}; "
             "wrap a raw mpi4py communicator with Communicator(comm)"
         )
     return group

@@ -54,11 +54,11 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist import comm
-from minidist.dist.arrivals import ranks as describe_ranks
-from minidist.dist.comm import Communicator, group_or_world
-from minidist.dist.errors import CollectiveMismatchError, DistributedError
-from minidist.dist.watchdog import CallInfo, abort_job, timeout_seconds
+from minidist.distributed import comm
+from minidist.distributed.arrivals import ranks as describe_ranks
+from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.errors import CollectiveMismatchError, DistributedError
+from minidist.distributed.watchdog import CallInfo, abort_job, timeout_seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
