@@ -38,7 +38,7 @@ def test_one_process_mesh_and_its_errors():
     assert mesh.tp_group.size == mesh.dp_group.size == mesh.pp_group.size == 1
     with pytest.raises(ValueError, match=r"dp\*tp\*pp = 1\*2\*1 = 2 but the world has 1 ranks"):
         ProcessMesh(tp=2)
-    with pytest.raises(TypeError, match="pp must be an int, got 1.0 on rank 0"):
+    with pytest.raises(TypeError, match="ProcessMesh: pp must be an int, got 1.0"):
         ProcessMesh(pp=1.0)
     with pytest.raises(ValueError, match=r"tp_rank must be in \[0, 1\), got 1"):
         mesh.rank_of(0, 1, 0)
@@ -50,13 +50,13 @@ def test_numpy_integer_sizes_are_ints_and_bools_are_not():
         type(v) is int for v in (mesh.dp, mesh.tp, mesh.pp)
     )
     for bad in (True, np.bool_(True)):  # True == 1 would pass as a size
-        with pytest.raises(TypeError, match=r"dp must be an int, got (np\.)?True_? on rank 0"):
+        with pytest.raises(TypeError, match=r"ProcessMesh: dp must be an int, got (np\.)?True_?"):
             ProcessMesh(dp=bad)
 
 
 @pytest.mark.mpi
 def test_groups_on_four_ranks_and_errors_on_every_rank(tmp_path):
-    run_mpi(4, "mesh_check.py", tmp_path, timeout=60)
+    run_mpi(4, "mesh/mesh_check.py", tmp_path, timeout=60)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     for layout in records[0]["layouts"]:
         dp, tp, pp = map(int, layout.split(","))
@@ -72,13 +72,14 @@ def test_groups_on_four_ranks_and_errors_on_every_rank(tmp_path):
         assert records[0]["drawings"][layout] == draw_grid(dp, tp, pp)
     expected = {
         "product": ("ValueError", "dp*tp*pp = 3*1*1 = 3 but the world has 4 ranks"),
-        "zero": ("ValueError", "tp must be >= 1, got tp=0 on rank 0"),
-        "not_int": ("TypeError", "tp must be an int, got 2.0 on rank 0"),
+        "zero": ("ValueError", ": ProcessMesh: tp must be >= 1, got tp=0"),
+        "not_int": ("TypeError", "rank 0 of the group: ProcessMesh: tp must be an int, got 2.0"),
         "differ": (
             "ValueError",
-            "ranks passed different sizes: rank 0 dp=2, tp=2, pp=1, rank 2 dp=4, tp=1, pp=1",
+            "the ranks of the group passed different values: dp (2 on ranks 0, 1, 3; 4 on rank 2), "
+            "tp (2 on ranks 0, 1, 3; 1 on rank 2); every rank must pass the same dp, tp and pp",
         ),
-        "one_bad": ("TypeError", "tp must be an int, got '2' on rank 3"),
+        "one_bad": ("TypeError", "rank 3 of the group: ProcessMesh: tp must be an int, got '2'"),
         "numpy_on_rank_1": ("ok", "ProcessMesh(dp=2, tp=2, pp=1;"),  # np.int64(2) on rank 1 equals 2
         "rank_of": ("ValueError", "tp_rank must be in [0, 2), got 2"),
     }

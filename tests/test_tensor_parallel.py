@@ -74,7 +74,7 @@ def test_layers_equal_the_dense_layer(tp, data):
     configs = data.draw(st.lists(layer_configs(tp), min_size=6, max_size=6))
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "configs.json").write_text(json.dumps(configs))
-        run_mpi(tp, "tp_layers.py", tmp, Path(tmp, "configs.json"), timeout=120)
+        run_mpi(tp, "tensor_parallel/tp_layers.py", tmp, Path(tmp, "configs.json"), timeout=120)
         ranks = [dict(np.load(Path(tmp, f"rank{r}.npz"))) for r in range(tp)]
         meta = json.loads(Path(tmp, "meta.json").read_text())
     for i, (cfg, m) in enumerate(zip(configs, meta)):
@@ -89,30 +89,32 @@ def test_layers_equal_the_dense_layer(tp, data):
             np.testing.assert_allclose(got, ref[key], **TOL, err_msg=f"{key} of {cfg}")
 
 
-TP_ERRORS = {  # case in tests/workers/tp_errors.py -> (exception type, pattern), the same on both ranks
-    "row_in_features_differ": ("ValueError", r"RowParallelLinear: the ranks .* passed different arguments "
-                               r"\(rank 0: in_features=8, .*; rank 1: in_features=12,"),
-    "column_out_features_differ": ("ValueError", r"rank 0: in_features=8, out_features=8, .*gather_output=T"
-                                   r".*rank 1: in_features=8, out_features=12,"),
-    "gather_output_differs": ("ValueError", r"rank 0: .*gather_output=True.*rank 1: .*gather_output=False"),
-    "input_is_parallel_differs": ("ValueError", r"rank 1: .*input_is_parallel=False"),
-    "dtype_differs": ("ValueError", r"rank 0: .*dtype=float32; rank 1: .*dtype=float64"),
-    "mlp_activation_differs": ("ValueError", r"ParallelMLP: .*activation='relu'.*activation='gelu'"),
-    "float_size_on_rank_1": ("TypeError", r"in_features must be a positive int, got 6.0 \(raised on rank 1"),
-    "not_divisible_on_rank_0": ("ValueError", r"in_features=7 is not divisible .*\(raised on rank 0"),
+# case in tests/workers/tensor_parallel/tp_errors.py -> (exception type, pattern), the same on both ranks
+TP_DIFFER = "the ranks of the tensor-parallel group passed different values: "
+TP_ERRORS = {
+    "row_in_features_differ": ("ValueError", rf"RowParallelLinear: {TP_DIFFER}in_features \(8 on rank 0; "),
+    "column_out_features_differ": ("ValueError", r"ColumnParallelLinear: .* out_features \(8 on rank 0; 12 "),
+    "gather_output_differs": ("ValueError", r"gather_output \(True on rank 0; False on rank 1\)"),
+    "input_is_parallel_differs": ("ValueError", r"input_is_parallel \(True on rank 0; False on rank 1\)"),
+    "dtype_differs": ("ValueError", r"dtype \(float32 on rank 0; float64 on rank 1\)"),
+    "mlp_activation_differs": ("ValueError", r"ParallelMLP: .*activation \('relu' on rank 0; 'gelu' on "),
+    "float_size_on_rank_1": ("TypeError", r"rank 1 of the tensor-parallel group: .*in_features must be a "
+                             r"positive int, got 6.0"),
+    "not_divisible_on_rank_0": ("ValueError", r"rank 0 of the tensor-parallel group: .*in_features=7 is "
+                                r"not divisible"),
     "mlp_hidden_not_divisible": ("ValueError", r"hidden_features=7 is not divisible by .* size 2"),
     "scalar_input": ("ValueError", r"got input of shape \(\): it expects input of shape \(\.\.\., 6\)"),
     "clip_error_if_nonfinite": ("RuntimeError", r"total norm of order 2.0 of the gradients is inf"),
-    "clip_fewer_params_on_rank_1": ("ValueError", r"tensor-parallel group passed different parameters .*"
-                                    r"rank 0: 4 parameters, 3 sharded; rank 1: 2 parameters, 1 sharded"),
-    "clip_other_max_norm": ("ValueError", r"tensor-parallel group passed different parameters or arguments"),
-    "clip_other_norm_type_over_pp": ("ValueError", r"pipeline group passed different arguments"),
+    "clip_fewer_params_on_rank_1": ("ValueError", rf"clip_grad_norm_: {TP_DIFFER}parameters \(4 on rank 0; 2 "
+                                    r"on rank 1\), sharded \(3 on rank 0; 1 on rank 1\)"),
+    "clip_other_max_norm": ("ValueError", rf"{TP_DIFFER}max_norm \("),
+    "clip_other_norm_type_over_pp": ("ValueError", r"pipeline group passed different values: norm_type \("),
 }  # fmt: skip
 
 
 @pytest.mark.mpi
 def test_misuse_raises_the_same_error_on_every_rank(tmp_path):
-    run_mpi(2, "tp_errors.py", tmp_path, timeout=60)
+    run_mpi(2, "tensor_parallel/tp_errors.py", tmp_path, timeout=60)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for case, (kind, pattern) in TP_ERRORS.items():
         assert ranks[0][case] == ranks[1][case], case
@@ -126,7 +128,7 @@ def test_misuse_raises_the_same_error_on_every_rank(tmp_path):
 
 @pytest.mark.mpi
 def test_f_g_scatter_gather_gradients_match_finite_differences(tmp_path):
-    run_mpi(3, "tp_mappings.py", tmp_path, 7, timeout=120)
+    run_mpi(3, "tensor_parallel/tp_mappings.py", tmp_path, 7, timeout=120)
     for r in range(3):
         got = np.load(tmp_path / f"rank{r}.npz")
         for op in ("f", "g", "scatter", "gather"):
@@ -148,12 +150,12 @@ def fake_group(size: int, rank: int = 0) -> Communicator:
 
 @pytest.fixture
 def same_arguments_everywhere(monkeypatch):
-    """Stand-in for the construction-time all-gather (``checks.py``): every rank of the fake group sent
-    this rank's record, i.e. all ranks passed the same arguments (tests/workers/tp_errors.py runs the
-    real collective with arguments that differ)."""
-    from minidist.parallel.tensor_parallel import checks
+    """Stand-in for the construction-time exchange (``minidist/distributed/agree.py``): every rank of the
+    fake group sent this rank's record, i.e. all ranks passed the same arguments
+    (tests/workers/tensor_parallel/tp_errors.py runs the real collective with arguments that differ)."""
+    from minidist.distributed import agree
 
-    monkeypatch.setattr(checks, "_gather", lambda group, record: np.tile(record, group.size))
+    monkeypatch.setattr(agree, "all_gather_json", lambda obj, group: [obj] * group.size)
 
 
 def test_sizes_not_divisible_by_the_group_are_errors(same_arguments_everywhere):
@@ -182,15 +184,18 @@ def test_sizes_must_be_ints_and_numpy_ints_are_fine(same_arguments_everywhere):
 
 
 def test_disagreeing_ranks_are_listed_by_their_arguments(monkeypatch):
-    """The message of ``checks.agree`` when the gathered records differ (rank 1 flipped gather_output)."""
-    from minidist.parallel.tensor_parallel import checks
+    """The message of ``checks.agree`` when the gathered records differ (rank 2 flipped gather_output)."""
+    from minidist.distributed import agree
 
-    def gather(group, record):
-        other = bytes(record).replace(b"gather_output=False", b"gather_output=True ")
-        return np.concatenate([record, record, np.frombuffer(other, np.uint8)])
+    def gather(obj, group):
+        other = {**obj, "values": {**obj["values"], "gather_output": True}}
+        return [obj, obj, other]
 
-    monkeypatch.setattr(checks, "_gather", gather)
-    pattern = r"ranks 0, 1: in_features=4, .*gather_output=False.*; rank 2: .*gather_output=True"
+    monkeypatch.setattr(agree, "all_gather_json", gather)
+    pattern = (
+        r"ColumnParallelLinear: the ranks of the tensor-parallel group passed different values: "
+        r"gather_output \(False on ranks 0, 1; True on rank 2\); build the layer with the same arguments"
+    )
     with pytest.raises(ValueError, match=pattern):
         ColumnParallelLinear(4, 6, group=fake_group(3))
 

@@ -1,6 +1,6 @@
 """ZeroRedundancyOptimizer (ZeRO stages 1 and 2; Rajbhandari et al., SC 2020, §5).
 
-Three properties, on real MPI ranks (``tests/workers/zero_train.py``, one launch per world size runs
+Three properties, on real MPI ranks (``tests/workers/zero/zero_train.py``, one launch per world size runs
 all four (stage, optimizer) configurations):
 
 1. Equivalence to one device (DESIGN.md §3.3): after 5 steps the parameters and losses equal those of
@@ -45,7 +45,7 @@ def zero_run(request, tmp_path_factory):
     """Run the worker once per world size; return ``(n, load)`` with ``load(stage, opt, rank)``."""
     n = request.param
     out = tmp_path_factory.mktemp(f"zero_n{n}")
-    run_mpi(n, "zero_train.py", out, SEED, STEPS, BATCH, timeout=120)
+    run_mpi(n, "zero/zero_train.py", out, SEED, STEPS, BATCH, timeout=120)
 
     def load(stage: int, opt: str, rank: int) -> tuple[dict[str, np.ndarray], dict]:
         tag = f"{stage}_{opt}_rank{rank}"
@@ -210,11 +210,21 @@ ERROR_CASES = [
     ("stage 0", "ValueError", "ValueError", ["stage must be 1", "got 0"]),
     ("optimizer instance", "TypeError", "TypeError", ["Optimizer subclass", "instance", "optim.SGD"]),
     ("not an optimizer", "TypeError", "TypeError", ["Optimizer subclass", "dict"]),
-    ("count differs", "ValueError", "ValueError", ["parameter count ranges from 1 to 2"]),
-    ("total size differs", "ValueError", "ValueError", ["total number of elements ranges from 10 to 11"]),
+    (
+        "count differs",
+        "ValueError",
+        "ValueError",
+        ["parameter count (", "same order"],
+    ),
+    (
+        "total size differs",
+        "ValueError",
+        "ValueError",
+        ["total number of elements (10 on", "11 on"],
+    ),
     ("a size differs", "ValueError", "ValueError", ["parameter 0 has between 6 and 9 elements"]),
-    ("dtype differs", "ValueError", "ValueError", ["dtype code ranges"]),
-    ("not a tensor on rank 1", "TypeError", "ValueError", ["parameter"]),
+    ("dtype differs", "ValueError", "ValueError", ["dtype (float"]),
+    ("not a tensor on rank 1", "TypeError", "TypeError", ["rank 1 of the group", "not a tensor"]),
     ("empty", "ValueError", "ValueError", ["empty parameter list"]),
     ("mixed dtypes", "ValueError", "ValueError", ["one dtype", "float32", "float64"]),
     ("load another rank's state", "ValueError", "ValueError", ["different layout", "rank"]),
@@ -223,7 +233,7 @@ ERROR_CASES = [
 
 @pytest.mark.mpi
 def test_errors_are_raised_on_every_rank(tmp_path):
-    run_mpi(3, "zero_errors.py", "caught", tmp_path, timeout=60)
+    run_mpi(3, "zero/zero_errors.py", "caught", tmp_path, timeout=60)
     for rank in range(3):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for case, on_culprit, on_others, fragments in ERROR_CASES:
@@ -238,7 +248,7 @@ def test_errors_are_raised_on_every_rank(tmp_path):
 
 @pytest.mark.mpi
 def test_uncaught_error_ends_the_job_instead_of_hanging(tmp_path):
-    result = run_mpi(2, "zero_errors.py", "uncaught", timeout=30, check=False)
+    result = run_mpi(2, "zero/zero_errors.py", "uncaught", timeout=30, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "parameter count ranges from 1 to 2" in output, output
+    assert "parameter count (1 on rank 0; 2 on rank 1)" in output, output

@@ -9,7 +9,9 @@ two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps)
 (binomial-tree reduce to one rank) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
 ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
 reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
-reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions.
+reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions;
+``agree.py`` makes every rank raise the same error when any rank sees a problem (used by every
+layer above).
 
 When things go wrong: ``debug.py`` (``MINIDIST_DEBUG=1``: ranks compare each collective call before
 running it; also home of the ``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
@@ -20,6 +22,7 @@ This package uses only ``minidist.backend`` from the rest of minidist: it knows 
 modules. Importing it initialises MPI.
 """
 
+from minidist.distributed.agree import agree, all_gather_json, raise_if_any
 from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather,
@@ -62,6 +65,9 @@ __all__ = [
     "get_world_size",
     "init",
     "abort",
+    "agree",
+    "all_gather_json",
+    "raise_if_any",
     "is_initialized",
     "mpi_is_cuda_aware",
     "recv",

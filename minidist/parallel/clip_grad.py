@@ -86,19 +86,19 @@ def clip_grad_norm_(
             if p.grad is not None:
                 members.append(p.grad)
     arguments = (float(max_norm), norm_type, bool(error_if_nonfinite))
+    named = dict(zip(("max_norm", "norm_type", "error_if_nonfinite"), arguments))
     layout = _digest([(tuple(p.shape), getattr(p, "tp_dim", None)) for p in params], arguments)
     sharded = sum(getattr(p, "tp_dim", None) is not None for p in params)
     parts = [] if by_group else [replicated]
     for group, members in by_group.values():  # the replicated part travels with the first group's
         mine = [norm_contribution(members, norm_type), replicated, layout, len(params), sharded]
-        parts.append(_gather_and_check(group, mine, norm_type, "tensor-parallel", "parameters"))
+        details = {"parameters": len(params), "sharded": sharded, **named}
+        parts.append(_gather_and_check(group, mine, norm_type, "tensor-parallel", details))
         replicated = 0.0
     total = combine_contributions(parts, norm_type)
     if pp_group is not None:  # stages hold different parameters: compare only the arguments
         mine = [total, 0.0, _digest([], arguments), len(params), sharded]
-        total = _gather_and_check(
-            pp_group, mine, norm_type, "pipeline", "arguments (max_norm, norm_type or error_if_nonfinite)"
-        )
+        total = _gather_and_check(pp_group, mine, norm_type, "pipeline", named)
     norm = finish_norm(total, norm_type)
     check_finite(norm, norm_type, error_if_nonfinite)  # the same norm on every rank: all raise alike
     scale_grads_(grads, max_norm, norm)
@@ -112,24 +112,24 @@ def _digest(layout: list[Any], arguments: tuple[Any, ...]) -> float:
 
 
 def _gather_and_check(
-    group: Communicator, mine: list[float], norm_type: float, kind: str, what: str
+    group: Communicator, mine: list[float], norm_type: float, kind: str, details: dict[str, Any]
 ) -> float:
     """All-gather ``[sharded contribution, replicated contribution, hash, #params, #sharded]``; raise on
-    every rank if the hashes differ, else return the combined contribution: the sharded ones combined
+    every rank if the hashes differ (naming, through one more exchange of ``details`` on that error
+    path only, what differs), else return the combined contribution: the sharded ones combined
     (in rank order, so identical on every rank) with the largest replicated one. Replicated gradients
     are equal on every rank, so that is counting them once; the max also makes a NaN or inf that only
     one rank's copy holds reach every rank (NaN wins in ``ndarray.max``), so all ranks agree."""
     everyone = dist.all_gather(np.array(mine, np.float64), group=group).reshape(group.size, 5)
-    if len(set(everyone[:, 2].tolist())) > 1:
-        if what == "parameters":
-            counts = "; ".join(
-                f"rank {r}: {int(n)} parameters, {int(k)} sharded" for r, (*_, n, k) in enumerate(everyone)
-            )
-            what = f"parameters or arguments ({counts}; or other shapes, tp_dims or arguments)"
-        raise ValueError(
-            f"clip_grad_norm_: the ranks of a {kind} group passed different {what}; every rank must "
-            "pass its shard of the same parameters, with the same max_norm, norm_type and "
-            "error_if_nonfinite"
+    if len(set(everyone[:, 2].tolist())) > 1:  # every rank sees this: all take this path together
+        fix = (
+            "every rank must pass its shard of the same parameters, with the same max_norm, norm_type "
+            "and error_if_nonfinite"
+        )
+        dist.agree(details, None, group, what="clip_grad_norm_", label=f"{kind} group", fix=fix)
+        raise ValueError(  # equal counts and arguments: the shapes or tp_dims differ
+            f"clip_grad_norm_: the ranks of the {kind} group passed parameters of different shapes or "
+            f"tp_dims; {fix}"
         )
     sharded = combine_contributions(everyone[:, 0], norm_type)
     return combine_contributions([sharded, everyone[:, 1].max()], norm_type)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from minidist.distributed.agree import agree
 from minidist.distributed.comm import Communicator, group_or_world
 
 AXES = ("dp", "tp", "pp")
@@ -74,14 +75,23 @@ class ProcessMesh:
 
     def __init__(self, dp: int = 1, tp: int = 1, pp: int = 1, comm: Communicator | None = None) -> None:
         world = group_or_world(comm)
-        sizes = {"dp": dp, "tp": tp, "pp": pp}
         # Agree before raising: a rank with bad or different sizes must not leave the others waiting in
-        # the splits below. One small object all-gather (pickled reprs, so any bad value travels).
-        # NumPy integers count as ints (normalised to Python ints); anything else travels as its repr.
-        everyone = world.mpi.allgather({k: _as_int(v) for k, v in sizes.items()})
-        _check_sizes(everyone, world.size)
-
-        dp, tp, pp = (everyone[world.rank][k] for k in AXES)
+        # the splits below. NumPy integers count as ints (normalised to Python ints); anything else
+        # travels as its repr, so the error can show it.
+        sizes = {"dp": _as_int(dp), "tp": _as_int(tp), "pp": _as_int(pp)}
+        agree(
+            sizes,
+            _size_error(sizes),
+            world,
+            what="ProcessMesh",
+            fix="every rank must pass the same dp, tp and pp",
+        )
+        dp, tp, pp = (sizes[k] for k in AXES)
+        if dp * tp * pp != world.size:  # the same sizes on every rank now: all raise alike
+            raise ValueError(
+                f"ProcessMesh: dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but the world has {world.size} "
+                f"ranks; choose sizes whose product is {world.size}, or launch {dp * tp * pp} ranks"
+            )
         self.dp, self.tp, self.pp = dp, tp, pp
         self.world = world
         self.world_size = world.size
@@ -123,27 +133,11 @@ def _as_int(value: Any) -> Any:
         return repr(value)
 
 
-def _check_sizes(everyone: list[dict[str, Any]], world_size: int) -> None:
-    """Raise the same error on every rank if any rank's sizes are bad or differ from rank 0's."""
-    for rank, sizes in enumerate(everyone):
-        for name, value in sizes.items():
-            if not _is_int(value):
-                raise TypeError(f"ProcessMesh: {name} must be an int, got {value} on rank {rank}")
-            if value < 1:
-                raise ValueError(f"ProcessMesh: {name} must be >= 1, got {name}={value} on rank {rank}")
-    differing = [r for r, sizes in enumerate(everyone) if sizes != everyone[0]]
-    if differing:
-        raise ValueError(
-            f"ProcessMesh: ranks passed different sizes: rank 0 {_fmt(everyone[0])}, rank {differing[0]} "
-            f"{_fmt(everyone[differing[0]])}; every rank must pass the same dp, tp and pp"
-        )
-    dp, tp, pp = (everyone[0][k] for k in AXES)
-    if dp * tp * pp != world_size:
-        raise ValueError(
-            f"ProcessMesh: dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but the world has {world_size} ranks; "
-            f"choose sizes whose product is {world_size}, or launch {dp * tp * pp} ranks"
-        )
-
-
-def _fmt(sizes: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sizes.items())
+def _size_error(sizes: dict[str, Any]) -> Exception | None:
+    """What is wrong with this rank's sizes on their own (as an exception to raise), or None."""
+    for name, value in sizes.items():
+        if not _is_int(value):
+            return TypeError(f"ProcessMesh: {name} must be an int, got {value}")
+        if value < 1:
+            return ValueError(f"ProcessMesh: {name} must be >= 1, got {name}={value}")
+    return None

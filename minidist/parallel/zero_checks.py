@@ -3,9 +3,11 @@
 ZeRO flattens the parameters into one vector and splits it by position, so every rank must pass the
 same number of parameters with the same sizes and dtype. If they do not, the ranks would compute
 different layouts and the next reduce-scatter would mismatch or hang. A rank cannot see the others'
-parameters, so the check is a small all-reduce: each rank contributes ``v`` and ``-v`` under op="max",
-which yields the maximum and minus the minimum of ``v`` over the group. Max == min means all agree.
-Every rank gets the same answer, so every rank raises the same error and none is left waiting.
+parameters, so the check has two rounds: ``minidist.distributed.agree`` compares the count, total
+size and dtype (and spreads a rank's own error to all); then, with equal counts, one all-reduce
+compares the sizes one by one: each rank contributes ``v`` and ``-v`` under op="max", which yields
+the maximum and minus the minimum of ``v`` over the group. Max == min means all agree. Every rank
+gets the same answer, so every rank raises the same error and none is left waiting.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ def check_optimizer_class(optimizer_class: Any) -> None:
 def check_params(params: Iterable[Any], group: dist.Communicator) -> list[Tensor]:
     """The parameters without duplicates, after checking them on this rank and across ``group``.
 
-    Collective (two small all-reduces). Raises ``TypeError`` on the rank that passed a non-tensor and
-    ``ValueError`` on every other rank; ``ValueError`` on every rank for an empty list, mixed or
-    non-float dtypes, or a count, total size, dtype or per-parameter size that differs between ranks.
+    Collective (one agreement, one small all-reduce). Raises on every rank: ``TypeError`` if some rank
+    passed a non-tensor; ``ValueError`` for an empty list, mixed or non-float dtypes, or a count, total
+    size, dtype or per-parameter size that differs between ranks.
     """
     unique: list[Any] = []
     seen: set[int] = set()
@@ -58,26 +60,21 @@ def check_params(params: Iterable[Any], group: dist.Communicator) -> list[Tensor
             unique.append(p)
     local_error = _local_problem(unique)
 
-    # Round 1: fixed-length summary, so ranks with different counts can still compare.
+    # Round 1: what every rank can compare whatever its parameters (any count, or none).
+    summary = {}
     if local_error is None:
-        summary = [0, len(unique), sum(p.size for p in unique), np.dtype(unique[0].dtype).num]
-    else:
-        summary = [1, 0, 0, 0]
-    high, low = _max_and_min(np.array(summary, dtype=np.int64), group)
-    if high[0]:
-        if local_error is not None:
-            raise local_error
-        raise ValueError(
-            "ZeroRedundancyOptimizer: another rank of the group passed invalid parameters (see its error)"
-        )
-    names = ["parameter count", "total number of elements", "dtype code"]
-    differing = [f"{n} ranges from {lo} to {hi}" for n, lo, hi in zip(names, low[1:], high[1:]) if lo != hi]
-    if differing:
-        raise ValueError(
-            f"ZeroRedundancyOptimizer: the ranks passed different parameters ({'; '.join(differing)}); "
-            f"this rank has {len(unique)} parameter(s), {sum(p.size for p in unique)} elements, "
-            f"dtype {unique[0].dtype}. Every rank must pass the same model's parameters in the same order"
-        )
+        summary = {
+            "parameter count": len(unique),
+            "total number of elements": sum(p.size for p in unique),
+            "dtype": str(unique[0].dtype),
+        }
+    dist.agree(
+        summary,
+        local_error,
+        group,
+        what="ZeroRedundancyOptimizer",
+        fix="every rank must pass the same model's parameters in the same order",
+    )
 
     # Round 2: the counts agree, so the per-parameter sizes can be compared element by element.
     high, low = _max_and_min(np.array([p.size for p in unique], dtype=np.int64), group)

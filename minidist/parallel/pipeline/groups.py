@@ -1,9 +1,8 @@
-"""The groups a ``PipelineParallel`` runs on, and agreeing on errors before raising them.
+"""The groups a ``PipelineParallel`` runs on, and the small exchange that begins every step.
 
 ``resolve_groups`` turns what the user passed (a Communicator, None for the world, or a
-``ProcessMesh``) into the pipeline group and the optional data-parallel group. ``agree`` makes a
-misuse that only some ranks see (a different model, a bad argument on one rank) raise the same error on
-every rank, instead of leaving the others waiting in the first message. ``gather_step`` is the small
+``ProcessMesh``) into the pipeline group and the optional data-parallel group. (A misuse that only
+some ranks see raises on every rank through ``minidist.distributed.agree``.) ``gather_step`` is the small
 all-gather that begins every ``train_step`` and ``predict``: it also tells which operation each rank
 called, so ``predict`` on one rank while another trains is an error on both, not a garbled message.
 """
@@ -42,32 +41,6 @@ def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communica
             f"dp_group must be a minidist.distributed.Communicator or None, got {type(dp_group).__name__}"
         )
     return dist.comm.group_or_world(group), dp_group
-
-
-def agree(
-    group: Communicator, error: Exception | None, description: str, what: str = "pipeline group"
-) -> None:
-    """Raise on every rank of ``group`` if any rank has ``error`` or the ranks' descriptions differ.
-
-    Two small all-gathers (lengths, then the UTF-8 bytes of every rank's error and description), so a
-    misuse on one rank is reported by all of them instead of leaving the others waiting.
-    """
-    text = [(f"{type(error).__name__}: {error}" if error else "").encode(), description.encode()]
-    lengths = dist.all_gather(np.array([len(t) for t in text], np.int64), group=group).reshape(-1, 2)
-    blob = dist.all_gather(np.frombuffer(b"".join(text), np.uint8).copy(), group=group).tobytes()
-    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
-    pieces = [blob[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:])]
-    errors, descriptions = pieces[0::2], pieces[1::2]
-    for rank, message in enumerate(errors):
-        if message:
-            kind = TypeError if message.startswith("TypeError") else ValueError
-            raise kind(f"PipelineParallel on rank {rank} of the {what}: {message.split(': ', 1)[1]}")
-    if len(set(descriptions)) > 1:
-        listing = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
-        raise ValueError(
-            f"PipelineParallel: the ranks of the pipeline group were built differently "
-            f"({listing}); build the same model with the same arguments on every rank"
-        )
 
 
 OPERATIONS = ("train_step", "predict")
