@@ -23,6 +23,10 @@ user's messages. Each rank now holds all the fingerprints, so if they differ *ev
 
 ``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
 
+(Argument checks elsewhere agree through ``agree.py``, which runs on our own ``all_gather``. This
+check cannot: it runs *inside* every collective, our ``all_gather`` included, and must wait with a
+deadline, so it uses MPI's non-blocking built-in on a channel of its own.)
+
 The end of the program counts as one more call on the world communicator (:func:`check_at_exit`, run
 at interpreter exit), so a rank that skipped the last collective and finished is reported ("rank 2
 reached the end of the program") instead of leaving the others waiting.
