@@ -2,8 +2,21 @@
 
 Every distributed test goes through :func:`run_mpi`, so a hang fails the test after ``timeout``
 seconds instead of freezing the suite, and a crash on any rank shows every rank's output.
-Workers live in ``tests/workers/`` and write their results (npz / JSON) into a temp directory
-that the test passes as an argument and reads back.
+Workers write their results (npz / JSON) into a temp directory that the test passes as an argument
+and reads back. They live in ``tests/workers/``, one folder per subsystem, which is also the path a
+test gives :func:`run_mpi` (``run_mpi(2, "ddp/ddp_trace.py", ...)``):
+
+* ``distributed/``: collectives, point-to-point batches, GPU staging, debug mode, timeouts
+  (``minidist.distributed``);
+* ``ddp/``, ``zero/``, ``tensor_parallel/``, ``pipeline/``, ``mesh/``: ``minidist.parallel``;
+* ``checkpoint/``: ``minidist.checkpoint``;
+* ``training/``: end-to-end runs (the GPU backend, ``examples/train_mlp.py`` with a killed rank).
+
+``tests/workers/`` itself holds the modules shared by several workers and tests: ``dist_worker_utils``
+(run a rank's main, abort the job on an error, write results) and ``ddp_common``, ``zero_common``,
+``tp_common``, ``pp_common`` (the models and data that a test and its worker both build). :func:`mpi_env`
+puts ``tests/workers/`` on every rank's ``PYTHONPATH``, so a worker imports them by plain name from any
+folder; the test files put it on ``sys.path`` themselves.
 """
 
 from __future__ import annotations
@@ -21,10 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for ranks: one BLAS/OpenMP thread each so oversubscribed ranks don't fight for cores."""
+    """Environment for ranks: one BLAS/OpenMP thread each so oversubscribed ranks don't fight for cores;
+    the repository and ``tests/workers/`` (the shared worker modules) on ``PYTHONPATH``."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(REPO), str(WORKERS), env.get("PYTHONPATH", "")]  # minidist, then the shared worker modules
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     if extra:
         env.update(extra)
     return env
@@ -40,9 +55,9 @@ def run_mpi(
 ) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python script *args``; return the finished process.
 
-    ``script`` is a path, or a file name inside ``tests/workers``. With ``check`` (default), a
-    non-zero exit raises ``AssertionError`` showing stdout and stderr. A run longer than
-    ``timeout`` seconds is killed (the whole process group, so no rank is left behind) and
+    ``script`` is a path, or a path relative to ``tests/workers`` (``"pipeline/pp_mesh.py"``). With
+    ``check`` (default), a non-zero exit raises ``AssertionError`` showing stdout and stderr. A run
+    longer than ``timeout`` seconds is killed (the whole process group, so no rank is left behind) and
     raises ``AssertionError`` naming the timeout.
     """
     path = Path(script)

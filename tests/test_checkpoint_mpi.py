@@ -1,6 +1,6 @@
 """Checkpoints across real ranks: killed ranks, bit-exact resume, resharding to other meshes, errors.
 
-Every run trains the float64 MLP of ``workers/ckpt_train.py`` with SGD (momentum) and AdamW in one
+Every run trains the float64 MLP of ``workers/checkpoint/ckpt_train.py`` with SGD (momentum) and AdamW in one
 launch. "Bit-exact" compares with ``assert_array_equal``: the same layout resumes the very same
 sequence of floating-point operations (restored parameters, optimizer state, sampler position and
 both RNG streams). After resharding, reductions run in another order (other dp/tp group sizes), so
@@ -29,8 +29,8 @@ def mesh_size(mesh: str) -> int:
 
 def train(out: Path, ckpt: Path, mesh: str, *extra: str, env: dict | None = None, check: bool = True):
     out.mkdir(parents=True, exist_ok=True)
-    return run_mpi(mesh_size(mesh), "ckpt_train.py", out, ckpt, "--mesh", mesh, *extra, env=env, check=check,
-                   timeout=180)  # fmt: skip
+    return run_mpi(mesh_size(mesh), "checkpoint/ckpt_train.py", out, ckpt, "--mesh", mesh, *extra, env=env,
+                   check=check, timeout=180)  # fmt: skip
 
 
 def final(out: Path) -> dict[str, dict[str, np.ndarray]]:

@@ -1,7 +1,7 @@
 """Checkpoints against hostile input: damaged or hand-edited files, bad arguments, mismatched ranks.
 
 Single-process cases here; ``test_multi_rank_misuse_raises_on_every_rank`` runs the cases that need
-two ranks (different arguments per rank) in one launch of ``workers/ckpt_errors.py``.
+two ranks (different arguments per rank) in one launch of ``workers/checkpoint/ckpt_errors.py``.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def test_keep_last_rejects_bools_and_accepts_numpy_ints(tmp_path):
 # -- findings 6, 7, 10 and 2 across real ranks ---------------------------------------------------------
 @pytest.mark.mpi
 def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
-    run_mpi(2, "ckpt_errors.py", tmp_path, timeout=120)
+    run_mpi(2, "checkpoint/ckpt_errors.py", tmp_path, timeout=120)
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     expected = {
         "step differs": ("ValueError", "different step (rank 0: 5, rank 1: 6)"),

@@ -2,8 +2,8 @@
 
 Hypothesis draws a *batch* of cases in this process (length, shape, dtype, op, group, root, seed); one
 ``mpiexec -n W`` job then runs the whole batch, because starting MPI costs far more than a case. The
-worker (``tests/workers/coll_check.py``) builds each rank's input from ``(seed, rank)``, runs *every*
-algorithm of every collective (``all_reduce``, ``reduce_scatter``, ``reduce``, ``all_gather``,
+worker (``tests/workers/distributed/coll_check.py``) builds each rank's input from ``(seed, rank)``, runs
+*every* algorithm of every collective (``all_reduce``, ``reduce_scatter``, ``reduce``, ``all_gather``,
 ``broadcast``; "auto" and "mpi" included) on it, computes the expected result with NumPy and reports
 failures, which we assert are none. World sizes 1..8 and their "parity" sub-groups give every group
 size from 1 to 8, powers of two and not (the recursive algorithms fold the latter, see
@@ -80,7 +80,7 @@ def run_batch(world_size: int, batch: list[dict]) -> None:
         out_dir = Path(tmp)
         cases_file = out_dir / "cases.json"
         cases_file.write_text(json.dumps(batch))
-        run_mpi(world_size, "coll_check.py", out_dir, cases_file, timeout=120)
+        run_mpi(world_size, "distributed/coll_check.py", out_dir, cases_file, timeout=120)
         for rank in range(world_size):
             report = json.loads((out_dir / f"rank{rank}.json").read_text())
             assert report["failures"] == [], "\n".join(report["failures"])
@@ -100,7 +100,7 @@ def test_collectives_match_numpy(world_size, data):
 @pytest.mark.mpi
 def test_every_algorithm_stages_gpu_arrays_through_the_host(tmp_path):
     """With a stand-in for CuPy: each algorithm copies a device array to the host and back at most once."""
-    run_mpi(3, "coll_staging.py", tmp_path, timeout=60)
+    run_mpi(3, "distributed/coll_staging.py", tmp_path, timeout=60)
     for rank in range(3):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["failures"] == [], "\n".join(report["failures"])
@@ -112,7 +112,7 @@ def test_every_algorithm_stages_gpu_arrays_through_the_host(tmp_path):
 
 @pytest.mark.mpi
 def test_misuse_raises_clear_errors_on_every_rank(tmp_path):
-    run_mpi(2, "coll_bad_input.py", tmp_path, timeout=60)
+    run_mpi(2, "distributed/coll_bad_input.py", tmp_path, timeout=60)
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["failures"] == [], "\n".join(report["failures"])
@@ -132,7 +132,7 @@ EXPECTED_4_FROM_0 = "rank 1 expected 4 elements of float64 (32 bytes) from rank 
     ],
 )
 def test_length_mismatch_raises_and_ends_the_job(tmp_path, mode, message):
-    result = run_mpi(2, "dist_mismatch.py", mode, timeout=60, check=False)
+    result = run_mpi(2, "distributed/dist_mismatch.py", mode, timeout=60, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "DistributedError" in output, output

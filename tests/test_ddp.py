@@ -72,7 +72,7 @@ def single_process_two_heads(seed: int, steps: int, batch: int, opt_name: str, w
 def check_equivalence(tmp_path, world_size, seed, steps, batch, opt_name, dtype, *options):
     """Run the worker with ``options`` (its --flags) and compare every rank with the reference."""
     args = (seed, steps, batch, opt_name, dtype, *options)
-    run_mpi(world_size, "ddp_equivalence.py", tmp_path, *args, timeout=120)
+    run_mpi(world_size, "ddp/ddp_equivalence.py", tmp_path, *args, timeout=120)
     if "--two-heads" in options:
         ref_params, ref_losses = single_process_two_heads(seed, steps, batch, opt_name, world_size)
     else:

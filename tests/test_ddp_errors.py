@@ -21,7 +21,7 @@ def caught(tmp_path, world_size: int) -> list[dict[str, str]]:
 @pytest.mark.mpi
 @pytest.mark.parametrize("world_size, cap, overlap", [(3, "1e-6", 1), (2, "25", 0)])
 def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_size, cap, overlap):
-    run_mpi(world_size, "ddp_errors.py", tmp_path, cap, overlap, timeout=60)
+    run_mpi(world_size, "ddp/ddp_errors.py", tmp_path, cap, overlap, timeout=60)
     seen = caught(tmp_path, world_size)
     for scenario in seen[0]:
         assert len({s[scenario] for s in seen}) == 1, f"ranks disagree on {scenario}: {seen}"
@@ -46,7 +46,7 @@ def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_s
 def test_one_rank_checks_unused_parameters_too(tmp_path):
     # A group of one communicates nothing, but keeps the same rules: the error, and zeros with
     # find_unused_parameters=True (so 1 rank trains like N ranks). "unused_on_rank_1" has no rank 1.
-    run_mpi(1, "ddp_errors.py", tmp_path, "25", 1, timeout=60)
+    run_mpi(1, "ddp/ddp_errors.py", tmp_path, "25", 1, timeout=60)
     (seen,) = caught(tmp_path, 1)
     assert "'extra.weight' (missing on 1 of 1 ranks)" in seen["unused_everywhere"]
     assert seen["unused_on_rank_1"] == seen["still_works"] == seen["uneven_batches"] == "no error"

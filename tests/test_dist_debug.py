@@ -1,6 +1,6 @@
 """Debug mode (``MINIDIST_DEBUG=1``): ranks that disagree about a collective fail on every rank, at once.
 
-The MPI tests run ``tests/workers/dist_checks.py`` on 4 ranks, where one rank calls a different
+The MPI tests run ``tests/workers/distributed/dist_checks.py`` on 4 ranks, where one rank calls a different
 collective, passes a different length, or skips the last call. Every rank must raise
 ``CollectiveMismatchError`` naming who called what, and the job must end non-zero instead of hanging.
 A correct program gives bit-identical results with the checks on and off. The other tests check the
@@ -23,7 +23,7 @@ DEBUG = {"MINIDIST_DEBUG": "1"}
 
 def run_checks(mode: str, out_dir, env: dict[str, str], check: bool = False):
     start = time.monotonic()
-    result = run_mpi(4, "dist_checks.py", mode, out_dir, timeout=60, env=env, check=check)
+    result = run_mpi(4, "distributed/dist_checks.py", mode, out_dir, timeout=60, env=env, check=check)
     return result, time.monotonic() - start
 
 

@@ -1,9 +1,9 @@
 """Non-blocking point-to-point batches (``minidist.distributed.p2p_batch``): what the interleaved pipeline
 uses.
 
-On 2 ranks (``tests/workers/pp_p2p_batch.py``): messages started in crossed orders arrive by tag without
-deadlock; a message shorter or longer than its receive buffer raises ``DistributedError``, with and
-without ``MINIDIST_TIMEOUT`` (the two paths wait differently: ``MPI_Waitall`` vs the watchdog's
+On 2 ranks (``tests/workers/distributed/pp_p2p_batch.py``): messages started in crossed orders arrive by
+tag without deadlock; a message shorter or longer than its receive buffer raises ``DistributedError``, with
+and without ``MINIDIST_TIMEOUT`` (the two paths wait differently: ``MPI_Waitall`` vs the watchdog's
 test loop); a message that never comes raises ``CollectiveTimeoutError`` after the timeout.
 """
 
@@ -28,7 +28,7 @@ def read(tmp_path):
 
 @pytest.mark.mpi
 def test_crossed_batches_arrive_and_wrong_lengths_raise(tmp_path):
-    run_mpi(2, "pp_p2p_batch.py", tmp_path, timeout=60)
+    run_mpi(2, "distributed/pp_p2p_batch.py", tmp_path, timeout=60)
     r0, r1 = read(tmp_path)
     # rank r sent 10 r + 1 with tag 1 and 10 r + 2 with tag 2: each buffer got its own tag's message
     assert r0["crossed"] == [None, [11.0, 11.0, 12.0, 12.0]]
@@ -42,7 +42,9 @@ def test_crossed_batches_arrive_and_wrong_lengths_raise(tmp_path):
 @pytest.mark.mpi
 def test_with_a_timeout_lengths_are_checked_and_a_missing_message_times_out(tmp_path):
     start = time.monotonic()
-    result = run_mpi(2, "pp_p2p_batch.py", tmp_path, "timeout", env={"MINIDIST_TIMEOUT": "1"}, timeout=60)
+    result = run_mpi(
+        2, "distributed/pp_p2p_batch.py", tmp_path, "timeout", env={"MINIDIST_TIMEOUT": "1"}, timeout=60
+    )
     assert time.monotonic() - start < 15, result.stdout + result.stderr
     r0, r1 = read(tmp_path)
     assert r1["crossed"] == [None, [1.0, 1.0, 2.0, 2.0]]

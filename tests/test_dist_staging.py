@@ -15,7 +15,7 @@ from mpi_utils import run_mpi
 
 @pytest.mark.mpi
 def test_cupy_arrays_are_staged_through_the_host(tmp_path):
-    run_mpi(3, "dist_fake_cupy.py", tmp_path, timeout=60)
+    run_mpi(3, "distributed/dist_fake_cupy.py", tmp_path, timeout=60)
     for rank in range(3):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["failures"] == [], "\n".join(report["failures"])

@@ -3,7 +3,7 @@
 With ``MINIDIST_TIMEOUT=2`` (and no debug mode), ranks waiting for a rank that never joins a collective
 raise ``CollectiveTimeoutError`` after about 2 s, naming the collective, its sequence number and the
 missing rank; an uncaught exception on one rank ends the whole job within seconds even without a
-timeout. The workers (``tests/workers/dist_checks.py``) run on 4 ranks.
+timeout. The workers (``tests/workers/distributed/dist_checks.py``) run on 4 ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TIMEOUT = 2
 
 def run_checks(mode: str, out_dir, env: dict[str, str]):
     start = time.monotonic()
-    result = run_mpi(4, "dist_checks.py", mode, out_dir, timeout=60, env=env, check=False)
+    result = run_mpi(4, "distributed/dist_checks.py", mode, out_dir, timeout=60, env=env, check=False)
     return result, time.monotonic() - start
 
 

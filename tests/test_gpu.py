@@ -18,7 +18,10 @@ needs_gpu = pytest.mark.skipif(_try_import_cupy() is None, reason="needs CuPy an
 def train_on(device: str, out) -> np.lib.npyio.NpzFile:
     env = mpi_env({"MINIDIST_DEVICE": device})
     subprocess.run(
-        [sys.executable, str(WORKERS / "gpu_train.py"), str(out)], check=True, env=env, timeout=300
+        [sys.executable, str(WORKERS / "training" / "gpu_train.py"), str(out)],
+        check=True,
+        env=env,
+        timeout=300,
     )
     return np.load(out)
 
@@ -26,7 +29,7 @@ def train_on(device: str, out) -> np.lib.npyio.NpzFile:
 def run_worker_expecting_failure(device: str, tmp_path) -> subprocess.CompletedProcess:
     env = mpi_env({"MINIDIST_DEVICE": device})
     return subprocess.run(
-        [sys.executable, str(WORKERS / "gpu_train.py"), str(tmp_path / "x.npz")],
+        [sys.executable, str(WORKERS / "training" / "gpu_train.py"), str(tmp_path / "x.npz")],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
 

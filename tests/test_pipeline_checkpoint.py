@@ -23,7 +23,7 @@ pytestmark = pytest.mark.mpi
 
 
 def test_interleaved_checkpoint_resumes_exactly_and_loads_into_1f1b(tmp_path):
-    run_mpi(2, "pp_checkpoint.py", tmp_path, timeout=60)
+    run_mpi(2, "pipeline/pp_checkpoint.py", tmp_path, timeout=60)
     ref_params, ref_losses, _ = pp_common.single_process(7, 3, "adamw", model="deep")
     infos = [json.loads((tmp_path / f"info_rank{r}.json").read_text()) for r in range(2)]
     # rank r holds chunks r and r + 2 of 4: the deep model's first and third quarter on rank 0

@@ -34,7 +34,7 @@ STEPS = 3
 
 
 def run_configs(tmp_path, world_size, configs):
-    run_mpi(world_size, "pp_equivalence.py", tmp_path, json.dumps(configs), timeout=120)
+    run_mpi(world_size, "pipeline/pp_equivalence.py", tmp_path, json.dumps(configs), timeout=120)
     for k, cfg in enumerate(configs):
         ref_params, ref_losses, ref_outputs = pp_common.single_process(
             cfg["seed"],

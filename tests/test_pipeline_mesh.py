@@ -47,7 +47,7 @@ def reference(seed: int, steps: int):
 
 
 def check(tmp_path, world_size, configs):
-    run_mpi(world_size, "pp_mesh.py", tmp_path, json.dumps(configs), timeout=180)
+    run_mpi(world_size, "pipeline/pp_mesh.py", tmp_path, json.dumps(configs), timeout=180)
     for k, cfg in enumerate(configs):
         ref, ref_losses = reference(cfg["seed"], cfg["steps"])
         shards: dict[tuple[str, int], dict[int, np.ndarray]] = {}  # (name, dp_rank) -> tp_rank -> shard

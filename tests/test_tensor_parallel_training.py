@@ -87,7 +87,7 @@ def dropout_reference(p: float, tp: int):
 def run(request, tmp_path_factory):
     dp, tp, flags = RUNS[request.param]
     out = tmp_path_factory.mktemp(request.param)
-    run_mpi(dp * tp, "tp_train.py", out, SEED, STEPS, dp, tp, *flags, timeout=120)
+    run_mpi(dp * tp, "tensor_parallel/tp_train.py", out, SEED, STEPS, dp, tp, *flags, timeout=120)
     ranks = [
         (dict(np.load(out / f"rank{r}.npz")), json.loads((out / f"rank{r}.json").read_text()))
         for r in range(dp * tp)

@@ -130,7 +130,7 @@ def test_interval_arithmetic_matches_counting_unit_cells(a, b):
 @pytest.mark.mpi
 @pytest.mark.parametrize("overlap", [True, False])
 def test_ddp_run_gives_a_trace_with_every_bucket_in_order(tmp_path, overlap):
-    run_mpi(2, "ddp_trace.py", tmp_path, int(overlap), timeout=60)
+    run_mpi(2, "ddp/ddp_trace.py", tmp_path, int(overlap), timeout=60)
     doc = json.loads((tmp_path / "trace.json").read_text())
     events = doc["traceEvents"]
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}

@@ -1,7 +1,7 @@
 """The README's first command: examples/train_mlp.py on real MPI ranks.
 
 The checkpoint tests at the end stop a run with ``--max-steps`` (or SIGKILL one rank through
-``tests/workers/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
+``tests/workers/training/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
 the final checkpoint, read here with safetensors independently of ``minidist.checkpoint.load``.
 """
 
@@ -337,7 +337,14 @@ def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, dp4_
     ckpt = tmp_path / "ckpt"
     # Rank 2 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
     killed = run_mpi(
-        4, "train_mlp_killed.py", "2:14", *CKPT_ARGS, "--checkpoint-dir", str(ckpt), timeout=120, check=False
+        4,
+        "training/train_mlp_killed.py",
+        "2:14",
+        *CKPT_ARGS,
+        "--checkpoint-dir",
+        str(ckpt),
+        timeout=120,
+        check=False,
     )
     assert killed.returncode != 0
     assert (ckpt / "latest").read_text().strip() == "step_000000012"

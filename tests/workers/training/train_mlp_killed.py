@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_mlp.py"
 
 
 def load_example():

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
 from dist_worker_utils import run_worker  # noqa: E402
 
 import minidist as md  # noqa: E402

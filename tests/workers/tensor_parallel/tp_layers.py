@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
 import tp_common  # noqa: E402
 
 import minidist as md  # noqa: E402
