@@ -18,7 +18,7 @@ Rounds alternate between the two so both see the same machine; the best round of
 page cache (``posix_fadvise(DONTNEED)`` after the fsync), so both reads come from the disk.
 
 Part 2 (rank 0). Activation recomputation (Chen et al. 2016): a 16-layer MLP (1024 wide, dropout,
-batch 512) with and without ``checkpoint.recompute`` around each layer; peak traced memory of one
+batch 512) with and without ``minidist.nn.recompute`` around each layer; peak traced memory of one
 forward + backward (``tracemalloc``, which sees NumPy's allocations) and the step time.
 """
 
@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import checkpoint, nn, optim  # noqa: E402
+from minidist.nn.recompute import recompute  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 
@@ -139,7 +140,7 @@ def recompute_benchmark() -> None:
     def step(use: bool) -> None:
         h = x
         for b in blocks:
-            h = checkpoint.recompute(b, h) if use else b(h)
+            h = recompute(b, h) if use else b(h)
         (h * h).mean().backward()
         for b in blocks:
             b.zero_grad()

@@ -6,7 +6,8 @@ from arrays and whose ``backward`` maps the gradient of the output to the gradie
 (the vector-Jacobian product). Calling an op on tensors that require gradients records the
 ``Function`` on the output tensor (``tensor._ctx``), so the tensors form a directed acyclic graph.
 
-``loss.backward()`` walks that graph once from the output, passing a tensor's gradient on only when
+``loss.backward()`` walks that graph once from the output (:func:`run_backward`, the one graph walk,
+which activation recomputation calls too), passing a tensor's gradient on only when
 every op that used the tensor has contributed (a topological order found iteratively, so a chain of
 50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a tensor, and
 *accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
@@ -30,14 +31,27 @@ _grad_enabled = True
 
 
 @contextlib.contextmanager
-def no_grad() -> Iterator[None]:
-    """Context manager: ops inside record no graph (for evaluation and optimizer updates)."""
+def _grad_mode(enabled: bool) -> Iterator[None]:
     global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    previous, _grad_enabled = _grad_enabled, enabled
     try:
         yield
     finally:
         _grad_enabled = previous
+
+
+def no_grad() -> contextlib.AbstractContextManager[None]:
+    """Context manager: ops inside record no graph (for evaluation and optimizer updates)."""
+    return _grad_mode(False)
+
+
+def enable_grad() -> contextlib.AbstractContextManager[None]:
+    """Context manager: ops inside record the graph even within ``no_grad()`` (as ``torch.enable_grad``).
+
+    Activation recomputation needs it: it records a segment's graph during a backward pass that the
+    caller may have started under ``no_grad()``.
+    """
+    return _grad_mode(True)
 
 
 def is_grad_enabled() -> bool:
@@ -179,34 +193,7 @@ class Tensor:
         _backward_passes += 1
         succeeded = False
         try:
-            # BEGIN SOLUTION A1.5: walk the graph in topological order, summing and accumulating gradients
-            pending = {id(self): grad}  # gradients summed so far, per tensor, not yet passed on
-            waiting = _count_consumers(self)  # per tensor: consumers whose backward has not run yet
-            ready = [self]  # tensors whose every consumer is done: their gradient is complete
-            while ready:
-                # Last in, first out: right after a layer's backward its parameters become ready and
-                # are finished next, so their hooks fire early (DDP overlaps communication from there).
-                node = ready.pop()
-                g = pending.pop(id(node), None)  # None: no consumer produced a gradient for it
-                if node._ctx is None:  # a leaf: all contributions have arrived
-                    if g is not None:
-                        node.grad = g.copy() if node.grad is None else node.grad + g
-                        for hook in node._post_accumulate_hooks:
-                            hook(node)
-                    continue
-                input_grads = (
-                    _checked_backward(node._ctx, g) if g is not None else (None,) * len(node._ctx.inputs)
-                )
-                for inp, g_inp in zip(node._ctx.inputs, input_grads):
-                    if not inp.requires_grad:
-                        continue
-                    key = id(inp)
-                    if g_inp is not None:
-                        pending[key] = g_inp if key not in pending else pending[key] + g_inp
-                    waiting[key] -= 1
-                    if waiting[key] == 0:
-                        ready.append(inp)
-            # END SOLUTION
+            run_backward(self, grad)
             succeeded = True
         finally:
             _in_backward = False
@@ -272,6 +259,46 @@ class Tensor:
     @property
     def T(self) -> Tensor:
         return ops.transpose(self)
+
+
+def run_backward(root: Tensor, grad: Any) -> None:
+    """The graph walk: backpropagate ``grad`` (d something / d ``root``) to every leaf below ``root``.
+
+    Kahn's topological order: a tensor's gradient is passed on only when every op that used it has
+    contributed; gradients that meet at a tensor are summed; leaves *accumulate* into ``.grad`` and
+    then run their post-accumulate hooks. ``grad`` must be a backend array of ``root``'s shape.
+
+    This is the whole of backward except the bookkeeping of a *pass*: it starts none and runs no
+    end-of-pass callbacks. ``Tensor.backward`` wraps it in a pass; activation recomputation
+    (``minidist.nn.recompute``) calls it inside the running pass, for the graph of a recomputed
+    segment, so that parameters there accumulate and fire their hooks exactly as usual.
+    """
+    # BEGIN SOLUTION A1.5: walk the graph in topological order, summing and accumulating gradients
+    pending = {id(root): grad}  # gradients summed so far, per tensor, not yet passed on
+    waiting = _count_consumers(root)  # per tensor: consumers whose backward has not run yet
+    ready = [root]  # tensors whose every consumer is done: their gradient is complete
+    while ready:
+        # Last in, first out: right after a layer's backward its parameters become ready and
+        # are finished next, so their hooks fire early (DDP overlaps communication from there).
+        node = ready.pop()
+        g = pending.pop(id(node), None)  # None: no consumer produced a gradient for it
+        if node._ctx is None:  # a leaf: all contributions have arrived
+            if g is not None:
+                node.grad = g.copy() if node.grad is None else node.grad + g
+                for hook in node._post_accumulate_hooks:
+                    hook(node)
+            continue
+        input_grads = _checked_backward(node._ctx, g) if g is not None else (None,) * len(node._ctx.inputs)
+        for inp, g_inp in zip(node._ctx.inputs, input_grads):
+            if not inp.requires_grad:
+                continue
+            key = id(inp)
+            if g_inp is not None:
+                pending[key] = g_inp if key not in pending else pending[key] + g_inp
+            waiting[key] -= 1
+            if waiting[key] == 0:
+                ready.append(inp)
+    # END SOLUTION
 
 
 def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist.autograd import queue_callback
+from minidist.autograd import enable_grad, queue_callback, run_backward
 from minidist.nn import functional as F
 
 
@@ -147,6 +147,17 @@ def test_nested_no_grad_restores_the_outer_mode():
             pass
         assert not md.is_grad_enabled()
     assert md.is_grad_enabled()
+
+
+def test_enable_grad_records_inside_no_grad():
+    x = leaf([1.0, 2.0])
+    with md.no_grad():
+        with enable_grad():
+            y = (x * 3.0).sum()
+        assert not md.is_grad_enabled()
+    assert y.requires_grad
+    run_backward(y, np.ones(()))  # the graph walk alone: no pass, no end-of-pass callbacks
+    np.testing.assert_array_equal(x.grad, [3.0, 3.0])
 
 
 # ------------------------------------------------------------------------------------------ dtypes

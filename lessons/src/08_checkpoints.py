@@ -14,7 +14,8 @@
 # On a thousand GPUs, something fails every few hours: a node, a link, a disk. A job that cannot resume
 # loses everything since it started; one that resumes *approximately* (a different data order, a reset
 # optimizer) trains a different model. The code is `minidist/checkpoint/`: `atomic.py` (the commit
-# protocol) → `manifest.py` → `layout.py` → `save.py` → `reshard.py` → `load.py` → `recompute.py`.
+# protocol) → `manifest.py` → `layout.py` → `save.py` → `reshard.py` → `load.py`;
+# activation recomputation is `minidist/nn/recompute.py`.
 
 # %%
 import json
@@ -193,11 +194,11 @@ checks.shards_needed(shards_needed)
 #
 # Checkpoints save *state* across failures; activation recomputation (also called "gradient
 # checkpointing") saves *memory* inside one step. Backward needs every layer's activations, so a plain
-# forward keeps them all. `checkpoint.recompute(fn, x)` (Chen et al., "Training Deep Nets with Sublinear
-# Memory Cost", 2016, §3) runs a segment `fn` without recording its graph, keeps only its input `x`, and
-# runs it again in backward. With `n` layers in segments of `k`, a step stores about `n / k` segment
-# inputs plus, during backward, one segment's `k` activations: least near `k = sqrt(n)`, for the price of
-# one extra forward.
+# forward keeps them all. `recompute(fn, x)` (`minidist/nn/recompute.py`; Chen et al., "Training Deep
+# Nets with Sublinear Memory Cost", 2016, §3) runs a segment `fn` without recording its graph, keeps only
+# its input `x`, and runs it again in backward. With `n` layers in segments of `k`, a step stores about
+# `n / k` segment inputs plus, during backward, one segment's `k` activations: least near `k = sqrt(n)`,
+# for the price of one extra forward.
 #
 # We measure with `tracemalloc` (NumPy reports its allocations to it): bytes held after the forward
 # (what the graph keeps) and the peak during backward, for 32 layers (16 x Linear(256, 256) + Tanh,
@@ -206,7 +207,7 @@ checks.shards_needed(shards_needed)
 # %%
 import minidist as md
 from minidist import nn
-from minidist.checkpoint import recompute
+from minidist.nn.recompute import recompute
 
 md.manual_seed(0)
 layers = []

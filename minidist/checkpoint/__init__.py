@@ -1,10 +1,10 @@
-"""Checkpointing that never loses work, and activation recomputation.
+"""Checkpointing that never loses work.
 
 Reading order: ``errors.py`` -> ``atomic.py`` (durable writes, the commit protocol, ``latest``) ->
 ``manifest.py`` (what a checkpoint contains) -> ``layout.py`` (global names, who writes which shard) ->
 ``optim_state.py`` (optimizer state by name, ZeRO included) -> ``schema.py`` (checking a manifest) ->
 ``save.py`` -> ``reshard.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) ->
-``recompute.py`` (Chen et al. 2016) -> ``cli.py`` (``python -m minidist checkpoint info``).
+``cli.py`` (``python -m minidist checkpoint info``).
 
 On disk::
 
@@ -19,7 +19,6 @@ does not initialise MPI (that happens on the first collective call).
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.latest import load_latest
 from minidist.checkpoint.load import load
-from minidist.checkpoint.recompute import recompute
 from minidist.checkpoint.save import save
 
-__all__ = ["CheckpointError", "load", "load_latest", "recompute", "save"]
+__all__ = ["CheckpointError", "load", "load_latest", "save"]

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
-from minidist.checkpoint import atomic, optim_state, rng
+from minidist import random as md_random
+from minidist.checkpoint import atomic, optim_state
 from minidist.checkpoint import manifest as mf
 from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
 from minidist.checkpoint.errors import CheckpointError
@@ -140,7 +141,8 @@ def load(
         optim_state.load_by_name(optimizer, module, manifest["optimizer"], state)
     rng_restored = False
     if same_layout:
-        rng.set_states(manifest["ranks"][layout.rank])
+        saved = manifest["ranks"][layout.rank]
+        md_random.set_all_rng_states({"rng": saved["rng"], "tp_rng": saved["tp_rng"]})
         rng_restored = True
     if sampler_state is not None:
         sampler.load_state_dict(sampler_state)

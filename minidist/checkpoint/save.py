@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
-from minidist.checkpoint import atomic, optim_state, rng
+from minidist import random as md_random
+from minidist.checkpoint import atomic, optim_state
 from minidist.checkpoint import manifest as mf
 from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
 from minidist.checkpoint.errors import CheckpointError
@@ -109,10 +110,12 @@ def save(
         written = _write_shard(tmp, tensors, layout)
     except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
         error = CheckpointError(f"rank {layout.rank} could not write its shard ({err})", tmp)
+    generators = md_random.get_all_rng_states()
     mine = {
         "rank": layout.rank,
         "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
-        **rng.get_states(),  # "rng" and "tp_rng"
+        "rng": generators["rng"],
+        "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
         "sampler": sampler.state_dict() if sampler is not None else None,
         "written": written,
         "scalars": scalars,

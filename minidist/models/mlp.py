@@ -19,7 +19,7 @@ same for every tp, which lets checkpoints map shards to global names, and lets a
 between any two layers.
 
 **Activation recomputation** (``recompute=True``; Chen et al. 2016, §3): each hidden block (a linear
-layer and its ReLU) runs through ``minidist.checkpoint.recompute``, which keeps only the block's
+layer and its ReLU) runs through ``minidist.nn.recompute``, which keeps only the block's
 input and recomputes its pre-activation in backward: one extra forward of the hidden layers for
 less activation memory. Values and gradients are the same, bit for bit. The names and the layers are
 unchanged (the option only changes ``forward``), so checkpoints load either way. ``PipelineParallel``
@@ -31,9 +31,9 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.autograd import DEFAULT_DTYPE
-from minidist.checkpoint.recompute import recompute as recompute_block
 from minidist.nn.layers import Linear, ReLU, Sequential
 from minidist.nn.module import Module
+from minidist.nn.recompute import recompute as recompute_block
 
 
 class MLP(Sequential):

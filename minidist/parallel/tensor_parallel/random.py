@@ -35,8 +35,9 @@ TP_SEED_OFFSET = 2718  # Megatron-LM's offset: keeps the tracked streams apart f
 class RNGStatesTracker:
     """Named generator states that can be swapped in for minidist's default generator.
 
-    The states are plain dicts (NumPy ``bit_generator.state``, JSON-serialisable), so checkpoints can
-    save them with :meth:`get_states` and restore them with :meth:`set_states`.
+    The states are plain dicts (NumPy ``bit_generator.state``, JSON-serialisable): the process-wide
+    tracker is registered with ``minidist.random`` as ``"tp_rng"``, so that checkpoints and activation
+    recomputation save and restore it (:meth:`get_states`, :meth:`set_states`) with the default generator.
     """
 
     def __init__(self) -> None:
@@ -84,6 +85,8 @@ class RNGStatesTracker:
 
 
 _TRACKER = RNGStatesTracker()
+# Checkpoints and activation recomputation save and restore it with the default generator.
+random.register("tp_rng", _TRACKER)
 
 
 def get_rng_tracker() -> RNGStatesTracker:

@@ -1,4 +1,4 @@
-"""A1 public tests of the backward pass (``Tensor.backward`` and ``_count_consumers``, task A1.5).
+"""A1 public tests of the backward pass (``run_backward`` and ``_count_consumers``, task A1.5).
 
 The graphs are built from two tiny Functions defined here, so these tests do not depend on your ops.
 """

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import minidist as md
 from minidist import nn
 from minidist import random as md_random
-from minidist.checkpoint import recompute
 from minidist.nn import functional as F
+from minidist.nn.recompute import recompute
 
 
 def block(seed: int) -> nn.Sequential:
@@ -71,3 +73,43 @@ def test_plain_values_and_bad_fn():
         recompute(lambda t: (t, t), x)
     with md.no_grad():  # nothing to differentiate: runs plainly
         assert recompute(lambda t: t * 2, x)._ctx is None
+
+
+class Counter:
+    """A stand-in for a registered generator (the tensor-parallel tracker): its state is one number."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def get_states(self) -> dict:
+        return {"n": self.n}
+
+    def set_states(self, states: dict) -> None:
+        self.n = states["n"]
+
+
+def test_registered_generators_are_replayed_and_restored(monkeypatch):
+    monkeypatch.setattr(md_random, "_registered", {})
+    monkeypatch.setattr(md_random, "_waiting", {})
+    counter = Counter()
+    md_random.register("counter", counter)
+    seen = []
+
+    def fn(t):
+        seen.append(counter.n)  # a "draw": what the generator's state was
+        counter.n += 1
+        return t * 2
+
+    x = md.tensor(np.ones(3), dtype=np.float64, requires_grad=True)
+    recompute(fn, x).sum().backward()
+    assert seen == [0, 0]  # the recomputation drew what the forward drew
+    assert counter.n == 1  # and training continues from where the forward left it
+    states = md_random.get_all_rng_states()
+    assert set(states) == {"rng", "counter"} and json.loads(json.dumps(states)) == states
+    with pytest.raises(ValueError, match="already registered as 'counter'"):
+        md_random.register("counter", Counter())
+    # A state restored before its generator exists is handed to it when it registers.
+    md_random.set_all_rng_states({**states, "later": {"n": 7}})
+    later = Counter()
+    md_random.register("later", later)
+    assert later.n == 7

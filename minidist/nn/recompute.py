@@ -8,24 +8,27 @@ sqrt(n) segments stores O(sqrt(n)) activations for the price of one extra forwar
 
 Two details make the recomputed gradients *equal* to the plain ones:
 
-* randomness: the generator state (and the tensor-parallel tracker's) is saved before the forward
-  and restored for the recomputation, so dropout draws the same masks (Megatron-LM does the same,
-  Shoeybi et al. 2019; Korthikanti et al. 2022 §4 for selective recomputation);
-* the inner backward runs inside the outer one without starting a new pass: parameter gradients
-  accumulate and their hooks fire exactly as usual (DDP buckets still see them), and end-of-pass
-  callbacks still run once, when the outer ``loss.backward()`` finishes. That is why this module
-  walks the inner graph itself (``_inner_backward``) instead of calling ``Tensor.backward``.
+* randomness: every generator's state (``minidist.random.get_all_rng_states``: the default one and
+  the tensor-parallel tracker's) is saved before the forward and restored for the recomputation, so
+  dropout draws the same masks (Megatron-LM does the same, Shoeybi et al. 2019; Korthikanti et al.
+  2022 §4 for selective recomputation);
+* the inner backward runs inside the outer one without starting a new pass: it is autograd's own
+  graph walk (``autograd.run_backward``), not ``Tensor.backward``, so parameter gradients accumulate
+  and their hooks fire exactly as usual (DDP buckets still see them), and end-of-pass callbacks still
+  run once, when the outer ``loss.backward()`` finishes.
+
+PyTorch calls this ``torch.utils.checkpoint``; here the name "checkpoint" is kept for saving
+training state (``minidist.checkpoint``), and this is ``from minidist.nn.recompute import recompute``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from minidist import autograd, backend
-from minidist.autograd import Function, Tensor, no_grad
-from minidist.checkpoint import rng
+from minidist import random as md_random
+from minidist.autograd import Function, Tensor, enable_grad, no_grad
 
 
 def recompute(fn: Callable[..., Tensor], *args: Any) -> Tensor:
@@ -75,69 +78,26 @@ class _Recompute(Function):
     def forward(self, *arrays: Any, body: Callable[..., Tensor], flags: tuple[bool, ...]) -> Any:
         self.body, self.flags = body, flags
         self.inputs_data = arrays[: len(flags)]  # the only activations kept: the segment's inputs
-        self.rng = rng.get_states()
+        self.rng = md_random.get_all_rng_states()
         with no_grad():
             out = body(*(Tensor(a) for a in self.inputs_data))
         self.out_shape = out.shape
         return out.data
 
     def backward(self, grad: Any) -> tuple[Any, ...]:
+        # Fresh leaves for the segment's inputs: the walk below accumulates their gradients in .grad.
         leaves = [Tensor(a, requires_grad=f) for a, f in zip(self.inputs_data, self.flags)]
-        current = rng.get_states()
-        rng.set_states(self.rng)  # replay the forward's random draws (dropout masks)
+        current = md_random.get_all_rng_states()
+        md_random.set_all_rng_states(self.rng)  # replay the forward's random draws (dropout masks)
         try:
-            with _grad_mode(True):
+            with enable_grad():
                 out = self.body(*leaves)
         finally:
-            rng.set_states(current)  # the rest of training continues from where it was
+            md_random.set_all_rng_states(current)  # the rest of training continues from where it was
         if out.shape != self.out_shape:
             raise RuntimeError(
                 f"recompute: fn returned shape {out.shape} when recomputed but {self.out_shape} in forward"
             )
-        grads = _inner_backward(out, grad, leaves) if out.requires_grad else [None] * len(leaves)
-        return (*grads, None)  # None for the anchor
-
-
-def _inner_backward(root: Tensor, grad: Any, inputs: list[Tensor]) -> list[Any]:
-    """Backpropagate ``grad`` through the graph of ``root`` inside the running backward pass.
-
-    The same walk as ``Tensor.backward`` (Kahn's topological order), except that the gradients of
-    ``inputs`` are returned instead of accumulated, and no new pass is started (see module docstring).
-    """
-    slot = {id(t): k for k, t in enumerate(inputs)}
-    result: list[Any] = [None] * len(inputs)
-    pending = {id(root): grad}
-    waiting = autograd._count_consumers(root)
-    ready = [root]
-    while ready:
-        node = ready.pop()
-        g = pending.pop(id(node), None)
-        if node._ctx is None:
-            if id(node) in slot:
-                result[slot[id(node)]] = g
-            elif g is not None:  # a parameter used inside fn: accumulate as backward() does
-                node.grad = g.copy() if node.grad is None else node.grad + g
-                for hook in node._post_accumulate_hooks:
-                    hook(node)
-            continue
-        fn = node._ctx
-        input_grads = autograd._checked_backward(fn, g) if g is not None else (None,) * len(fn.inputs)
-        for inp, g_inp in zip(fn.inputs, input_grads):
-            if not inp.requires_grad:
-                continue
-            if g_inp is not None:
-                pending[id(inp)] = g_inp if id(inp) not in pending else pending[id(inp)] + g_inp
-            waiting[id(inp)] -= 1
-            if waiting[id(inp)] == 0:
-                ready.append(inp)
-    return result
-
-
-@contextlib.contextmanager
-def _grad_mode(enabled: bool) -> Iterator[None]:
-    """Record the graph during the recomputation even if the caller's backward runs under no_grad."""
-    previous, autograd._grad_enabled = autograd._grad_enabled, enabled
-    try:
-        yield
-    finally:
-        autograd._grad_enabled = previous
+        if out.requires_grad:
+            autograd.run_backward(out, grad)  # inside the running pass: no new pass, no callbacks
+        return (*(leaf.grad for leaf in leaves), None)  # None for the anchor
