@@ -251,12 +251,12 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
     run_mpi(2, "checkpoint/ckpt_errors.py", tmp_path, timeout=120)
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     expected = {
-        "step differs": ("ValueError", "different step (rank 0: 5, rank 1: 6)"),
+        "step differs": ("ValueError", "different values: step (5 on rank 0; 6 on rank 1)"),
         "bad step on rank 1": ("TypeError", "step must be an int >= 0, got -1"),
         "keep_last 0 on rank 1": ("ValueError", "keep_last must be None or an int >= 1, got 0"),
         "directory differs (save)": ("CheckpointError", "does not see the folder"),
         "folder differs (load)": ("CheckpointError", "resolved different checkpoints: folder"),
-        "directory differs (load_latest)": ("ValueError", "different directory"),
+        "directory differs (load_latest)": ("ValueError", "different values: directory"),
         "manifest edited to another shape": ("CheckpointError", "in the file but [4, 8]"),
         "sampler seed differs on rank 1": (
             "CheckpointError",

@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from minidist.checkpoint import atomic
-from minidist.checkpoint.agree import allgather_json, differing, raise_if_any
-from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.errors import CheckpointError, agree, all_gather_json, on_every_rank, world_comm
 from minidist.checkpoint.load import load
-from minidist.checkpoint.save import world_comm
 
 
 def load_latest(
@@ -43,25 +41,14 @@ def load_latest(
     """
     comm = world_comm(mesh)
     root = Path(directory)
-    mismatch = differing(comm, {"directory": os.path.abspath(root)})
-    if mismatch:
-        raise ValueError(
-            f"checkpoint.load_latest: the ranks passed different {mismatch}; pass the same on every rank"
-        )
+    agree({"directory": os.path.abspath(root)}, comm, what="checkpoint.load_latest",
+          fix="pass the same directory on every rank")  # fmt: skip
     # Rank 0 lists the candidates for everyone: all ranks then try the same folders in the same order.
-    found, error = None, None
-    if comm.Get_rank() == 0:
-        try:
-            committed = [str(path) for _, path in reversed(atomic.list_checkpoints(root))]
-            try:
-                pointer = atomic.read_latest(root)
-            except CheckpointError:
-                pointer = "?"  # present but unreadable: load(root) reports why, as a candidate
-            found = {"committed": committed, "pointer": pointer}
-        except OSError as err:
-            error = CheckpointError(f"cannot list the checkpoint folder ({err})", root)
-    raise_if_any(comm, error)
-    found = allgather_json(comm, found)[0]
+    found = None
+    with on_every_rank(comm):
+        if comm.rank == 0:
+            found = _candidates(root)
+    found = all_gather_json(found, comm)[0]
     pointer, committed = found["pointer"], found["committed"]
     if missing_ok and pointer is None and not committed:
         return None
@@ -78,7 +65,7 @@ def load_latest(
             problems.append(str(err))
             if not fallback:
                 raise
-            if comm.Get_rank() == 0:
+            if comm.rank == 0:
                 print(
                     f"checkpoint.load_latest: skipping a checkpoint that does not load: {err}. It is left "
                     "in place; a later save of the same step moves it aside to .corrupt-<name>-<time>",
@@ -87,3 +74,16 @@ def load_latest(
     raise CheckpointError(
         "no checkpoint loads" + (": " + "; ".join(problems) if problems else " (none found)"), root
     )
+
+
+def _candidates(root: Path) -> dict[str, Any]:
+    """Rank 0: ``{"committed": step_<n> folders, newest first, "pointer": what 'latest' names or None}``."""
+    try:
+        committed = [str(path) for _, path in reversed(atomic.list_checkpoints(root))]
+        try:
+            pointer = atomic.read_latest(root)
+        except CheckpointError:
+            pointer = "?"  # present but unreadable: load(root) reports why, as a candidate
+    except OSError as err:
+        raise CheckpointError(f"cannot list the checkpoint folder ({err})", root) from None
+    return {"committed": committed, "pointer": pointer}

@@ -41,7 +41,7 @@ class Layout:
 
 def layout_of(mesh: Any, comm: Any) -> Layout:
     """The ``Layout`` from a ``ProcessMesh``, or pure data parallelism over ``comm`` when mesh is None."""
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = comm.rank, comm.size
     if mesh is None:
         return Layout(rank, size, size, 1, 1, rank, 0, 0)
     if int(mesh.world_size) != size:

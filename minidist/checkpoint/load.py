@@ -1,11 +1,19 @@
-"""``load`` and ``load_latest``: verify everything first, then restore, on the same or another layout.
+"""``load``: verify everything first, then restore, on the same or another layout.
 
-Nothing in the model, optimizer, generators or sampler changes until every rank has checked
-everything it needs: the manifest (format version, the model's names and global shapes, the
-optimizer class) and the sha256 and size of every shard file. Each file is verified by at least one
-rank (file i by rank i mod world size, plus every rank that reads it), and any problem is raised as
-the same ``CheckpointError`` on every rank. Loading uses only JSON and safetensors, never pickle,
-so a checkpoint cannot run code.
+``load`` reads as its four steps:
+
+1. ``_read_manifest``: every rank resolves the folder and reads and checks its manifest; the ranks
+   make sure they all found the same one;
+2. ``_check_fit``: the checkpoint fits this model (names, global shapes, dtypes), optimizer (class,
+   hyperparameters) and sampler; ``_plan`` says which shards each tensor's piece comes from;
+3. ``_read``: every shard file is verified (sha256 and size: file i by rank i mod world size, plus
+   every rank that reads it) and this rank's pieces are cut from the shards (``reshard.py``);
+4. ``_restore``: only now, with everything verified on every rank, the model, optimizer, generators
+   and sampler change.
+
+Any problem is raised as the same ``CheckpointError`` on every rank (``errors.on_every_rank``), and
+nothing has changed when it is. Loading uses only JSON and safetensors, never pickle, so a checkpoint
+cannot run code.
 """
 
 from __future__ import annotations
@@ -21,38 +29,15 @@ from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import atomic, optim_state
 from minidist.checkpoint import manifest as mf
-from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
-from minidist.checkpoint.errors import CheckpointError
-from minidist.checkpoint.layout import Layout, layout_of, tp_dim_of, unwrap
+from minidist.checkpoint.errors import (
+    CheckpointError,
+    all_gather_json,
+    differences,
+    on_every_rank,
+    world_comm,
+)
+from minidist.checkpoint.layout import Layout, global_shape, layout_of, tp_dim_of, unwrap
 from minidist.checkpoint.reshard import local_piece, needed_shards
-from minidist.checkpoint.save import world_comm
-
-
-def resolve(directory: str | os.PathLike) -> Path:
-    """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
-
-    Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
-    unreadable or names something other than a ``step_<n>`` folder.
-    """
-    path = Path(directory)
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(
-            "this is a file, not a checkpoint folder or root; "
-            "pass the folder holding manifest.json or 'latest'",
-            path,
-        )
-    if (path / atomic.MANIFEST).exists():
-        return path
-    name = atomic.read_latest(path)
-    if name is None:
-        raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
-    if not atomic.is_step_dirname(name):
-        raise CheckpointError(
-            f"the 'latest' pointer names {name!r}, which is not a checkpoint folder (step_<n>); "
-            "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
-            path,
-        )
-    return path / name
 
 
 def load(
@@ -85,38 +70,67 @@ def load(
             not match the world.
     """
     comm = world_comm(mesh)
-    error = None
-    try:
-        layout = layout_of(mesh, comm)
-        module = unwrap(model)
-    except (TypeError, ValueError) as err:
-        error = err
-    raise_if_any_argument_error(comm, error)
-    error, folder, manifest = None, None, None
-    try:
+    with on_every_rank(comm, TypeError, ValueError):  # a bad argument on one rank stops every rank
+        layout, module = layout_of(mesh, comm), unwrap(model)
+
+    folder, manifest = _read_manifest(comm, directory)  # 1. the same checkpoint on every rank
+    plan, sampler_state = _check_fit(comm, folder, manifest, module, optimizer, sampler, layout)  # 2.
+    arrays = _read(comm, folder, manifest, plan, layout)  # 3. verified; this rank's pieces
+    return _restore(folder, manifest, arrays, module, optimizer, sampler, sampler_state, layout)  # 4.
+
+
+def resolve(directory: str | os.PathLike) -> Path:
+    """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
+
+    Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
+    unreadable or names something other than a ``step_<n>`` folder.
+    """
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(
+            "this is a file, not a checkpoint folder or root; "
+            "pass the folder holding manifest.json or 'latest'",
+            path,
+        )
+    if (path / atomic.MANIFEST).exists():
+        return path
+    name = atomic.read_latest(path)
+    if name is None:
+        raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
+    if not atomic.is_step_dirname(name):
+        raise CheckpointError(
+            f"the 'latest' pointer names {name!r}, which is not a checkpoint folder (step_<n>); "
+            "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
+            path,
+        )
+    return path / name
+
+
+def _read_manifest(comm: Any, directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """Step 1: the checkpoint folder and its checked manifest, the same on every rank."""
+    with on_every_rank(comm):
         folder = resolve(directory)
         manifest = mf.read_manifest(folder)
-    except CheckpointError as err:
-        error = err
-    raise_if_any(comm, error)
     digest = hashlib.sha256(mf.dumps(manifest)).hexdigest()[:16]
-    mismatch = differing(comm, {"folder": os.path.realpath(folder), "manifest sha256": digest})
-    if mismatch:  # e.g. another directory per rank, or 'latest' switched between the ranks' reads
+    difference = differences({"folder": os.path.realpath(folder), "manifest sha256": digest}, comm)
+    if difference:  # e.g. another directory per rank, or 'latest' switched between the ranks' reads
         raise CheckpointError(
-            f"the ranks resolved different checkpoints: {mismatch}; pass the same directory on every "
+            f"the ranks resolved different checkpoints: {difference}; pass the same directory on every "
             "rank (on a file system all ranks share) and do not save into it while loading"
         )
+    return folder, manifest
 
+
+def _check_fit(
+    comm: Any, folder: Path, manifest: dict, module: Any, optimizer: Any, sampler: Any, layout: Layout
+) -> tuple[dict, Any]:
+    """Step 2: the read plan (``_plan``) and the sampler state to restore, once the checkpoint is known
+    to fit this model, optimizer and sampler on every rank."""
     params = dict(module.named_parameters())
-    same_layout = manifest["mesh"] == layout.describe()
-    error, plan, sampler_state = None, None, None
-    try:
+    with on_every_rank(comm):
         plan = _plan(manifest, folder, params, optimizer, module, layout)
-        sampler_state = _sampler_state(manifest, folder, layout, same_layout, sampler)
-    except CheckpointError as err:
-        error = err
-    raise_if_any(comm, error)
-    names = {n for part in allgather_json(comm, sorted(params)) for n in part}
+        sampler_state = _sampler_state(manifest, folder, layout, sampler)
+    names = {n for part in all_gather_json(sorted(params), comm) for n in part}  # every stage's names
     saved = {t["name"] for t in manifest["tensors"].values() if t["kind"] == "model"}
     if names != saved:
         raise CheckpointError(
@@ -124,10 +138,15 @@ def load(
             f"{sorted(saved - names)[:5]}, only in this model {sorted(names - saved)[:5]}",
             folder / atomic.MANIFEST,
         )
+    return plan, sampler_state
 
-    arrays = _read(comm, folder, manifest, plan, layout)  # collective; raises on every rank
 
-    # Everything verified on every rank: now change state.
+def _restore(
+    folder: Path, manifest: dict, arrays: dict, module: Any, optimizer: Any, sampler: Any,
+    sampler_state: Any, layout: Layout,
+) -> dict[str, Any]:  # fmt: skip
+    """Step 4: copy the verified arrays and states into the model, optimizer, generators and sampler."""
+    params = dict(module.named_parameters())
     for name, p in params.items():
         p.data[...] = backend.asarray(arrays[mf.model_key(name)])
     if optimizer is not None:
@@ -139,11 +158,10 @@ def load(
             if name in params:
                 state.setdefault(name, {}).update(counters)
         optim_state.load_by_name(optimizer, module, manifest["optimizer"], state)
-    rng_restored = False
-    if same_layout:
+    same_layout = manifest["mesh"] == layout.describe()
+    if same_layout:  # each rank its own generators: a bit-exact resume
         saved = manifest["ranks"][layout.rank]
         md_random.set_all_rng_states({"rng": saved["rng"], "tp_rng": saved["tp_rng"]})
-        rng_restored = True
     if sampler_state is not None:
         sampler.load_state_dict(sampler_state)
     return {
@@ -152,7 +170,7 @@ def load(
         "path": folder,
         "saved_mesh": manifest["mesh"],
         "resharded": not same_layout,
-        "rng_restored": rng_restored,
+        "rng_restored": same_layout,
     }
 
 
@@ -166,7 +184,7 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
         entry = tensors.get(key)
         if entry is None:
             raise CheckpointError(f"incompatible model: the checkpoint has no parameter {name!r}", where)
-        expected = _global_shape(p.shape, tp_dim, layout.tp)
+        expected = global_shape(p.shape, tp_dim, layout.tp)
         if list(entry["global_shape"]) != expected or entry["dtype"] != str(p.dtype):
             raise CheckpointError(
                 f"incompatible model: parameter {name!r} is {entry['global_shape']} {entry['dtype']} in the "
@@ -193,17 +211,17 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
         if entry["kind"] == "optim" and entry["name"] in params:
             p = params[entry["name"]]
             tp_dim = tp_dim_of(p)
-            if entry["global_shape"] != _global_shape(p.shape, tp_dim, layout.tp):
+            if entry["global_shape"] != global_shape(p.shape, tp_dim, layout.tp):
                 raise CheckpointError(
                     f"optimizer state {key!r} is {entry['global_shape']} in the checkpoint but its "
-                    f"parameter is {_global_shape(p.shape, tp_dim, layout.tp)} (global) here",
+                    f"parameter is {global_shape(p.shape, tp_dim, layout.tp)} (global) here",
                     where,
                 )
             plan[key] = (needed_shards(entry, layout.tp, layout.tp_rank, tp_dim), tp_dim)
     return plan
 
 
-def _sampler_state(manifest: dict, folder: Path, layout: Layout, same_layout: bool, sampler: Any) -> Any:
+def _sampler_state(manifest: dict, folder: Path, layout: Layout, sampler: Any) -> Any:
     """The saved sampler state this rank restores (its own on the same layout, else rank 0's), checked.
 
     Raises ``CheckpointError`` if ``sampler`` refuses it (``resume_point``: another seed, data set
@@ -211,6 +229,7 @@ def _sampler_state(manifest: dict, folder: Path, layout: Layout, same_layout: bo
     """
     if sampler is None:
         return None
+    same_layout = manifest["mesh"] == layout.describe()
     saved = [r["sampler"] for r in manifest["ranks"] if r["sampler"] is not None]
     same = [r["sampler"] for r in manifest["ranks"] if r["rank"] == layout.rank and r["sampler"]]
     state = same[0] if same_layout and same else (saved[0] if saved else None)
@@ -224,15 +243,8 @@ def _sampler_state(manifest: dict, folder: Path, layout: Layout, same_layout: bo
     return state
 
 
-def _global_shape(shape: tuple[int, ...], tp_dim: int | None, tp: int) -> list[int]:
-    out = list(shape)
-    if tp_dim is not None:
-        out[tp_dim] *= tp
-    return out
-
-
 def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -> dict[str, np.ndarray]:
-    """Collective: verify every file, read what this rank needs, return its local arrays.
+    """Step 3, collective: verify every file, read what this rank needs, return its local arrays.
 
     A file that *every* rank needs (data-parallel replicas of the same tensors) is read and verified
     by one rank only (file i by rank i mod world size) and then broadcast: N ranks reading the same
@@ -241,11 +253,10 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
     """
     files = sorted(manifest["files"])
     mine = sorted({s["file"] for shards, _ in plan.values() for s in shards})
-    everyone = allgather_json(comm, mine)
+    everyone = all_gather_json(mine, comm)
     shared = set.intersection(*(set(part) for part in everyone))  # needed by every rank
     contents: dict[str, dict[str, np.ndarray]] = {}
-    error = None
-    try:
+    with on_every_rank(comm):
         for s in (s for t in manifest["tensors"].values() for s in t["shards"]):
             if s["file"] not in manifest["files"]:
                 raise CheckpointError(
@@ -255,14 +266,11 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
             reader = i % layout.world_size == layout.rank
             if reader or (name in mine and name not in shared):
                 contents[name] = mf.verify_file(folder, name, manifest, keep=name in mine)
-    except CheckpointError as err:
-        error = err
-    raise_if_any(comm, error)
     for i, name in enumerate(files):  # the same order on every rank
         if name in shared:
             contents[name] = _broadcast_file(comm, manifest, name, contents.get(name), i % layout.world_size)
-    out, error = {}, None
-    try:  # a piece that cannot be cut (tp does not divide it) may concern one pipeline stage only
+    out = {}
+    with on_every_rank(comm):  # a piece that cannot be cut (tp does not divide it) may concern one stage
         for key, (shards, tp_dim) in plan.items():
             entry = manifest["tensors"][key]
             pieces = []
@@ -274,9 +282,6 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
                     )
                 pieces.append(array)
             out[key] = local_piece(key, entry, pieces, layout.tp, layout.tp_rank, tp_dim)
-    except CheckpointError as err:
-        error = err
-    raise_if_any(comm, error)
     return out
 
 
@@ -288,8 +293,8 @@ def _broadcast_file(comm: Any, manifest: dict, name: str, arrays: dict | None, r
     ):
         t = manifest["tensors"][key]
         shape = next(s["shape"] for s in t["shards"] if s["file"] == name)
-        a = arrays[key] if comm.Get_rank() == root else np.empty(shape, dtype=t["dtype"])
-        if a.size:
-            comm.Bcast(a.reshape(-1).view(np.uint8), root=root)
+        a = arrays[key] if comm.rank == root else np.empty(shape, dtype=t["dtype"])
+        if a.size:  # MPI's own broadcast of the raw bytes (any dtype; large messages are MPI's strength)
+            comm.mpi.Bcast(a.reshape(-1).view(np.uint8), root=root)
         out[key] = a
     return out

@@ -25,15 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from minidist.checkpoint.atomic import MANIFEST
-from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.errors import CheckpointError, NewerFormatError
 from minidist.checkpoint.schema import validate
 
 FORMAT = "minidist-checkpoint"
 FORMAT_VERSION = 1
-
-
-class NewerFormatError(CheckpointError):
-    """A checkpoint written by a newer minidist: not damaged, so ``save`` never moves it aside."""
 
 
 def model_key(name: str) -> str:

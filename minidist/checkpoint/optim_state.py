@@ -73,21 +73,20 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
 
 def _zero_gather(zero: Any, names: list[str]) -> dict[str, dict[str, Any]]:
     import minidist.distributed as dist  # noqa: PLC0415  (only ZeRO needs communication here)
-    from minidist.checkpoint.agree import allgather_json  # noqa: PLC0415
 
     layout, state = zero.layout, zero.optimizer.state
     # Which state arrays and counters exist anywhere (a rank owning nothing has none).
     mine = sorted({k for s in state.values() for k, v in s.items() if hasattr(v, "shape")})
-    keys = sorted({k for ks in allgather_json(zero.group.mpi, mine) for k in ks})
+    keys = sorted({k for ks in dist.all_gather_json(mine, zero.group) for k in ks})
     counters: dict[str, dict[str, int]] = {}
     for seg_index, seg in enumerate(layout.segments):
         for k, v in state.get(seg_index, {}).items():
             if not hasattr(v, "shape"):
                 counters.setdefault(names[seg.param_index], {})[k] = int(v)
     present = sorted({names[seg.param_index] for i, seg in enumerate(layout.segments) if state.get(i)})
-    present = {n for part in allgather_json(zero.group.mpi, present) for n in part}
+    present = {n for part in dist.all_gather_json(present, zero.group) for n in part}
     merged: dict[str, dict[str, int]] = {}
-    for part in allgather_json(zero.group.mpi, counters):
+    for part in dist.all_gather_json(counters, zero.group):
         for n, c in part.items():
             for k, v in c.items():
                 merged.setdefault(n, {})[k] = max(v, merged.get(n, {}).get(k, v))

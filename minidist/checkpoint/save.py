@@ -1,29 +1,34 @@
 """``save``: every rank writes its shard, rank 0 writes the manifest and commits atomically.
 
-The protocol (see ``atomic.py`` for why each fsync and rename is there):
+``save`` reads as its four steps (see ``atomic.py`` for why each fsync and rename is there):
 
-1. rank 0 checks the target, creates ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on its name;
-2. each rank writes the tensors it was assigned (``layout.assign_writers``: every distinct shard once,
-   bytes balanced over the ranks that hold a copy) as one safetensors file and fsyncs it;
-3. the ranks all-gather what they wrote (keys, shapes, sha256 of their file), their RNG and sampler
-   states, and any error: an error anywhere raises ``CheckpointError`` everywhere and deletes the
-   temporary folder, leaving every existing checkpoint untouched;
-4. rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces ``DIR/latest``,
-   and only then deletes checkpoints beyond ``keep_last``.
+1. ``_prepare``: rank 0 checks the target, creates ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on
+   its name;
+2. ``_write_shard``: each rank writes the tensors it was assigned (``layout.assign_writers``: every
+   distinct shard once, bytes balanced over the ranks that hold a copy) as one safetensors file and
+   fsyncs it;
+3. ``_gather_records``: the ranks all-gather what they wrote (keys, shapes, sha256 of their file) and
+   their RNG and sampler states;
+4. ``_commit``: rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces
+   ``DIR/latest``, and only then deletes checkpoints beyond ``keep_last``.
 
-This follows the design of sharded, asynchronous-free checkpointing in Megatron-LM's
-``dist_checkpointing`` and PyTorch's ``torch.distributed.checkpoint`` (one file per writer plus a
-global metadata file), reduced to its essentials.
+An error on any rank, at any step, is raised as the same ``CheckpointError`` on every rank
+(``errors.on_every_rank``) and deletes the temporary folder, leaving every existing checkpoint
+untouched. This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
+and PyTorch's ``torch.distributed.checkpoint`` (one file per writer plus a global metadata file),
+reduced to its essentials.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +38,15 @@ from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import atomic, optim_state
 from minidist.checkpoint import manifest as mf
-from minidist.checkpoint.agree import allgather_json, differing, raise_if_any, raise_if_any_argument_error
-from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.errors import (
+    CheckpointError,
+    NewerFormatError,
+    agree,
+    all_gather_json,
+    on_every_rank,
+    world_comm,
+)
 from minidist.checkpoint.layout import Layout, assign_writers, global_shape, layout_of, tp_dim_of, unwrap
-from minidist.checkpoint.manifest import NewerFormatError
-
-
-def world_comm(mesh: Any) -> Any:
-    """The raw mpi4py communicator of the whole run (the mesh's world, else ``dist.init()``'s)."""
-    world = getattr(mesh, "world", None) if mesh is not None else None
-    if world is None:
-        import minidist.distributed as dist  # noqa: PLC0415  (MPI only when a collective checkpoint call is made)
-
-        world = dist.init()
-    return world.mpi
 
 
 def save(
@@ -86,110 +86,57 @@ def save(
             a mesh that does not match the world, or if the ranks pass different steps or ``keep_last``.
     """
     comm = world_comm(mesh)
-    error = None
-    try:
-        _check_arguments(step, keep_last, extra)
-        layout = layout_of(mesh, comm)
-        module = unwrap(model)
-    except (TypeError, ValueError) as err:
-        error = err
-    raise_if_any_argument_error(comm, error)  # a bad argument on one rank stops every rank
-    keep = None if keep_last is None else int(keep_last)
-    mismatch = differing(comm, {"step": int(step), "keep_last": keep})
-    if mismatch:
-        raise ValueError(
-            f"checkpoint.save: the ranks passed different {mismatch}; pass the same on every rank"
-        )
+    layout, module = _check_arguments(comm, mesh, model, step, keep_last, extra)
     root = Path(directory)
     final = root / atomic.step_dirname(int(step))
 
-    tmp = _prepare(comm, root, final)  # collective; raises everywhere if final exists
-    tensors, scalars = _collect(module, optimizer, layout)  # collective for ZeRO
-    error, written = None, None
-    try:
-        written = _write_shard(tmp, tensors, layout)
-    except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
-        error = CheckpointError(f"rank {layout.rank} could not write its shard ({err})", tmp)
-    generators = md_random.get_all_rng_states()
-    mine = {
-        "rank": layout.rank,
-        "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
-        "rng": generators["rng"],
-        "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
-        "sampler": sampler.state_dict() if sampler is not None else None,
-        "written": written,
-        "scalars": scalars,
-        "error": None if error is None else error.problem,
-    }
-    everyone = allgather_json(comm, mine)
-    failed = next((r["error"] for r in everyone if r["error"]), None)
-    if failed is None and layout.rank == 0:
-        try:
-            header = optim_state.header(optimizer) if optimizer is not None else None
-            manifest = _manifest(everyone, layout, int(step), extra, header)
-            # BEGIN SOLUTION A6.2: manifest (durable), commit the folder, then switch latest
-            atomic.write_durable(tmp / atomic.MANIFEST, mf.dumps(manifest))
-            atomic.commit_dir(tmp, final)
-            atomic.write_latest(root, final.name)
-            # END SOLUTION
-            if keep is not None:
-                atomic.prune(root, keep, protect=final)
-        except OSError as err:
-            error = CheckpointError(f"committing the checkpoint failed ({err})", final)
-    if layout.rank == 0 and (failed or error) and tmp.exists():
-        shutil.rmtree(tmp, ignore_errors=True)  # our own unfinished folder, never a checkpoint
-    raise_if_any(comm, error if error else (CheckpointError(failed, tmp) if failed else None))
+    tmp = _prepare(comm, root, final)  # 1. a new temporary folder, the same on every rank
+    tensors, scalars = _collect(module, optimizer, layout)  # what this rank holds (collective for ZeRO)
+    with _removed_on_error(comm, tmp):
+        written = _write_shard(comm, tmp, tensors, layout)  # 2. this rank's shard file, fsynced
+        everyone = _gather_records(comm, layout, written, scalars, sampler)  # 3. on every rank
+        manifest = _manifest(everyone, layout, int(step), extra, optimizer)
+        _commit(comm, root, tmp, final, manifest, keep_last)  # 4. rank 0: rename, latest, prune
     return final
 
 
-def _check_arguments(step: Any, keep_last: Any, extra: Any) -> None:
-    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
-        raise TypeError(f"checkpoint.save: step must be an int >= 0, got {step!r}")
-    if keep_last is not None and (
-        not isinstance(keep_last, (int, np.integer)) or isinstance(keep_last, bool) or keep_last < 1
-    ):  # a bool is an int to Python, but keep_last=True is surely not "keep 1"
-        raise ValueError(f"checkpoint.save: keep_last must be None or an int >= 1, got {keep_last!r}")
-    try:
-        json.dumps(extra)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"checkpoint.save: extra must be JSON-serialisable ({err})") from None
+def _check_arguments(comm: Any, mesh: Any, model: Any, step: Any, keep_last: Any, extra: Any) -> tuple:
+    """This rank's ``Layout`` and model, once every rank has passed valid and equal arguments.
+
+    A bad argument on one rank only (``step=-1`` there) raises on every rank: the others must not be
+    left waiting in the next collective.
+    """
+    with on_every_rank(comm, TypeError, ValueError):
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+            raise TypeError(f"checkpoint.save: step must be an int >= 0, got {step!r}")
+        if keep_last is not None and (
+            not isinstance(keep_last, (int, np.integer)) or isinstance(keep_last, bool) or keep_last < 1
+        ):  # a bool is an int to Python, but keep_last=True is surely not "keep 1"
+            raise ValueError(f"checkpoint.save: keep_last must be None or an int >= 1, got {keep_last!r}")
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"checkpoint.save: extra must be JSON-serialisable ({err})") from None
+        layout = layout_of(mesh, comm)
+        module = unwrap(model)
+    keep = None if keep_last is None else int(keep_last)
+    agree({"step": int(step), "keep_last": keep}, comm, what="checkpoint.save",
+          fix="pass the same step and keep_last on every rank")  # fmt: skip
+    return layout, module
 
 
 def _prepare(comm: Any, root: Path, final: Path) -> Path:
-    """Rank 0 checks that ``final`` is new and makes the temporary folder; all ranks learn its name.
+    """Step 1: rank 0 checks that ``final`` is new and makes the temporary folder; all ranks learn its name.
 
     An existing ``final`` that verifies is never touched (error). One that does not (a damaged
     checkpoint, e.g. skipped by ``load_latest(fallback=True)`` before this run retrained its steps) is
     moved aside, so that a resumed run is not stuck on it forever; every rank warns about it.
     """
-    error, name, moved = None, None, None
-    if comm.Get_rank() == 0:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            if final.exists() or final.is_symlink():
-                problem = _verify_existing(final)
-                if problem is None:
-                    error = CheckpointError(
-                        "a checkpoint for this step already exists and verifies; nothing was overwritten. "
-                        "Resume from it, delete or rename it yourself, or save under another step",
-                        final,
-                    )
-                else:
-                    moved = {"to": str(atomic.move_aside(root, final)), "problem": problem}
-            if error is None:
-                atomic.remove_stale_tmp(root)
-                name = f"{atomic.TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-                (root / name).mkdir()
-        except NewerFormatError as err:
-            error = CheckpointError(
-                f"a checkpoint for this step already exists, written by a newer minidist ({err.problem}); "
-                "nothing was overwritten. Save under another step or upgrade minidist",
-                final,
-            )
-        except OSError as err:
-            error = CheckpointError(f"cannot create the checkpoint folder ({err})", root)
-    raise_if_any(comm, error)
-    name, moved = allgather_json(comm, [name, moved])[0]
+    name, moved = None, None
+    with on_every_rank(comm):
+        if comm.rank == 0:
+            name, moved = _make_tmp(root, final)
+    name, moved = all_gather_json([name, moved], comm)[0]
     if moved:
         warnings.warn(
             f"checkpoint.save: {final} failed verification ({moved['problem']}); it was moved aside to "
@@ -197,20 +144,53 @@ def _prepare(comm: Any, root: Path, final: Path) -> Path:
             stacklevel=3,
         )
     tmp = root / name
-    error = None
-    if not tmp.is_dir():  # every rank must see rank 0's folder: same directory, shared file system
-        error = CheckpointError(
-            f"rank {comm.Get_rank()} does not see the folder {name} that rank 0 created; pass the same "
-            "directory on every rank, on a file system that all ranks share",
-            root,
-        )
-    try:
-        raise_if_any(comm, error)
-    except CheckpointError:
-        if comm.Get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # our own empty folder, never a checkpoint
-        raise
+    with _removed_on_error(comm, tmp), on_every_rank(comm):
+        if not tmp.is_dir():  # every rank must see rank 0's folder: same directory, shared file system
+            raise CheckpointError(
+                f"this rank does not see the folder {name} that rank 0 created; pass the same "
+                "directory on every rank, on a file system that all ranks share",
+                root,
+            )
     return tmp
+
+
+def _make_tmp(root: Path, final: Path) -> tuple[str, dict | None]:
+    """Rank 0: the temporary folder's name, after moving a damaged ``final`` aside (``{"to", "problem"}``)."""
+    moved = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if final.exists() or final.is_symlink():
+            problem = _verify_existing(final)
+            if problem is None:
+                raise CheckpointError(
+                    "a checkpoint for this step already exists and verifies; nothing was overwritten. "
+                    "Resume from it, delete or rename it yourself, or save under another step",
+                    final,
+                )
+            moved = {"to": str(atomic.move_aside(root, final)), "problem": problem}
+        atomic.remove_stale_tmp(root)
+        name = f"{atomic.TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        (root / name).mkdir()
+    except NewerFormatError as err:
+        raise CheckpointError(
+            f"a checkpoint for this step already exists, written by a newer minidist ({err.problem}); "
+            "nothing was overwritten. Save under another step or upgrade minidist",
+            final,
+        ) from None
+    except OSError as err:
+        raise CheckpointError(f"cannot create the checkpoint folder ({err})", root) from None
+    return name, moved
+
+
+@contextlib.contextmanager
+def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
+    """If the block raises ``CheckpointError``, rank 0 deletes ``tmp``: our own unfinished folder."""
+    try:
+        yield
+    except CheckpointError:
+        if comm.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _verify_existing(folder: Path) -> str | None:
@@ -248,19 +228,26 @@ def _collect(module: Any, optimizer: Any, layout: Layout) -> tuple[dict, dict]:
     return tensors, scalars
 
 
-def _write_shard(tmp: Path, tensors: dict, layout: Layout) -> dict[str, Any] | None:
-    """Write the tensors assigned to this rank as one safetensors file; describe what was written."""
+def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[str, Any] | None:
+    """Step 2: write the tensors assigned to this rank as one safetensors file; describe what was written.
+
+    Returns None if this rank was assigned nothing (another replica writes its tensors).
+    """
     writers = assign_writers([(k, int(t[0].nbytes), t[1]) for k, t in tensors.items()], layout)
     mine = {
         k: t
         for k, t in tensors.items()
         if writers[(k, None if t[1] is None else layout.tp_rank)] == layout.rank
     }
-    if not mine:
-        return None
     file = f"rank{layout.rank:05d}.safetensors"
     arrays = {k: np.ascontiguousarray(backend.to_numpy(t[0])) for k, t in mine.items()}
-    checksum, nbytes = atomic.write_shard(tmp / file, arrays)
+    with on_every_rank(comm):  # a rank that cannot write stops every rank
+        try:
+            checksum, nbytes = atomic.write_shard(tmp / file, arrays) if mine else (None, None)
+        except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
+            raise CheckpointError(f"could not write this rank's shard ({err})", tmp) from None
+    if not mine:
+        return None
     entries = {
         k: {
             "name": t[2], "kind": t[3], "state": t[4], "shape": list(arrays[k].shape),
@@ -273,7 +260,41 @@ def _write_shard(tmp: Path, tensors: dict, layout: Layout) -> dict[str, Any] | N
     return {"file": file, "sha256": checksum, "bytes": nbytes, "entries": entries}
 
 
-def _manifest(everyone: list[dict], layout: Layout, step: int, extra: Any, header: Any) -> dict[str, Any]:
+def _gather_records(comm: Any, layout: Layout, written: Any, scalars: dict, sampler: Any) -> list[dict]:
+    """Step 3: every rank's record (what it wrote, its optimizer counters, generator and sampler states),
+    in rank order, on every rank."""
+    generators = md_random.get_all_rng_states()
+    mine = {
+        "rank": layout.rank,
+        "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
+        "rng": generators["rng"],
+        "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
+        "sampler": sampler.state_dict() if sampler is not None else None,
+        "written": written,
+        "scalars": scalars,
+    }
+    return all_gather_json(mine, comm)
+
+
+def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict, keep_last: int | None) -> None:
+    """Step 4, rank 0: the manifest (durable), the folder renamed into place, ``latest`` switched, and
+    only then old checkpoints pruned. A crash at any moment leaves a loadable checkpoint (``atomic.py``)."""
+    with on_every_rank(comm):
+        if comm.rank == 0:
+            try:
+                # BEGIN SOLUTION A6.2: manifest (durable), commit the folder, then switch latest
+                atomic.write_durable(tmp / atomic.MANIFEST, mf.dumps(manifest))
+                atomic.commit_dir(tmp, final)
+                atomic.write_latest(root, final.name)
+                # END SOLUTION
+                if keep_last is not None:
+                    atomic.prune(root, int(keep_last), protect=final)
+            except OSError as err:
+                raise CheckpointError(f"committing the checkpoint failed ({err})", final) from None
+
+
+def _manifest(everyone: list[dict], layout: Layout, step: int, extra: Any, optimizer: Any) -> dict[str, Any]:
+    """The manifest of the checkpoint the ranks' records describe (see ``manifest.py``)."""
     import minidist  # noqa: PLC0415  (the version, without an import cycle at module load)
 
     files, tensors = {}, {}
@@ -291,8 +312,9 @@ def _manifest(everyone: list[dict], layout: Layout, step: int, extra: Any, heade
             t["shards"].append({"file": w["file"], "tp_rank": e["tp_rank"], "shape": e["shape"]})
     for t in tensors.values():
         t["shards"].sort(key=lambda s: -1 if s["tp_rank"] is None else s["tp_rank"])
-    if header is not None:
-        header = dict(header, scalars={})
+    header = None
+    if optimizer is not None:
+        header = dict(optim_state.header(optimizer), scalars={})
         for r in everyone:
             header["scalars"].update(r["scalars"])
     return {
