@@ -1,6 +1,7 @@
 """Train an MLP data-parallel on handwritten digits: ``mpirun -n 8 python examples/train_mlp.py``.
 
-Read it top to bottom: arguments -> data -> model -> resume -> training loop (checkpoints) -> evaluation.
+Read it top to bottom: arguments (parsed and checked in train_mlp_args.py, next to this file) -> data ->
+model -> resume -> training loop (checkpoints) -> evaluation.
 Every rank runs this same file (SPMD). The ranks form a dp x tp x pp mesh (ProcessMesh; by default
 dp = all ranks). Each global batch of ``--batch-size`` samples is split across the dp replicas;
 DistributedDataParallel averages the gradients over them. With ``--tp N`` each replica's layers are
@@ -42,6 +43,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+from train_mlp_args import build_mesh, check_batch_args, check_pipeline_args, parse_args  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -51,126 +53,6 @@ from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--epochs", type=int, default=30, help="passes over the training set")
-    p.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch size, split across all ranks")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden layer widths")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
-    p.add_argument("--dataset", choices=["digits", "mnist"], default="digits", help="bundled digits or MNIST")
-    p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (for --dataset mnist)")
-    # --- the process mesh: world size = dp * tp * pp
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per layer (Megatron-LM)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (layers cut into consecutive runs)")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
-    # (None = not given: with --pp 1 there is no pipeline, so giving these is an error, not ignored)
-    p.add_argument("--microbatches", type=int, default=None, help="with --pp: per replica's batch [4]")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], help="with --pp [1f1b]")
-    p.add_argument(
-        "--virtual-stages", type=int, default=None,
-        help="with --schedule interleaved: model chunks per rank [1] (--microbatches a multiple of --pp)",
-    )  # fmt: skip
-    # --- how DDP communicates (the result is the same for every choice, up to float rounding)
-    p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
-    p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per global batch (no_sync)")
-    p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Perfetto/Chrome timeline")
-    p.add_argument(
-        "--zero", type=int, choices=[0, 1, 2], default=0,
-        help="ZeRO stage: 1 shards optimizer state, 2 also gradients (replaces DDP's gradient averaging)",
-    )  # fmt: skip
-    p.add_argument("--recompute", action="store_true", help="recompute hidden activations in backward")
-    # --- checkpoints (minidist.checkpoint): sharded, atomic, loadable on another mesh
-    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (and at the end of the run)")
-    p.add_argument(
-        "--checkpoint-every", type=int, default=0, metavar="N", help="save every N steps (0: at the end)"
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
-    )
-    p.add_argument(
-        "--max-steps", type=int, default=None, help="stop after this many steps in all (resume later)"
-    )
-    args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
-        p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
-    if args.bucket_cap_mb <= 0:
-        p.error("--bucket-cap-mb must be > 0")
-    if args.data_dir is not None and args.dataset != "mnist":
-        p.error("--data-dir is only read with --dataset mnist (the digits are bundled); add --dataset mnist")
-    pipeline_flags = {"--microbatches": args.microbatches, "--schedule": args.schedule,
-                      "--virtual-stages": args.virtual_stages}  # fmt: skip
-    if args.pp == 1 and any(v is not None for v in pipeline_flags.values()):
-        given = ", ".join(name for name, v in pipeline_flags.items() if v is not None)
-        p.error(f"{given} only mean something with pipeline stages: add --pp N (N >= 2) or drop them")
-    args.microbatches = 4 if args.microbatches is None else args.microbatches
-    args.schedule = args.schedule or "1f1b"
-    args.virtual_stages = 1 if args.virtual_stages is None else args.virtual_stages
-    if args.tp < 1 or args.pp < 1 or (args.dp is not None and args.dp < 1) or args.microbatches < 1:
-        p.error("--tp, --pp, --dp and --microbatches must be >= 1")
-    if args.checkpoint_every < 0 or (args.max_steps is not None and args.max_steps < 1):
-        p.error("--checkpoint-every must be >= 0 and --max-steps >= 1")
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
-        p.error("--resume and --checkpoint-every need --checkpoint-dir DIR")
-    return args
-
-
-def build_mesh(args: argparse.Namespace, world: dist.Communicator) -> ProcessMesh:
-    """The dp x tp x pp mesh; dp defaults to world / (tp * pp). Same error on every rank if impossible."""
-    dp = args.dp
-    if dp is None:
-        if world.size % (args.tp * args.pp):
-            raise ValueError(
-                f"--tp {args.tp} x --pp {args.pp} = {args.tp * args.pp} does not divide the {world.size} "
-                f"ranks; launch a multiple of {args.tp * args.pp} ranks"
-            )
-        dp = world.size // (args.tp * args.pp)
-    return ProcessMesh(dp=dp, tp=args.tp, pp=args.pp, comm=world)
-
-
-def check_pipeline_args(args: argparse.Namespace, dp: int) -> None:
-    """With --pp > 1: the flags that do not combine with a pipeline, and the batch split. The checks use
-    only the command line, which every rank has, so every rank raises the same ValueError."""
-    incompatible = [
-        f"--{name} {value}" if value is not True else f"--{name}"
-        for name, value, default in [
-            ("zero", args.zero, 0),  # ZeRO would average gradients a second time, equally weighted
-            ("grad-accum", args.grad_accum, 1),  # a pipeline already accumulates over its microbatches
-            ("no-overlap", args.no_overlap, False),  # DDP options: a pipeline does not use DDP
-            ("bucket-cap-mb", args.bucket_cap_mb, 25),
-            # the stages run their layers themselves, so MLP's block-by-block recomputation never runs
-            ("recompute", args.recompute, False),
-        ]
-        if value != default
-    ]
-    if incompatible:
-        raise ValueError(
-            f"--pp {args.pp} cannot be combined with {', '.join(incompatible)}: a pipeline accumulates "
-            "gradients over --microbatches and averages them over its dp group itself, without DDP or "
-            "ZeRO, and runs each stage's layers without recomputation; drop those flags (use "
-            "--microbatches instead of --grad-accum)"
-        )
-    n_layers = 2 * len(args.hidden) + 1  # Linear, ReLU, ..., Linear
-    if n_layers < args.pp:
-        raise ValueError(
-            f"--pp {args.pp} needs at least {args.pp} layers, but --hidden {' '.join(map(str, args.hidden))} "
-            f"gives an MLP of {n_layers} (Linear/ReLU); use fewer stages or more hidden layers"
-        )
-    shares = [len(part) for part in np.array_split(np.arange(args.batch_size), dp)]
-    if any(share % args.microbatches for share in shares):
-        step = dp * args.microbatches
-        raise ValueError(
-            f"--batch-size {args.batch_size} on {dp} data-parallel replicas gives shares "
-            f"{sorted(set(shares))}, not all divisible by --microbatches {args.microbatches}; use a "
-            f"--batch-size that is a multiple of dp x microbatches = {step} (e.g. "
-            f"{max(step, args.batch_size // step * step)}) or other --microbatches"
-        )
 
 
 def predict_dense(model: nn.Module, x: np.ndarray) -> np.ndarray:
@@ -196,7 +78,7 @@ def evaluate(predict: Callable[[np.ndarray], Any], x: np.ndarray, y: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> float:
-    args = parse_args(argv)
+    args = parse_args(argv, description=__doc__.splitlines()[0])  # parsing and checks: train_mlp_args.py
     world = dist.init()
     rank = world.rank
     mesh = build_mesh(args, world)
@@ -214,16 +96,7 @@ def main(argv: list[str] | None = None) -> float:
         num_replicas=mesh.dp, rank=mesh.dp_rank,
     )  # fmt: skip
     loader = DataLoader((x_train, y_train), batch_size=sampler.local_batch_size, sampler=sampler)
-    if args.batch_size > len(x_train):
-        raise ValueError(
-            f"--batch-size {args.batch_size} is larger than the training set ({len(x_train)} samples), "
-            "so an epoch would have no full batch; use a smaller global batch"
-        )
-    if args.grad_accum > args.batch_size // dp_size:
-        raise ValueError(
-            f"--grad-accum {args.grad_accum} needs that many samples per rank in each global batch, but "
-            f"{args.batch_size} samples on {dp_size} replicas give some rank {args.batch_size // dp_size}"
-        )
+    check_batch_args(args, len(x_train), dp_size)
 
     # --- model: same seed on every rank; DDP broadcasts rank 0's weights anyway. With --tp, every rank
     # draws the full weights and keeps its slice, so tp=N starts from the same model as tp=1.

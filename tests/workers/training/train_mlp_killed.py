@@ -21,6 +21,7 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_mlp.py"
 
 
 def load_example():
+    sys.path.insert(0, str(EXAMPLE.parent))  # as `python examples/train_mlp.py` would: for train_mlp_args
     spec = importlib.util.spec_from_file_location("train_mlp", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
