@@ -1,4 +1,4 @@
-"""The README's first command: examples/train_mlp.py on real MPI ranks.
+"""The README's example with every option: examples/train_mlp.py on real MPI ranks.
 
 The checkpoint tests at the end stop a run with ``--max-steps`` (or SIGKILL one rank through
 ``tests/workers/training/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
