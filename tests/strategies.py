@@ -8,6 +8,11 @@ example reproducible from hypothesis' report.
 
 Every value strategy is float64 and bounded, so that finite differences stay accurate
 (see ``tests/test_gradcheck.py``).
+
+The last section holds the configurations of the distributed tests: world sizes, dp x tp x pp meshes,
+pipeline schedules with their stages, microbatches and virtual stages, optimizers. The tests that run in
+this process draw them (schedules as data, mesh arithmetic, checkpoint layouts); the tests that launch
+MPI ranks use the tuples, since every case there costs a launch.
 """
 
 from __future__ import annotations
@@ -194,3 +199,49 @@ def shape_and_array(draw, values=arrays, min_dims: int = 1, max_dims: int = MAX_
     """A shape and an array of it, the values drawn with ``values(shape)``."""
     shape = draw(shapes(min_dims, max_dims))
     return draw(values(shape))
+
+
+# ------------------------------------------------------------------------ distributed configurations
+MAX_WORLD_SIZE = 8  # the most ranks a test launches (on 2 cores: oversubscribed, but still quick)
+OPTIMIZERS = ("sgd", "adamw")  # SGD with momentum and AdamW: one and two state tensors per parameter
+TP_SIZES = (1, 2, 4)  # tensor-parallel sizes that divide the test models' widths
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # the schedules for any p and m (interleaved needs m = k * p)
+BACKWARD_TIME_RATIOS = (0.5, 1.0, 2.0, 3.0)  # a backward's time over a forward's, for the simulator
+
+optimizers = st.sampled_from(OPTIMIZERS)
+tp_sizes = st.sampled_from(TP_SIZES)
+schedule_names = st.sampled_from(PIPELINE_SCHEDULES)
+backward_time_ratios = st.sampled_from(BACKWARD_TIME_RATIOS)
+
+
+def world_sizes(max_size: int = MAX_WORLD_SIZE, min_size: int = 1):
+    """A number of ranks (a world size, a data-parallel replica count)."""
+    return st.integers(min_size, max_size)
+
+
+def pipeline_stages(min_stages: int = 1, max_stages: int = 8):
+    """A number of pipeline stages p."""
+    return st.integers(min_stages, max_stages)
+
+
+def microbatches(min_count: int = 1, max_count: int = 20):
+    """A number of microbatches m per step (m < p included: a pipeline that never fills)."""
+    return st.integers(min_count, max_count)
+
+
+@st.composite
+def meshes(draw, max_dp: int = 4, max_tp: int = 4, max_pp: int = 4, min_pp: int = 1):
+    """A process mesh ``(dp, tp, pp)``: data-, tensor- and pipeline-parallel sizes."""
+    return draw(st.integers(1, max_dp)), draw(st.integers(1, max_tp)), draw(st.integers(min_pp, max_pp))
+
+
+@st.composite
+def interleaved_configs(
+    draw, min_stages: int = 1, max_stages: int = 8, max_chunks: int = 5, max_rounds: int = 5
+):
+    """``(p, m, v)`` for the interleaved schedule: p stages of v chunks each (virtual stages), and
+    m = k * p microbatches, a multiple of p as the schedule requires (k rounds of p)."""
+    p = draw(pipeline_stages(min_stages, max_stages))
+    v = draw(st.integers(1, max_chunks))
+    k = draw(st.integers(1, max_rounds))
+    return p, k * p, v

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import safetensors.numpy
+import strategies as S
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -49,7 +50,7 @@ def params(model) -> dict[str, np.ndarray]:
     return {n: p.data.copy() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("optimizer", S.OPTIMIZERS)
 def test_resume_is_bit_exact(tmp_path, optimizer):
     # Dropout makes the generator state matter: it must be restored for the masks to match.
     model, opt = make(dropout=0.3, optimizer=optimizer)
@@ -228,13 +229,14 @@ def test_sampler_state_roundtrip(tmp_path):
 
 # -- the layout logic of the multi-rank cases ------------------------------------------------------
 @given(
-    dp=st.integers(1, 4), tp=st.integers(1, 3), sizes=st.lists(st.integers(1, 100), min_size=1, max_size=8)
+    mesh=S.meshes(max_tp=3, min_pp=2, max_pp=2), sizes=st.lists(st.integers(1, 100), min_size=1, max_size=8)
 )
-def test_every_shard_written_once_by_a_holder(dp, tp, sizes):
+def test_every_shard_written_once_by_a_holder(mesh, sizes):
+    dp, tp, pp = mesh
     items = [(f"t{i}", n, None if i % 2 else 0) for i, n in enumerate(sizes)]
     expected = {(k, None) if d is None else (k, t) for k, _, d in items for t in range(tp)}
-    for pp_rank in range(2):
-        writers = assign_writers(items, Layout(0, dp * tp * 2, dp, tp, 2, 0, 0, pp_rank))
+    for pp_rank in range(pp):
+        writers = assign_writers(items, Layout(0, dp * tp * pp, dp, tp, pp, 0, 0, pp_rank))
         assert set(writers) == expected
         for (_key, t), rank in writers.items():
             assert rank // (dp * tp) == pp_rank  # a rank of this stage
@@ -248,9 +250,7 @@ def test_every_shard_written_once_by_a_holder(dp, tp, sizes):
         ) + max(sizes)
 
 
-@given(
-    old_tp=st.sampled_from([1, 2, 4]), new_tp=st.sampled_from([1, 2, 4]), dims=st.sampled_from([0, 1, None])
-)
+@given(old_tp=S.tp_sizes, new_tp=S.tp_sizes, dims=st.sampled_from([0, 1, None]))
 def test_reshard_slices_the_global_tensor(old_tp, new_tp, dims):
     full = np.arange(8 * 4, dtype=np.float64).reshape(8, 4)
     old_dim = 0

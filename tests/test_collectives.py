@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import strategies as S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_utils import run_mpi
@@ -51,7 +52,7 @@ def cases(draw, world_size: int) -> dict:
         "op": draw(st.sampled_from(ops)),
         "group": draw(st.sampled_from(["world", "parity"] if world_size > 1 else ["world"])),
         "src": draw(st.integers(0, world_size - 1)),
-        "seed": draw(st.integers(0, 2**32 - 1)),
+        "seed": draw(S.seeds),
     }
 
 
@@ -88,7 +89,7 @@ def run_batch(world_size: int, batch: list[dict]) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("world_size", range(1, 9))
+@pytest.mark.parametrize("world_size", range(1, S.MAX_WORLD_SIZE + 1))
 @settings(max_examples=EXAMPLES_PER_WORLD_SIZE)
 @given(data=st.data())
 def test_collectives_match_numpy(world_size, data):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -302,8 +303,8 @@ def _reference_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.n
 sampler_configs = st.fixed_dictionaries(
     {
         "n": st.integers(0, 120),
-        "num_replicas": st.integers(1, 8),
-        "seed": st.integers(0, 2**32 - 1),
+        "num_replicas": S.world_sizes(),
+        "seed": S.seeds,
         "epoch": st.integers(0, 1000),
         "shuffle": st.booleans(),
         "drop_last": st.booleans(),

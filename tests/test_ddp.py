@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,10 +108,10 @@ def test_ddp_matches_single_process_in_float32(tmp_path):
 @pytest.mark.mpi
 @settings(max_examples=3)
 @given(
-    world_size=st.integers(1, 5),
+    world_size=S.world_sizes(max_size=5),
     batch=st.integers(5, 20),
     seed=st.integers(0, 1000),
-    opt_name=st.sampled_from(["sgd", "adamw"]),
+    opt_name=S.optimizers,
 )
 def test_ddp_equivalence_property(tmp_path_factory, world_size, batch, seed, opt_name):
     tmp_path = tmp_path_factory.mktemp("ddp")

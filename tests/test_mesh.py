@@ -6,16 +6,17 @@ import json
 
 import numpy as np
 import pytest
+import strategies as S
 from hypothesis import given
-from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
 from minidist.parallel import ProcessMesh
 from minidist.parallel.mesh import draw_grid, mesh_coords, mesh_rank
 
 
-@given(dp=st.integers(1, 4), tp=st.integers(1, 4), pp=st.integers(1, 4))
-def test_coords_and_rank_are_inverse_and_tp_varies_fastest(dp, tp, pp):
+@given(S.meshes())
+def test_coords_and_rank_are_inverse_and_tp_varies_fastest(mesh):
+    dp, tp, pp = mesh
     ranks = [mesh_rank(d, t, p, dp, tp) for p in range(pp) for d in range(dp) for t in range(tp)]
     assert ranks == list(range(dp * tp * pp))  # tp innermost, then dp, then pp outermost
     for rank in ranks:

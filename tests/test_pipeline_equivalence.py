@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import pp_common  # noqa: E402
@@ -66,7 +67,7 @@ def run_configs(tmp_path, world_size, configs):
 
 def configs(pp, dp, ms, seed=0, opt="sgd", **extra):
     return [dict(pp=pp, dp=dp, m=m, schedule=s, steps=STEPS, seed=seed, opt=opt, **extra)
-            for m in ms for s in ("gpipe", "1f1b")]  # fmt: skip
+            for m in ms for s in S.PIPELINE_SCHEDULES]  # fmt: skip
 
 
 def test_two_stages_equal_one_process(tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 from hypothesis import given
-from hypothesis import strategies as st
 
 import minidist as md
 import minidist.distributed as dist
@@ -37,12 +37,8 @@ from minidist.parallel.pipeline.schedules import BACKWARD, FORWARD, RECV_ACT, SE
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import pp_common  # noqa: E402
 
-configs = st.tuples(st.integers(1, 8), st.integers(1, 5), st.integers(1, 5)).map(
-    lambda c: (c[0], c[0] * c[2], c[1])  # (p, m, v) with m a multiple of p
-)
 
-
-@given(configs, st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+@given(S.interleaved_configs(), S.backward_time_ratios)
 def test_bubble_is_p_minus_1_over_v_m_and_nothing_deadlocks(config, tb):
     p, m, v = config
     # a stage's forward takes 1 and its backward tb; each of its v chunks takes 1/v of that
@@ -53,7 +49,7 @@ def test_bubble_is_p_minus_1_over_v_m_and_nothing_deadlocks(config, tb):
         assert timeline.bubble_overhead() < simulate(one_f_one_b(p, m), 1.0, tb).bubble_overhead()
 
 
-@given(configs)
+@given(S.interleaved_configs())
 def test_every_microbatch_runs_forward_then_backward_once_on_every_chunk(config):
     p, m, v = config
     schedule = make_schedule("interleaved", p, m, virtual_stages=v)
@@ -75,9 +71,10 @@ def test_every_microbatch_runs_forward_then_backward_once_on_every_chunk(config)
             assert forwards == list(range(v)) and backwards == list(reversed(range(v)))
 
 
-@given(st.integers(2, 6), st.integers(1, 4), st.integers(1, 4))
-def test_chunks_hand_over_round_the_ring(p, v, k):
-    schedule = interleaved(p, k * p, v)
+@given(S.interleaved_configs(min_stages=2, max_stages=6, max_chunks=4, max_rounds=4))
+def test_chunks_hand_over_round_the_ring(config):
+    p, m, v = config
+    schedule = interleaved(p, m, v)
     sends = [i for step in schedule.stages[p - 1] for i in parts(step) if i.kind == SEND_ACT]
     # the last stage's chunk c feeds chunk c+1 on stage 0; only its last chunk sends nothing forward
     assert {i.chunk for i in sends} == set(range(v - 1))

@@ -6,8 +6,8 @@ Hypothesis draws the number of stages p and of microbatches m (m < p included).
 from __future__ import annotations
 
 import pytest
+import strategies as S
 from hypothesis import given
-from hypothesis import strategies as st
 
 from minidist.parallel.pipeline import (
     Exchange,
@@ -33,10 +33,6 @@ from minidist.parallel.pipeline.schedules import (
     parts,
 )
 
-stages = st.integers(1, 8)
-microbatches = st.integers(1, 20)
-names = st.sampled_from(["gpipe", "1f1b"])
-
 
 def instructions(schedule: Schedule, stage: int) -> list[Instruction]:
     return [ins for step in schedule.stages[stage] for ins in parts(step)]
@@ -46,7 +42,7 @@ def microbatches_of(schedule: Schedule, stage: int, kind: str) -> list[int]:
     return [ins.microbatch for ins in instructions(schedule, stage) if ins.kind == kind]
 
 
-@given(names, stages, microbatches)
+@given(S.schedule_names, S.pipeline_stages(), S.microbatches())
 def test_every_microbatch_runs_forward_then_backward_once_per_stage(name, p, m):
     schedule = make_schedule(name, p, m)
     for s in range(p):
@@ -58,7 +54,7 @@ def test_every_microbatch_runs_forward_then_backward_once_per_stage(name, p, m):
             assert order.index((FORWARD, i)) < order.index((BACKWARD, i))
 
 
-@given(names, stages, microbatches)
+@given(S.schedule_names, S.pipeline_stages(), S.microbatches())
 def test_sends_match_the_neighbours_receives_in_order(name, p, m):
     schedule = make_schedule(name, p, m)
     for s in range(p):
@@ -86,14 +82,14 @@ def test_sends_match_the_neighbours_receives_in_order(name, p, m):
             done.add((i.kind, i.microbatch))
 
 
-@given(stages, microbatches)
+@given(S.pipeline_stages(), S.microbatches())
 def test_1f1b_holds_at_most_p_microbatches_and_gpipe_holds_m(p, m):
     assert peak_activations(one_f_one_b(p, m)) == [min(p - s, m) for s in range(p)]
     assert max(peak_activations(one_f_one_b(p, m))) <= p
     assert peak_activations(gpipe(p, m)) == [m] * p
 
 
-@given(names, stages, microbatches, st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+@given(S.schedule_names, S.pipeline_stages(), S.microbatches(), S.backward_time_ratios)
 def test_bubble_fraction_of_the_simulated_schedule_is_p_minus_1_over_m_plus_p_minus_1(name, p, m, tb):
     timeline = simulate(make_schedule(name, p, m), forward_time=1.0, backward_time=tb)  # also: no deadlock
     assert timeline.bubble_fraction() == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
@@ -107,7 +103,7 @@ def without_exchanges(schedule: Schedule) -> Schedule:
     return Schedule(schedule.name + " unfused", schedule.num_stages, schedule.num_microbatches, split)
 
 
-@given(st.integers(2, 8), st.integers(2, 20))
+@given(S.pipeline_stages(min_stages=2), S.microbatches(min_count=2))
 def test_1f1b_needs_its_exchanges_to_avoid_deadlock(p, m):
     """Rule 2 of schedules.py is necessary: with plain blocking send-then-receive, neighbours wait for
     each other in the steady state (stage s sends an activation while s+1 sends a gradient)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,7 +68,7 @@ def assemble(shards: list[np.ndarray], axis: int | None) -> np.ndarray:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", S.TP_SIZES)
 @settings(max_examples=2)
 @given(data=st.data())
 def test_layers_equal_the_dense_layer(tp, data):

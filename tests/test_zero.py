@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import strategies as S
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import zero_common as zc  # noqa: E402
@@ -161,7 +162,7 @@ def test_memory_report_matches_the_zero_paper_formulas(zero_run, stage, opt):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt", S.OPTIMIZERS)
 def test_optimizer_state_per_rank_is_one_nth_of_plain(zero_run, opt):
     n, load = zero_run
     plain = plain_state_bytes(opt)
