@@ -3,17 +3,19 @@
 Reading order: ``partition.py`` (cutting the model into stages) -> ``schedules.py`` (GPipe and 1F1B as
 plain lists of instructions per stage, and why they cannot deadlock) -> ``simulate.py`` (running a
 schedule on paper: timeline, bubble, deadlock check) -> ``interleaved.py`` (v model chunks per stage)
--> ``gantt.py`` (text grid and matplotlib chart) -> ``executor.py`` (running one stage's instructions
-over MPI send/recv) -> ``interleaved_executor.py`` (the interleaved schedule over non-blocking
-messages) -> ``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data
-parallelism over a dp group; ``groups.py`` resolves its groups and agrees on errors) ->
-``inference.py`` (forward-only passes for ``PipelineParallel.predict``).
+-> ``gantt.py`` (text grid and matplotlib chart) -> ``messages.py`` (what stages send each other: a
+shape header, then activations and gradients, on known tags) -> ``executor.py`` (``StageExecutor``:
+one rank's instructions for any schedule; GPipe/1F1B messages as blocking send/recv) ->
+``batched_messaging.py`` (the interleaved schedule's messages, as non-blocking batches) ->
+``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data parallelism over a
+dp group; ``groups.py`` resolves its groups and agrees on errors) -> ``inference.py`` (forward-only
+passes for ``PipelineParallel.predict``).
 """
 
-from minidist.parallel.pipeline.executor import StageExecutor, StepStats
+from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
+from minidist.parallel.pipeline.executor import BlockingMessaging, StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
 from minidist.parallel.pipeline.interleaved import interleaved
-from minidist.parallel.pipeline.interleaved_executor import InterleavedExecutor
 from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
@@ -32,9 +34,10 @@ from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, Timeline,
 __all__ = [
     "SCHEDULES",
     "Batch",
+    "BatchedMessaging",
+    "BlockingMessaging",
     "Exchange",
     "Instruction",
-    "InterleavedExecutor",
     "PipelineChunks",
     "PipelineParallel",
     "PipelineStage",

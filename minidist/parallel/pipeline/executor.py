@@ -1,35 +1,31 @@
-"""Run one stage's schedule over MPI point-to-point messages along the pipeline group.
+"""Run one rank's program of a pipeline schedule: the computation here, the messages through a strategy.
 
-Rank s of the pipeline group runs stage s's program from ``schedules.py`` step by step:
+Rank s of the pipeline group holds ``v`` model chunks (one for GPipe and 1F1B); chunk k is *virtual
+stage* ``g = k * p + s`` of the ``p * v`` pieces of the model (``interleaved.py``). It runs its program
+from the schedule step by step, keyed by ``(microbatch i, chunk c)``:
 
-* ``forward i``: run the stage on microbatch i's input (stage 0: the data; others: the received
+* ``forward``: run chunk c on microbatch i's input (virtual stage 0: the data; the others: the received
   activation, a leaf tensor that requires grad so that backward produces the gradient to send back).
-  The last stage also applies the loss.
-* ``backward i``: the last stage calls ``(loss_i / m).backward()``; the others call
-  ``output_i.backward(grad_i)`` with the gradient received from stage s+1. Parameter gradients
+  The last virtual stage also applies the loss.
+* ``backward``: the last virtual stage calls ``(loss_i / m).backward()``; the others call
+  ``output.backward(grad)`` with the gradient received from the next virtual stage. Parameter gradients
   accumulate over the microbatches, so after the last backward they are the gradient of the mean loss.
-* ``send_act``/``recv_act``/``send_grad``/``recv_grad``: blocking ``Communicator.send``/``recv`` to
-  s+1 / s-1 (length-checked, under the ``MINIDIST_TIMEOUT`` watchdog); an ``Exchange`` is one
-  ``Communicator.sendrecv``. Why this order cannot deadlock is explained in ``schedules.py``.
+* a message step (``send_act``, ``recv_grad``, ..., an ``Exchange`` or a ``Batch``): handed to the
+  messaging strategy, which moves the arrays (header and tags: ``messages.py``) and hands back what
+  it receives (:meth:`StageExecutor.received`): :class:`BlockingMessaging` (GPipe, 1F1B: blocking
+  send/recv, an Exchange as one sendrecv) or ``BatchedMessaging`` (interleaved: a Batch of
+  non-blocking messages; ``batched_messaging.py``). With ``p = 1`` all chunks are on one rank and
+  activations and gradients are handed over in memory.
 
-**Shapes.** A receiver must preallocate its buffer, but only the sender knows the shape of what it
-sends (it depends on the batch). The first activation of every step is preceded by a small header
-(int64: dtype code, number of axes, the axes); all microbatches of a step have that shape, and the
-gradients coming back have the shape of the activation they belong to, which the receiving stage
-produced itself. The header costs one tiny message per stage boundary and step, and lets the batch
-size change between steps. (Both schedules begin every stage's traffic with a plain ``recv_act 0``
-/ ``send_act 0``, never an Exchange, so the header travels alone, in the same direction.)
+**A failing loss.** Only the last virtual stage calls ``loss_fn``, in the middle of the schedule, while
+the other ranks wait for its gradients. If ``loss_fn`` raises or returns something that is not a
+one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
+computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
+reports the error on every rank (the step's gradients are incomplete and must be discarded).
 
-**A failing loss.** Only the last stage calls ``loss_fn``, in the middle of the schedule, while the
-other stages wait for its gradients. If ``loss_fn`` raises or returns something that is not a
-one-element Tensor, the last stage keeps the error in ``error`` and plays the rest of its program
-without computing (sending zero gradients), so every stage finishes the step; ``PipelineParallel``
-then reports the error on every rank (the step's gradients are incomplete and must be discarded).
-
-**Bookkeeping.** ``stats`` of the last step: busy (forward + backward) time, and the most microbatches
-whose activations this stage held at once. With ``minidist.trace`` enabled each computation and each
-message wait is a span (categories ``"forward"``, ``"backward"``, ``trace.WAIT``), so the timeline
-shows the bubble.
+**Bookkeeping.** ``stats``: the last step's busy (forward + backward) time and the most microbatches
+whose activations this rank held at once. With ``minidist.trace`` on, each computation and message
+wait is a span (``"forward"``, ``"backward"``, ``trace.WAIT``): the timeline shows the bubble.
 """
 
 from __future__ import annotations
@@ -39,26 +35,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from minidist import backend, trace
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
+from minidist.parallel.pipeline import messages
+from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
     RECV_ACT,
+    RECV_GRAD,
     SEND_ACT,
     SEND_GRAD,
     Exchange,
     Instruction,
+    Schedule,
     Step,
 )
-
-TAG_HEADER, TAG_ACT, TAG_GRAD = 1, 2, 3
-_DTYPES = ("float16", "float32", "float64")
-_MAX_DIMS = 8
 
 
 @dataclass
@@ -81,130 +75,195 @@ class StepStats:
 
 
 class StageExecutor:
-    """Runs ``program`` (one stage's list of steps) for stage ``group.rank`` of ``group.size``."""
+    """Runs rank ``group.rank``'s program of ``schedule`` on its model ``chunks`` (module docstring).
 
-    def __init__(self, module: Module, group: Communicator, program: Sequence[Step], num_microbatches: int):
-        self.module, self.group, self.program = module, group, tuple(program)
-        self.m = num_microbatches
-        self.stage, self.num_stages = group.rank, group.size
+    ``chunks[k]`` is virtual stage ``k * p + rank``; ``len(chunks)`` must be ``schedule.virtual_stages``.
+    ``messaging``: a strategy class, called once with this executor; its ``start_step()`` runs first in
+    each step, its ``run(step)`` for each message step. Default: :class:`BatchedMessaging` for the
+    interleaved schedule, :class:`BlockingMessaging` for the others.
+    Raises ``ValueError`` if the chunks or the group size do not fit the schedule.
+    """
+
+    def __init__(
+        self, chunks: Sequence[Module], group: Communicator, schedule: Schedule, messaging: Any = None
+    ) -> None:
+        self.chunks, self.group, self.schedule = tuple(chunks), group, schedule
+        self.stage, self.p = group.rank, group.size
+        self.v, self.m = schedule.virtual_stages, schedule.num_microbatches
+        if len(self.chunks) != self.v or schedule.num_stages != self.p:
+            raise ValueError(
+                f"rank {self.stage} holds {len(self.chunks)} chunks of a {self.p}-rank group, but the "
+                f"schedule is for {schedule.num_stages} stages x {self.v} chunks"
+            )
+        self.program = schedule.stages[self.stage]
+        self.last = self.p * self.v - 1  # the last virtual stage (on rank p - 1)
+        if messaging is None:
+            messaging = BatchedMessaging if schedule.name == "interleaved" else BlockingMessaging
+        self.messaging = messaging(self)
         self.stats = StepStats()
-        self.error: Exception | None = None  # of the last step's loss_fn (last stage; module docstring)
+        self.error: Exception | None = None  # of the last step's loss_fn (rank p-1; module docstring)
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
-        """Run one step; return the sum over microbatches of ``loss_i / m`` (last stage) or nan (others).
+        """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
 
-        ``inputs`` (stage 0) and ``targets`` (last stage) hold one entry per microbatch. If ``loss_fn``
+        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If ``loss_fn``
         fails or does not return a one-element Tensor, the step still runs to the end and ``error``
         holds a ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
         """
         self.error = None
-        self._inputs: dict[int, Tensor] = {}  # microbatch -> this stage's input (received activation)
-        self._outputs: dict[int, Tensor] = {}  # microbatch -> output (loss on the last stage)
-        self._grads: dict[int, Any] = {}  # microbatch -> gradient received for the output
-        self._act_shape: tuple[tuple[int, ...], Any] | None = None  # set by the header
-        self._header_sent = False
+        self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
+        self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
+        self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
         self._data, self._targets, self._loss_fn = inputs, targets, loss_fn
         self.stats, self._live, self._loss = StepStats(), 0, 0.0
-        # BEGIN SOLUTION A5.2: run each step: Exchange, forward, backward, blocking send or receive
+        self.messaging.start_step()
         for step in self.program:
-            if isinstance(step, Exchange):
-                self._exchange(step)
-            elif step.kind == FORWARD:
-                self._forward(step.microbatch)
-            elif step.kind == BACKWARD:
-                self._backward(step.microbatch)
-            elif step.kind in (SEND_ACT, SEND_GRAD):
-                array = self._outgoing(step)
-                with trace.span(str(step), trace.WAIT):
-                    self.group.send(array, self._peer(step), tag=_tag(step))
+            if isinstance(step, Instruction) and step.kind == FORWARD:
+                self._forward(step.microbatch, step.chunk)
+            elif isinstance(step, Instruction) and step.kind == BACKWARD:
+                self._backward(step.microbatch, step.chunk)
             else:
-                buffer = self._incoming(step)
-                with trace.span(str(step), trace.WAIT):
-                    self.group.recv(buffer, self._peer(step), tag=_tag(step))
-                self._received(step, buffer)
-        # END SOLUTION
+                self.messaging.run(step)
         self._data = self._targets = None  # drop references to the batch
-        return self._loss if self.stage == self.num_stages - 1 and self.error is None else float("nan")
+        return self._loss if self.stage == self.p - 1 and self.error is None else float("nan")
 
     # -- computation -----------------------------------------------------------------------------
-    def _forward(self, i: int) -> None:
-        x = self._data[i] if self.stage == 0 else self._inputs[i]
-        last = self.stage == self.num_stages - 1
+    def _forward(self, i: int, c: int) -> None:
+        g = c * self.p + self.stage
+        x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
-        with trace.span(f"forward {i}", "forward"):
-            out = None if last and self.error else self.module(x)  # after a failed loss: nothing to do
-            if last and self.error is None:
+        with trace.span(_name(FORWARD, i, c), FORWARD):
+            out = None if g == self.last and self.error else self.chunks[c](x)  # failed loss: skip
+            if g == self.last and self.error is None:
                 out, self.error = apply_loss(self._loss_fn, out, self._targets[i], i)
         self.stats.busy_s += time.perf_counter() - start
-        self._outputs[i] = out
+        self._outputs[(i, c)] = out
         self._live += 1
         self.stats.peak_activations = max(self.stats.peak_activations, self._live)
+        if self.p == 1 and g < self.last:  # the next chunk is on this rank: hand over in memory
+            self._inputs[(i, c + 1)] = Tensor(out.data, requires_grad=True)
 
-    def _backward(self, i: int) -> None:
-        out = self._outputs.pop(i)
+    def _backward(self, i: int, c: int) -> None:
+        g = c * self.p + self.stage
+        out = self._outputs.pop((i, c))
         start = time.perf_counter()
-        with trace.span(f"backward {i}", "backward"):
-            if self.stage == self.num_stages - 1:
+        with trace.span(_name(BACKWARD, i, c), BACKWARD):
+            if g == self.last:
                 if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
                     # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
                     self._loss += out.item() / self.m
                     if out.requires_grad:
                         (out * (1.0 / self.m)).backward()
-            elif out.requires_grad:  # a parameter-free first stage has nothing to differentiate
-                out.backward(self._grads.pop(i))
+            else:
+                grad = self._grads.pop((i, c))
+                if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
+                    out.backward(grad)
         self.stats.busy_s += time.perf_counter() - start
         self._live -= 1
-        if self.stage == 0:
-            self._inputs.pop(i, None)
+        if self.p == 1 and g > 0:
+            self._grads[(i, c - 1)] = self._input_grad(i, c)
 
-    # -- messages --------------------------------------------------------------------------------
-    def _peer(self, ins: Instruction) -> int:
-        return self.stage + ins.peer_offset()
+    def _input_grad(self, i: int, c: int) -> Any:
+        inp = self._inputs.pop((i, c))
+        return inp.grad if inp.grad is not None else backend.xp().zeros_like(inp.data)
 
-    def _outgoing(self, ins: Instruction) -> Any:
-        """The array a send instruction sends (sending the header first for the step's first activation)."""
-        if ins.kind == SEND_ACT:
-            array = backend.xp().ascontiguousarray(self._outputs[ins.microbatch].data)
-            if not self._header_sent:
-                self.group.send(_header(array), self._peer(ins), tag=TAG_HEADER)
-                self._header_sent = True
-            return array
-        inp = self._inputs.pop(ins.microbatch)
-        grad = inp.grad if inp.grad is not None else backend.xp().zeros_like(inp.data)
-        return backend.xp().ascontiguousarray(grad)
+    # -- what the messaging strategies use ---------------------------------------------------------
+    def peer(self, ins: Instruction) -> int:
+        """The rank that message ``ins`` goes to or comes from."""
+        return self.schedule.peer(self.stage, ins)[0]
 
-    def _incoming(self, ins: Instruction) -> Any:
-        """A fresh buffer for a receive instruction (receiving the header first if the shape is unknown)."""
-        xp = backend.xp()
+    def boundary(self, ins: Instruction) -> int:
+        """The chunk boundary message ``ins`` crosses: ``b`` lies between virtual stages b and b + 1."""
+        g = ins.chunk * self.p + self.stage
+        return g if ins.kind in (SEND_ACT, RECV_GRAD) else g - 1
+
+    def outgoing(self, ins: Instruction) -> Any:
+        """The contiguous backend array a send sends: the chunk's output (``send_act``) or the gradient
+        of its input (``send_grad``; zeros if the input got none)."""
+        key = (ins.microbatch, ins.chunk)
+        array = self._outputs[key].data if ins.kind == SEND_ACT else self._input_grad(*key)
+        return backend.xp().ascontiguousarray(array)
+
+    def grad_buffer_spec(self, ins: Instruction) -> tuple[tuple[int, ...], Any]:
+        """``(shape, dtype)`` of the gradient a ``recv_grad`` receives: those of the output it belongs to."""
+        out = self._outputs[(ins.microbatch, ins.chunk)]
+        return out.shape, out.data.dtype
+
+    def received(self, ins: Instruction, array: Any) -> None:
+        """Keep what receive ``ins`` got (a host or backend array): an activation as this chunk's input
+        (a leaf that requires grad), or the gradient for its output."""
+        data = backend.asarray(array)  # the same memory on the CPU, a device copy of a host array on a GPU
+        key = (ins.microbatch, ins.chunk)
         if ins.kind == RECV_ACT:
-            if self._act_shape is None:
-                header = self.group.recv(np.zeros(2 + _MAX_DIMS, np.int64), self._peer(ins), tag=TAG_HEADER)
-                self._act_shape = _parse_header(header)
-            shape, dtype = self._act_shape
-            return xp.empty(shape, dtype)
-        out = self._outputs[ins.microbatch]
-        return xp.empty(out.shape, out.dtype)
-
-    def _received(self, ins: Instruction, buffer: Any) -> None:
-        if ins.kind == RECV_ACT:
-            self._inputs[ins.microbatch] = Tensor(buffer, requires_grad=True)
+            self._inputs[key] = Tensor(data, requires_grad=True)
         else:
-            self._grads[ins.microbatch] = buffer
+            self._grads[key] = data
 
-    def _exchange(self, step: Exchange) -> None:
-        first_send = step.send.kind == SEND_ACT and not self._header_sent
-        first_recv = step.recv.kind == RECV_ACT and self._act_shape is None
-        if first_send or first_recv:
+
+class BlockingMessaging:
+    """GPipe and 1F1B: each message is one blocking ``send`` or ``recv``, an ``Exchange`` one ``sendrecv``.
+
+    Blocking calls cannot deadlock here because of the order the schedule fixes (``schedules.py``,
+    rules 1 and 2): per direction both neighbours agree on the order, and where two neighbours would
+    send to each other at the same moment the schedule has an ``Exchange``, whose two halves progress
+    together in one ``MPI_Sendrecv``. The first activation of a step is preceded by its header
+    (``messages.py``); both schedules begin every stage's traffic with a plain ``recv_act 0`` /
+    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction.
+    """
+
+    def __init__(self, executor: StageExecutor) -> None:
+        self.ex, self.group = executor, executor.group
+
+    def start_step(self) -> None:
+        """Forget the last step's activation shape: the batch size may have changed."""
+        self._header_sent = False
+        self._act_shape: tuple[tuple[int, ...], Any] | None = None
+
+    def run(self, step: Step) -> None:
+        """Move the message(s) of ``step``: a send, a receive, or an ``Exchange``."""
+        if isinstance(step, Exchange) and (
+            (step.send.kind == SEND_ACT and not self._header_sent)
+            or (step.recv.kind == RECV_ACT and self._act_shape is None)
+        ):
             raise RuntimeError(
                 f"schedule bug: the first activation of a step travels in an Exchange ({step})"
             )
-        # BEGIN SOLUTION A5.2: one sendrecv with the neighbour: both halves progress together
-        array, buffer = self._outgoing(step.send), self._incoming(step.recv)
-        peer = self._peer(step.send)
-        with trace.span(str(step), trace.WAIT):
-            self.group.sendrecv(array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv))
-        self._received(step.recv, buffer)
+        # BEGIN SOLUTION A5.2: a blocking send or receive, or an Exchange as ONE sendrecv
+        if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
+            array, buffer = self._outgoing(step.send), self._incoming(step.recv)
+            peer = self.ex.peer(step.send)
+            with trace.span(str(step), trace.WAIT):
+                self.group.sendrecv(
+                    array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv)
+                )
+            self.ex.received(step.recv, buffer)
+        elif step.kind in (SEND_ACT, SEND_GRAD):
+            array = self._outgoing(step)
+            with trace.span(str(step), trace.WAIT):
+                self.group.send(array, self.ex.peer(step), tag=_tag(step))
+        else:
+            buffer = self._incoming(step)
+            with trace.span(str(step), trace.WAIT):
+                self.group.recv(buffer, self.ex.peer(step), tag=_tag(step))
+            self.ex.received(step, buffer)
         # END SOLUTION
+
+    def _outgoing(self, ins: Instruction) -> Any:
+        """The array a send instruction sends (sending the header first for the step's first activation)."""
+        array = self.ex.outgoing(ins)
+        if ins.kind == SEND_ACT and not self._header_sent:
+            self.group.send(messages.encode_header(array), self.ex.peer(ins), tag=messages.TAG_HEADER)
+            self._header_sent = True
+        return array
+
+    def _incoming(self, ins: Instruction) -> Any:
+        """A fresh buffer for a receive instruction (receiving the header first if the shape is unknown)."""
+        if ins.kind == RECV_ACT:
+            if self._act_shape is None:
+                header = self.group.recv(messages.header_buffer(), self.ex.peer(ins), tag=messages.TAG_HEADER)
+                self._act_shape = messages.decode_header(header)
+            return backend.xp().empty(*self._act_shape)
+        return backend.xp().empty(*self.ex.grad_buffer_spec(ins))
 
 
 def apply_loss(loss_fn: Callable, output: Tensor, targets: Any, i: int) -> tuple[Any, Exception | None]:
@@ -228,21 +287,9 @@ def apply_loss(loss_fn: Callable, output: Tensor, targets: Any, i: int) -> tuple
 
 
 def _tag(ins: Instruction) -> int:
-    return TAG_ACT if ins.kind in (SEND_ACT, RECV_ACT) else TAG_GRAD
+    return messages.TAG_ACT if ins.kind in (SEND_ACT, RECV_ACT) else messages.TAG_GRAD
 
 
-def _header(array: Any) -> np.ndarray:
-    if str(array.dtype) not in _DTYPES or array.ndim > _MAX_DIMS:
-        raise TypeError(
-            f"a pipeline stage's output must be a floating array ({', '.join(_DTYPES)}) with at most "
-            f"{_MAX_DIMS} axes to be sent to the next stage, got {array.dtype} with shape {array.shape}"
-        )
-    header = np.zeros(2 + _MAX_DIMS, np.int64)
-    header[0], header[1] = _DTYPES.index(str(array.dtype)), array.ndim
-    header[2 : 2 + array.ndim] = array.shape
-    return header
-
-
-def _parse_header(header: np.ndarray) -> tuple[tuple[int, ...], Any]:
-    ndim = int(header[1])
-    return tuple(int(d) for d in header[2 : 2 + ndim]), np.dtype(_DTYPES[int(header[0])])
+def _name(kind: str, i: int, c: int) -> str:
+    """Trace span name: ``"forward 3"`` for chunk 0, ``"forward 3.1"`` for chunk 1 (``gantt.py``)."""
+    return f"{kind} {i}" + (f".{c}" if c else "")

@@ -10,8 +10,8 @@ With interleaving (``virtual_stages=v``) the model is cut into ``p*v`` chunks an
 rank ``g % p``; the batch visits the chunks in order 0, 1, ..., ``p*v - 1``, going round the ranks
 ``v`` times (rank ``p-1`` hands chunk ``p-1``'s output to rank 0's chunk ``p``).
 
-Shapes travel as a small int64 header before each activation, as in ``executor.py``; the messages
-use their own tags, so a stray training message could never be mistaken for one of these.
+Shapes travel as a small int64 header before each activation (``messages.py``); the messages use
+their own tags, so a stray training message could never be mistaken for one of these.
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 import minidist.distributed as dist
 from minidist import autograd, backend
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.executor import _MAX_DIMS, _header, _parse_header
 from minidist.parallel.pipeline.groups import gather_step
-
-TAG_PREDICT_HEADER, TAG_PREDICT = 11, 12
+from minidist.parallel.pipeline.messages import (
+    TAG_PREDICT,
+    TAG_PREDICT_HEADER,
+    decode_header,
+    encode_header,
+    header_buffer,
+)
 
 
 def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> Any:
@@ -75,20 +77,20 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
     last = (total - 1) % p
     if p == 1:
         return x
-    header = _header(x) if rank == last else np.zeros(2 + _MAX_DIMS, np.int64)
+    header = encode_header(x) if rank == last else header_buffer()
     dist.broadcast(header, src=last, group=group)
-    shape, dtype = _parse_header(header)
+    shape, dtype = decode_header(header)
     out = backend.xp().ascontiguousarray(x) if rank == last else backend.xp().empty(shape, dtype)
     return dist.broadcast(out, src=last, group=group)
 
 
 def _send(group: Communicator, array: Any, dst: int) -> None:
     array = backend.xp().ascontiguousarray(array)
-    group.send(_header(array), dst, tag=TAG_PREDICT_HEADER)
+    group.send(encode_header(array), dst, tag=TAG_PREDICT_HEADER)
     group.send(array, dst, tag=TAG_PREDICT)
 
 
 def _recv(group: Communicator, src: int) -> Any:
-    header = group.recv(np.zeros(2 + _MAX_DIMS, np.int64), src, tag=TAG_PREDICT_HEADER)
-    shape, dtype = _parse_header(header)
+    header = group.recv(header_buffer(), src, tag=TAG_PREDICT_HEADER)
+    shape, dtype = decode_header(header)
     return group.recv(backend.xp().empty(shape, dtype), src, tag=TAG_PREDICT)

@@ -21,7 +21,7 @@ virtual stage, or a gradient from the next), after it the send of its output. Th
 group of computations (one forward, one forward and one backward, or one backward) and the receives
 before the next group are one :class:`Batch`: up to four messages, to and from both neighbours,
 started together (Megatron's ``send_forward_backward_recv_forward_backward``);
-``interleaved_executor.py`` runs it with non-blocking sends and receives. ``simulate`` checks that
+``batched_messaging.py`` runs it with non-blocking sends and receives. ``simulate`` checks that
 this never deadlocks under rendezvous semantics, for every ``(p, m, v)`` the tests draw.
 
 ``m`` must be a multiple of ``p``, as in Megatron-LM: the microbatch groups would otherwise be

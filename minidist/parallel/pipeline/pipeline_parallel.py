@@ -15,7 +15,7 @@ layers (``partition.py``), and trains them with a schedule (``schedules.py``) ru
 the model is cut into ``p * v`` chunks and rank r holds chunks ``r, r + p, r + 2p, ...``, so a
 microbatch goes round the ranks ``v`` times. The bubble shrinks ``v``-fold, to ``(p-1)/(v m)`` of the
 compute time, for ``v`` times as many (smaller) messages; ``m`` must be a multiple of ``p``
-(``interleaved.py``). ``interleaved_executor.py`` runs it with non-blocking messages.
+(``interleaved.py``). The same executor runs it, with non-blocking messages (``batched_messaging.py``).
 
 The batch is cut into ``m`` equal microbatches; the last stage scales each microbatch's mean loss by
 ``1/m``, so the accumulated gradients equal those of one step on the whole batch and ``m`` stages
@@ -53,7 +53,6 @@ from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.groups import agree, as_count, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
-from minidist.parallel.pipeline.interleaved_executor import InterleavedExecutor
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
 
@@ -148,10 +147,7 @@ class PipelineParallel:
         self.microbatches, self.bounds, self.virtual_stages, self.schedule = microbatches, bounds, v, plan
         self.chunks = tuple(build_stage(model, bounds[k * p + group.rank]) for k in range(v))
         self.stage_module = self.chunks[0] if v == 1 else PipelineChunks(self.chunks)
-        if schedule == "interleaved":
-            self._executor: Any = InterleavedExecutor(self.chunks, group, plan)
-        else:
-            self._executor = StageExecutor(self.stage_module, group, plan.stages[group.rank], microbatches)
+        self._executor = StageExecutor(self.chunks, group, plan)  # messaging chosen by the schedule
         if dp_group is not None and dp_group.size > 1:
             for p in self.parameters():  # the dp replicas of this stage start from dp rank 0's weights
                 dist.broadcast(p.data, src=0, group=dp_group)
