@@ -51,7 +51,7 @@ from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
-from minidist.parallel.pipeline.groups import agree, as_count, gather_step, resolve_groups
+from minidist.parallel.pipeline.groups import as_count, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
@@ -137,11 +137,14 @@ class PipelineParallel:
         except (TypeError, ValueError) as e:
             error = e
         layers = len(model) if isinstance(model, Sequential) else type(model).__name__
-        agree(
-            group,
+        built = {"layers": layers, "microbatches": microbatches, "schedule": schedule, "virtual_stages": v}
+        dist.agree(
+            {**built, "stages": bounds},
             error,
-            f"model={layers} layers, microbatches={microbatches!r}, schedule={schedule!r}, "
-            f"virtual_stages={v!r}, stages={bounds}",
+            group,
+            what="PipelineParallel",
+            label="pipeline group",
+            fix="build the same model with the same arguments on every rank",
         )
         assert plan is not None  # agree raised otherwise
         self.microbatches, self.bounds, self.virtual_stages, self.schedule = microbatches, bounds, v, plan
@@ -209,8 +212,8 @@ class PipelineParallel:
         error: Exception | None = None
         if result[1]:
             try:  # the last stage's message, to every rank of the pipeline group
-                agree(self.group, self._executor.error, "")
-            except (TypeError, ValueError) as e:
+                dist.raise_if_any(self._executor.error, self.group, label="pipeline group")
+            except Exception as e:  # noqa: BLE001  (whatever it is, the dp group must learn of it)
                 error = e
         if self.dp_group is None or self.dp_group.size == 1:
             if error is not None:
@@ -220,7 +223,7 @@ class PipelineParallel:
         result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
         dist.all_reduce(result, op="sum", group=self.dp_group)
         if result[1]:
-            agree(self.dp_group, error, "", what="data-parallel group")
+            dist.raise_if_any(error, self.dp_group, label="data-parallel group")
         self._combine_gradients_over_dp(weight)
         return float(result[0])
 
@@ -284,7 +287,7 @@ class PipelineParallel:
         shares = dist.all_gather(np.array([int(error is not None), batch], np.int64), group=self.dp_group)
         shares = shares.reshape(-1, 2)
         if shares[:, 0].any():
-            agree(self.dp_group, error, "", what="data-parallel group")
+            dist.raise_if_any(error, self.dp_group, label="data-parallel group")
         return batch, int(shares[:, 1].sum())
 
     def _combine_gradients_over_dp(self, weight: float) -> None:
