@@ -66,7 +66,7 @@ EXPECTED = {
     "loss_fn_not_callable_on_rank_1": ("TypeError", r"loss_fn must be callable .* ranks \[1\] passed"),
     "dp_replica_loss_fails": (
         "ValueError",
-        r"rank 1 of the data-parallel group: rank 0 of the pipeline group: "
+        r"rank 1 of the data-parallel group: "
         r"loss_fn\(output, targets\) failed on microbatch 0",
     ),
     "predict_while_other_trains": (

@@ -151,12 +151,12 @@ def fake_group(size: int, rank: int = 0) -> Communicator:
 
 @pytest.fixture
 def same_arguments_everywhere(monkeypatch):
-    """Stand-in for the construction-time exchange (``minidist/distributed/agree.py``): every rank of the
+    """Stand-in for the construction-time exchange (``minidist/distributed/agreement.py``): every rank of the
     fake group sent this rank's record, i.e. all ranks passed the same arguments
     (tests/workers/tensor_parallel/tp_errors.py runs the real collective with arguments that differ)."""
-    from minidist.distributed import agree
+    from minidist.distributed import agreement
 
-    monkeypatch.setattr(agree, "all_gather_json", lambda obj, group: [obj] * group.size)
+    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
 
 def test_sizes_not_divisible_by_the_group_are_errors(same_arguments_everywhere):
@@ -186,13 +186,13 @@ def test_sizes_must_be_ints_and_numpy_ints_are_fine(same_arguments_everywhere):
 
 def test_disagreeing_ranks_are_listed_by_their_arguments(monkeypatch):
     """The message of ``checks.agree`` when the gathered records differ (rank 2 flipped gather_output)."""
-    from minidist.distributed import agree
+    from minidist.distributed import agreement
 
     def gather(obj, group):
         other = {**obj, "values": {**obj["values"], "gather_output": True}}
         return [obj, obj, other]
 
-    monkeypatch.setattr(agree, "all_gather_json", gather)
+    monkeypatch.setattr(agreement, "all_gather_json", gather)
     pattern = (
         r"ColumnParallelLinear: the ranks of the tensor-parallel group passed different values: "
         r"gather_output \(False on ranks 0, 1; True on rank 2\); build the layer with the same arguments"

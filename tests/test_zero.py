@@ -252,4 +252,4 @@ def test_uncaught_error_ends_the_job_instead_of_hanging(tmp_path):
     result = run_mpi(2, "zero/zero_errors.py", "uncaught", timeout=30, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "parameter count (1 on rank 0; 2 on rank 1)" in output, output
+    assert "parameter count (2 on rank 0; 1 on rank 1)" in output, output

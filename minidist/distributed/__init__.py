@@ -10,7 +10,7 @@ two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps)
 ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
 reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
 reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions;
-``agree.py`` makes every rank raise the same error when any rank sees a problem (used by every
+``agreement.py`` makes every rank raise the same error when any rank sees a problem (used by every
 layer above).
 
 When things go wrong: ``debug.py`` (``MINIDIST_DEBUG=1``: ranks compare each collective call before
@@ -22,7 +22,7 @@ This package uses only ``minidist.backend`` from the rest of minidist: it knows 
 modules. Importing it initialises MPI.
 """
 
-from minidist.distributed.agree import agree, all_gather_json, raise_if_any
+from minidist.distributed.agreement import agree, all_gather_json, raise_if_any
 from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather,

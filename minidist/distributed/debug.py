@@ -23,7 +23,7 @@ user's messages. Each rank now holds all the fingerprints, so if they differ *ev
 
 ``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
 
-(Argument checks elsewhere agree through ``agree.py``, which runs on our own ``all_gather``. This
+(Argument checks elsewhere agree through ``agreement.py``, which runs on our own ``all_gather``. This
 check cannot: it runs *inside* every collective, our ``all_gather`` included, and must wait with a
 deadline, so it uses MPI's non-blocking built-in on a channel of its own.)
 

@@ -8,7 +8,7 @@ from a rank that called ``join()``). The all-reduce with ``op="avg"`` turns them
 group; multiplied by ``n`` they are counts that *every* rank receives identically, so every rank raises
 the same error with the same message, and none is left waiting.
 (These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
-per step; argument checks made once, at construction, use ``minidist.distributed.agree`` instead.)
+per step; argument checks made once, at construction, use ``minidist.distributed.agreement`` instead.)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from minidist.distributed.agree import agree
+from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator, group_or_world
 
 AXES = ("dp", "tp", "pp")

@@ -3,7 +3,7 @@
 ZeRO flattens the parameters into one vector and splits it by position, so every rank must pass the
 same number of parameters with the same sizes and dtype. If they do not, the ranks would compute
 different layouts and the next reduce-scatter would mismatch or hang. A rank cannot see the others'
-parameters, so the check has two rounds: ``minidist.distributed.agree`` compares the count, total
+parameters, so the check has two rounds: ``minidist.distributed.agreement`` compares the count, total
 size and dtype (and spreads a rank's own error to all); then, with equal counts, one all-reduce
 compares the sizes one by one: each rank contributes ``v`` and ``-v`` under op="max", which yields
 the maximum and minus the minimum of ``v`` over the group. Max == min means all agree. Every rank

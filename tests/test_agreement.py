@@ -1,7 +1,7 @@
-"""``minidist.distributed.agree``: every rank raises the same error, naming which ranks differ and how.
+"""``minidist.distributed.agreement``: every rank raises the same error, naming which ranks differ and how.
 
 The cases are drawn by hypothesis in this process (values and errors per rank), run by real MPI ranks
-in one launch (tests/workers/distributed/agree_check.py), and the expected outcome is computed here
+in one launch (tests/workers/distributed/agreement_check.py), and the expected outcome is computed here
 from the same rule the library documents: the lowest rank with an error decides; else differing values
 are a ValueError listing each field's value per rank.
 """
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
-from minidist.distributed.agree import describe_differences
+from minidist.distributed.agreement import describe_differences
 
 N = 4
 ERROR_KINDS = ["TypeError", "ValueError", "LocalOnlyError"]
@@ -66,7 +66,7 @@ def test_every_rank_raises_the_same_error(tmp_path_factory, drawn):
     tmp = tmp_path_factory.mktemp("agree")
     cases = {**FIXED, **drawn}
     (tmp / "cases.json").write_text(json.dumps(cases))
-    run_mpi(N, "distributed/agree_check.py", tmp / "cases.json", tmp, timeout=60)
+    run_mpi(N, "distributed/agreement_check.py", tmp / "cases.json", tmp, timeout=60)
     seen = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(N)]
     assert seen[0]["same"] == ["ok", ""]
     assert seen[0]["rank 2 differs"][1] == (

@@ -1,7 +1,7 @@
-"""MPI worker for ``minidist.distributed.agree``: each rank plays its part of every case, records what it
+"""MPI worker for ``minidist.distributed.agreement``: each rank plays its part of every case, records what it
 raised, and the test checks that every rank raised the same thing.
 
-Usage: ``mpiexec -n N python agree_check.py CASES_JSON OUT_DIR``. Each case gives, per rank, the values
+Usage: ``mpiexec -n N python agreement_check.py CASES_JSON OUT_DIR``. Each case gives, per rank, the values
 it passes and the error it has (None, or [class name, message]); ``"group": "even"`` runs the case on
 the sub-group of even world ranks only (the odd ranks skip it).
 """
