@@ -280,7 +280,7 @@ MUTANTS = [
      "warmup = m if s < p - 1 else 0", "1F1B holds at most", None),  # GPipe's memory
     ("A5", "A5.2", "minidist/parallel/pipeline/executor.py",  # a real deadlock over MPI: cut by the timeout
      "recvtag=_tag(step.recv)", "recvtag=_tag(step.send)", "hang", 5),
-    ("A6", "A6.1", "minidist/checkpoint/reshard.py", "return np.split(full, tp, axis=tp_dim)[tp_rank]",
+    ("A6", "A6.1", "minidist/checkpoint/layout.py", "return np.split(full, tp, axis=tp_dim)[tp_rank]",
      "return np.split(full, tp, axis=0)[tp_rank]", "slice along THIS model's tp_dim", None),
     ("A6", "A6.2", "minidist/checkpoint/save.py",
      "atomic.commit_dir(tmp, final)\n                atomic.write_latest(root, final.name)",
@@ -288,7 +288,7 @@ MUTANTS = [
      "switched before the new folder was complete", None),
     ("A6", "A6.2", "minidist/checkpoint/atomic.py", 'write_durable(tmp, (name + "\\n").encode())',
      'tmp.write_text(name + "\\n")', "not fsynced", None),
-    ("A6", "A6.3", "minidist/checkpoint/shardio.py",
+    ("A6", "A6.3", "minidist/checkpoint/format.py",
      "            if digest.result() != sha256:\n                raise CheckpointError(\n"
      '                    "shard file corrupt: its sha256 checksum differs from the manifest", path\n'
      "                )\n            # END SOLUTION",

@@ -21,8 +21,7 @@ import minidist as md
 from minidist import checkpoint, nn, optim
 from minidist.__main__ import main as cli_main
 from minidist.checkpoint import CheckpointError, atomic
-from minidist.checkpoint.layout import Layout, assign_writers
-from minidist.checkpoint.reshard import local_piece, needed_shards
+from minidist.checkpoint.layout import Layout, assign_writers, local_piece, needed_shards
 from minidist.data import DistributedSampler
 
 

@@ -14,8 +14,8 @@
 # On a thousand GPUs, something fails every few hours: a node, a link, a disk. A job that cannot resume
 # loses everything since it started; one that resumes *approximately* (a different data order, a reset
 # optimizer) trains a different model. The code is `minidist/checkpoint/`: `atomic.py` (the commit
-# protocol) → `manifest.py` → `layout.py` → `save.py` → `reshard.py` → `load.py`;
-# activation recomputation is `minidist/nn/recompute.py`.
+# protocol) → `format.py` (manifest and shard files) → `layout.py` (who writes and who reads each
+# shard) → `save.py` → `load.py`; activation recomputation is `minidist/nn/recompute.py`.
 
 # %%
 import json
@@ -139,7 +139,7 @@ print(f"{len(reference.files)} parameters, bit-for-bit equal to the uninterrupte
 #
 # The replacement nodes may not be the same, or you may want more tensor parallelism. Because the
 # manifest names tensors by global name and global shape, a checkpoint loads on any mesh whose model
-# has the same global parameters (`reshard.py`):
+# has the same global parameters (resharding, in `layout.py`):
 #
 # - **dp** changes need nothing: replicas are copies;
 # - **pp** changes need nothing either: a stage reads the global names it now owns;
@@ -177,8 +177,8 @@ for key in ["model/0.fc1.weight", "model/0.fc2.weight", "model/0.fc2.bias"]:
 # `shards_needed(size, saved_tp, new_tp, r)`: a list of `(saved_shard, lo, hi)`, meaning rows `lo:hi` of
 # saved shard `saved_shard` (rows *local* to that shard), in order, touching only the shards that
 # overlap. For example, `model/0.fc1.weight` above (16 rows, 2 shards) on tp=4, rank 1 needs rows 4-7:
-# `[(0, 4, 8)]`. (minidist's `reshard.py` simply reads all shards when tp changes, which is simpler and
-# fine at this size; at 1,000 GPUs you read only what you need.)
+# `[(0, 4, 8)]`. (minidist's `layout.needed_shards` simply reads all shards when tp changes, which is
+# simpler and fine at this size; at 1,000 GPUs you read only what you need.)
 
 
 # %% [exercise shards]

@@ -1,10 +1,15 @@
 """Checkpointing that never loses work.
 
-Reading order: ``errors.py`` -> ``atomic.py`` (durable writes, the commit protocol, ``latest``) ->
-``manifest.py`` (what a checkpoint contains) -> ``layout.py`` (global names, who writes which shard) ->
-``optim_state.py`` (optimizer state by name, ZeRO included) -> ``schema.py`` (checking a manifest) ->
-``save.py`` -> ``reshard.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) ->
-``cli.py`` (``python -m minidist checkpoint info``).
+Reading order (``save`` and ``load`` each begin with their numbered steps, one call per step):
+
+1. ``errors.py``: ``CheckpointError``, and how every rank comes to raise the same one;
+2. ``atomic.py``: durable writes, the commit protocol (rename into place, then ``latest``), pruning;
+3. ``format.py``: what a checkpoint is on disk, ``manifest.json`` and the safetensors shard files
+   with their sha256; ``schema.py`` checks every manifest field before anything reads it;
+4. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards);
+5. ``optim_state.py``: optimizer state by global name, ZeRO included;
+6. ``save.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) -> ``cli.py``
+   (``python -m minidist checkpoint info``).
 
 On disk::
 

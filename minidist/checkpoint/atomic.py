@@ -1,4 +1,5 @@
-"""Durable, atomic file-system steps: write + fsync, rename into place, the ``latest`` pointer.
+"""Durable, atomic file-system steps: write + fsync, rename into place, the ``latest`` pointer (and
+``resolve``, which follows it), moving a damaged checkpoint aside, pruning old ones.
 
 A checkpoint is committed in this order, so a crash at any moment leaves the previous one loadable:
 
@@ -49,12 +50,12 @@ def write_durable(path: Path, data: bytes) -> None:
 
 
 def write_shard(path: Path, arrays: dict) -> tuple[str, int]:
-    """Write one rank's shard durably (``shardio.write_shard``); returns (sha256, bytes).
+    """Write one rank's shard durably (``format.write_shard``); returns (sha256, bytes).
 
     Routed through this module so that every file-system step of a save is in one place (the fault
     tests kill a rank right after this call).
     """
-    from minidist.checkpoint.shardio import write_shard as write  # noqa: PLC0415
+    from minidist.checkpoint.format import write_shard as write  # noqa: PLC0415  (format imports us)
 
     return write(path, arrays)
 
@@ -104,6 +105,33 @@ def read_latest(root: Path) -> str | None:
         return data.decode("utf-8").strip() or None
     except UnicodeDecodeError:
         raise CheckpointError("the 'latest' pointer is not UTF-8 text (corrupt?)", path) from None
+
+
+def resolve(directory: str | os.PathLike) -> Path:
+    """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
+
+    Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
+    unreadable or names something other than a ``step_<n>`` folder.
+    """
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(
+            "this is a file, not a checkpoint folder or root; "
+            "pass the folder holding manifest.json or 'latest'",
+            path,
+        )
+    if (path / MANIFEST).exists():
+        return path
+    name = read_latest(path)
+    if name is None:
+        raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
+    if not is_step_dirname(name):
+        raise CheckpointError(
+            f"the 'latest' pointer names {name!r}, which is not a checkpoint folder (step_<n>); "
+            "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
+            path,
+        )
+    return path / name
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from minidist.checkpoint import atomic
-from minidist.checkpoint import manifest as mf
+from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import CheckpointError
 
 
@@ -48,14 +49,12 @@ def info(directory: Path, verify: bool = False) -> int:
             )
         print()
     try:
-        from minidist.checkpoint.load import resolve  # noqa: PLC0415
-
-        folder = resolve(directory)
-        manifest = mf.read_manifest(folder)
+        folder = atomic.resolve(directory)
+        manifest = fmt.read_manifest(folder)
     except CheckpointError as err:
         print(f"error: {err}")
         return 1
-    print(mf.summary(folder, manifest))
+    print(summary(folder, manifest))
     if verify:
         problems = _problems(folder, manifest)
         print("\nverify: " + ("all files match their checksums" if not problems else "; ".join(problems)))
@@ -65,7 +64,7 @@ def info(directory: Path, verify: bool = False) -> int:
 
 def _status(folder: Path, verify: bool) -> str:
     try:
-        manifest = mf.read_manifest(folder)
+        manifest = fmt.read_manifest(folder)
     except CheckpointError as err:
         return f"BROKEN ({err.problem})"
     size = sum(f["bytes"] for f in manifest["files"].values()) / 2**20
@@ -80,7 +79,30 @@ def _problems(folder: Path, manifest: dict) -> list[str]:
     problems = []
     for name in sorted(manifest["files"]):
         try:
-            mf.verify_file(folder, name, manifest)
+            fmt.verify_file(folder, name, manifest)
         except CheckpointError as err:
             problems.append(str(err))
     return problems
+
+
+def summary(folder: Path, manifest: dict) -> str:
+    """A human-readable table of a checkpoint (used by ``python -m minidist checkpoint info``)."""
+    mesh = manifest["mesh"]
+    total = sum(f["bytes"] for f in manifest["files"].values())
+    opt = manifest.get("optimizer") or {}
+    lines = [
+        f"checkpoint  {folder}",
+        f"step        {manifest['step']}   (format v{manifest['format_version']}, "
+        f"minidist {manifest.get('minidist_version', '?')})",
+        f"mesh        dp={mesh['dp']} tp={mesh['tp']} pp={mesh['pp']} (world size {mesh['world_size']})",
+        f"files       {len(manifest['files'])} shard files, {total / 2**20:.2f} MiB",
+        f"optimizer   {opt.get('class', 'none')}, step_count={opt.get('step_count', '-')}",
+        f"extra       {json.dumps(manifest.get('extra'))}",
+        "",
+        f"{'tensor':<44} {'global shape':<16} {'dtype':<9} {'tp_dim':<6} shards",
+    ]
+    for key, t in sorted(manifest["tensors"].items()):
+        shape = "x".join(map(str, t["global_shape"])) or "()"
+        tp_dim = "-" if t["tp_dim"] is None else str(t["tp_dim"])
+        lines.append(f"{key:<44} {shape:<16} {t['dtype']:<9} {tp_dim:<6} {len(t['shards'])}")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@
 2. ``_check_fit``: the checkpoint fits this model (names, global shapes, dtypes), optimizer (class,
    hyperparameters) and sampler; ``_plan`` says which shards each tensor's piece comes from;
 3. ``_read``: every shard file is verified (sha256 and size: file i by rank i mod world size, plus
-   every rank that reads it) and this rank's pieces are cut from the shards (``reshard.py``);
+   every rank that reads it) and this rank's pieces are cut from the shards (``layout.local_piece``);
 4. ``_restore``: only now, with everything verified on every rank, the model, optimizer, generators
    and sampler change.
 
@@ -28,7 +28,7 @@ import numpy as np
 from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import atomic, optim_state
-from minidist.checkpoint import manifest as mf
+from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import (
     CheckpointError,
     all_gather_json,
@@ -36,8 +36,15 @@ from minidist.checkpoint.errors import (
     on_every_rank,
     world_comm,
 )
-from minidist.checkpoint.layout import Layout, global_shape, layout_of, tp_dim_of, unwrap
-from minidist.checkpoint.reshard import local_piece, needed_shards
+from minidist.checkpoint.layout import (
+    Layout,
+    global_shape,
+    layout_of,
+    local_piece,
+    needed_shards,
+    tp_dim_of,
+    unwrap,
+)
 
 
 def load(
@@ -79,39 +86,12 @@ def load(
     return _restore(folder, manifest, arrays, module, optimizer, sampler, sampler_state, layout)  # 4.
 
 
-def resolve(directory: str | os.PathLike) -> Path:
-    """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
-
-    Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
-    unreadable or names something other than a ``step_<n>`` folder.
-    """
-    path = Path(directory)
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(
-            "this is a file, not a checkpoint folder or root; "
-            "pass the folder holding manifest.json or 'latest'",
-            path,
-        )
-    if (path / atomic.MANIFEST).exists():
-        return path
-    name = atomic.read_latest(path)
-    if name is None:
-        raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
-    if not atomic.is_step_dirname(name):
-        raise CheckpointError(
-            f"the 'latest' pointer names {name!r}, which is not a checkpoint folder (step_<n>); "
-            "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
-            path,
-        )
-    return path / name
-
-
 def _read_manifest(comm: Any, directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """Step 1: the checkpoint folder and its checked manifest, the same on every rank."""
     with on_every_rank(comm):
-        folder = resolve(directory)
-        manifest = mf.read_manifest(folder)
-    digest = hashlib.sha256(mf.dumps(manifest)).hexdigest()[:16]
+        folder = atomic.resolve(directory)
+        manifest = fmt.read_manifest(folder)
+    digest = hashlib.sha256(fmt.dumps(manifest)).hexdigest()[:16]
     difference = differences({"folder": os.path.realpath(folder), "manifest sha256": digest}, comm)
     if difference:  # e.g. another directory per rank, or 'latest' switched between the ranks' reads
         raise CheckpointError(
@@ -148,7 +128,7 @@ def _restore(
     """Step 4: copy the verified arrays and states into the model, optimizer, generators and sampler."""
     params = dict(module.named_parameters())
     for name, p in params.items():
-        p.data[...] = backend.asarray(arrays[mf.model_key(name)])
+        p.data[...] = backend.asarray(arrays[fmt.model_key(name)])
     if optimizer is not None:
         state: dict[str, dict[str, Any]] = {}
         for key, t in manifest["tensors"].items():
@@ -180,7 +160,7 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
     tensors = manifest["tensors"]
     plan = {}
     for name, p in params.items():
-        key, tp_dim = mf.model_key(name), tp_dim_of(p)
+        key, tp_dim = fmt.model_key(name), tp_dim_of(p)
         entry = tensors.get(key)
         if entry is None:
             raise CheckpointError(f"incompatible model: the checkpoint has no parameter {name!r}", where)
@@ -265,7 +245,7 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
         for i, name in enumerate(files):
             reader = i % layout.world_size == layout.rank
             if reader or (name in mine and name not in shared):
-                contents[name] = mf.verify_file(folder, name, manifest, keep=name in mine)
+                contents[name] = fmt.verify_file(folder, name, manifest, keep=name in mine)
     for i, name in enumerate(files):  # the same order on every rank
         if name in shared:
             contents[name] = _broadcast_file(comm, manifest, name, contents.get(name), i % layout.world_size)

@@ -42,8 +42,10 @@ def _names_of(optimizer: Any, model: Module) -> list[str]:
     return names
 
 
-def header(optimizer: Any) -> dict[str, Any]:
-    """``{"class", "defaults", "step_count"}``: the JSON-able part of the optimizer state."""
+def header(optimizer: Any) -> dict[str, Any] | None:
+    """``{"class", "defaults", "step_count"}``: the JSON-able part of the optimizer's state, or None."""
+    if optimizer is None:
+        return None
     opt = inner(optimizer)
     defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in opt.defaults.items()}
     return {"class": type(opt).__name__, "defaults": defaults, "step_count": int(opt.step_count)}

@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ import numpy as np
 from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import atomic, optim_state
-from minidist.checkpoint import manifest as mf
+from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import (
     CheckpointError,
     NewerFormatError,
@@ -90,13 +89,14 @@ def save(
     root = Path(directory)
     final = root / atomic.step_dirname(int(step))
 
-    tmp = _prepare(comm, root, final)  # 1. a new temporary folder, the same on every rank
+    tmp = _prepare(comm, root, final)  # 1. rank 0 makes a temporary folder; every rank learns its name
     tensors, scalars = _collect(module, optimizer, layout)  # what this rank holds (collective for ZeRO)
-    with _removed_on_error(comm, tmp):
+    with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
         written = _write_shard(comm, tmp, tensors, layout)  # 2. this rank's shard file, fsynced
-        everyone = _gather_records(comm, layout, written, scalars, sampler)  # 3. on every rank
-        manifest = _manifest(everyone, layout, int(step), extra, optimizer)
-        _commit(comm, root, tmp, final, manifest, keep_last)  # 4. rank 0: rename, latest, prune
+        records = _gather_records(comm, layout, written, scalars, sampler)  # 3. every rank's, everywhere
+        header = optim_state.header(optimizer)
+        manifest = fmt.build_manifest(records, layout.describe(), int(step), extra, header)
+        _commit(comm, root, tmp, final, manifest, keep_last)  # 4. rank 0: manifest, rename, latest, prune
     return final
 
 
@@ -160,7 +160,7 @@ def _make_tmp(root: Path, final: Path) -> tuple[str, dict | None]:
     try:
         root.mkdir(parents=True, exist_ok=True)
         if final.exists() or final.is_symlink():
-            problem = _verify_existing(final)
+            problem = fmt.verify_folder(final)
             if problem is None:
                 raise CheckpointError(
                     "a checkpoint for this step already exists and verifies; nothing was overwritten. "
@@ -193,36 +193,19 @@ def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
         raise
 
 
-def _verify_existing(folder: Path) -> str | None:
-    """The problem with an existing checkpoint folder (manifest, then every file), or None if it verifies.
-
-    Run by rank 0 alone: it happens only when a save meets a folder of the same step, which is rare.
-    Raises ``NewerFormatError`` for a checkpoint of a newer format (not damaged: never moved aside).
-    """
-    try:
-        manifest = mf.read_manifest(folder)
-        for file in sorted(manifest["files"]):
-            mf.verify_file(folder, file, manifest)
-    except NewerFormatError:
-        raise
-    except CheckpointError as err:
-        return str(err)
-    return None
-
-
 def _collect(module: Any, optimizer: Any, layout: Layout) -> tuple[dict, dict]:
     """``{key: (array, tp_dim, name, kind, state)}`` of everything this rank holds, and its counters."""
     tensors: dict[str, tuple[Any, int | None, str, str, str | None]] = {}
     tp_dims = {}
     for name, p in module.named_parameters():
         tp_dims[name] = tp_dim_of(p)
-        tensors[mf.model_key(name)] = (p.data, tp_dims[name], name, "model", None)
+        tensors[fmt.model_key(name)] = (p.data, tp_dims[name], name, "model", None)
     scalars: dict[str, dict[str, int]] = {}
     if optimizer is not None:
         for name, state in optim_state.state_by_name(optimizer, module).items():
             for k, v in state.items():
                 if hasattr(v, "shape"):
-                    tensors[mf.optim_key(name, k)] = (v, tp_dims[name], name, "optim", k)
+                    tensors[fmt.optim_key(name, k)] = (v, tp_dims[name], name, "optim", k)
                 else:
                     scalars.setdefault(name, {})[k] = int(v)
     return tensors, scalars
@@ -241,9 +224,11 @@ def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[st
     }
     file = f"rank{layout.rank:05d}.safetensors"
     arrays = {k: np.ascontiguousarray(backend.to_numpy(t[0])) for k, t in mine.items()}
+    checksum, nbytes = None, 0
     with on_every_rank(comm):  # a rank that cannot write stops every rank
         try:
-            checksum, nbytes = atomic.write_shard(tmp / file, arrays) if mine else (None, None)
+            if mine:
+                checksum, nbytes = atomic.write_shard(tmp / file, arrays)
         except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
             raise CheckpointError(f"could not write this rank's shard ({err})", tmp) from None
     if not mine:
@@ -283,7 +268,7 @@ def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict, keep_
         if comm.rank == 0:
             try:
                 # BEGIN SOLUTION A6.2: manifest (durable), commit the folder, then switch latest
-                atomic.write_durable(tmp / atomic.MANIFEST, mf.dumps(manifest))
+                atomic.write_durable(tmp / atomic.MANIFEST, fmt.dumps(manifest))
                 atomic.commit_dir(tmp, final)
                 atomic.write_latest(root, final.name)
                 # END SOLUTION
@@ -291,42 +276,3 @@ def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict, keep_
                     atomic.prune(root, int(keep_last), protect=final)
             except OSError as err:
                 raise CheckpointError(f"committing the checkpoint failed ({err})", final) from None
-
-
-def _manifest(everyone: list[dict], layout: Layout, step: int, extra: Any, optimizer: Any) -> dict[str, Any]:
-    """The manifest of the checkpoint the ranks' records describe (see ``manifest.py``)."""
-    import minidist  # noqa: PLC0415  (the version, without an import cycle at module load)
-
-    files, tensors = {}, {}
-    for r in everyone:
-        w = r["written"]
-        if w is None:
-            continue
-        files[w["file"]] = {"sha256": w["sha256"], "bytes": w["bytes"]}
-        for key, e in w["entries"].items():
-            t = tensors.setdefault(
-                key,
-                {k: e[k] for k in ("name", "kind", "state", "global_shape", "dtype", "tp_dim")}
-                | {"shards": []},
-            )
-            t["shards"].append({"file": w["file"], "tp_rank": e["tp_rank"], "shape": e["shape"]})
-    for t in tensors.values():
-        t["shards"].sort(key=lambda s: -1 if s["tp_rank"] is None else s["tp_rank"])
-    header = None
-    if optimizer is not None:
-        header = dict(optim_state.header(optimizer), scalars={})
-        for r in everyone:
-            header["scalars"].update(r["scalars"])
-    return {
-        "format": mf.FORMAT,
-        "format_version": mf.FORMAT_VERSION,
-        "minidist_version": minidist.__version__,
-        "created": time.time(),
-        "step": step,
-        "extra": extra,
-        "mesh": layout.describe(),
-        "files": files,
-        "tensors": tensors,
-        "optimizer": header,
-        "ranks": [{k: r[k] for k in ("rank", "coords", "rng", "tp_rng", "sampler")} for r in everyone],
-    }

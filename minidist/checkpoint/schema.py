@@ -22,7 +22,7 @@ from minidist.checkpoint.errors import CheckpointError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a plain name in the folder: no '/', no '..'
-_SAFETENSORS_KINDS = "biuf"  # the dtypes shardio can store
+_SAFETENSORS_KINDS = "biuf"  # the dtypes format.write_shard can store
 
 
 def _is_int(value: Any, low: int = 0) -> bool:

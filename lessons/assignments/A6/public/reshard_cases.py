@@ -37,7 +37,7 @@ def entry_for(full: np.ndarray, saved_dim: int | None, saved_tp: int) -> tuple[d
 
 def check_reshard(shape, saved_dim, saved_tp, tp_dim, tp, seed: int = 0) -> None:
     from minidist.checkpoint.errors import CheckpointError
-    from minidist.checkpoint.reshard import local_piece, needed_shards
+    from minidist.checkpoint.layout import local_piece, needed_shards
 
     full = np.random.default_rng(seed).standard_normal(shape)
     entry, files = entry_for(full, saved_dim, saved_tp)
