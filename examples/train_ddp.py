@@ -7,6 +7,7 @@ the model that one process (``python examples/train_ddp.py``) trains with the sa
 
 Read it top to bottom: setup -> data -> model -> training loop -> evaluation. ``examples/train_mlp.py``
 is the same loop with every option: tensor and pipeline parallelism, ZeRO, checkpoints, tracing.
+(Its defaults train a bigger model for longer, so it ends at 0.9697 where this one ends at 0.9663.)
 """
 
 # ruff: noqa: E402  (NumPy, imported below, must start after OMP_NUM_THREADS is set)
@@ -14,7 +15,8 @@ import os
 
 # One BLAS thread per rank, set before NumPy loads its BLAS: 8 ranks on a 2-core laptop would
 # otherwise each start a thread per core, and the threads would fight over the cores.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(threads, "1")
 
 import argparse
 

@@ -6,7 +6,7 @@ Every rank runs this same file (SPMD). The ranks form a dp x tp x pp mesh (Proce
 dp = all ranks). Each global batch of ``--batch-size`` samples is split across the dp replicas;
 DistributedDataParallel averages the gradients over them. With ``--tp N`` each replica's layers are
 split over N ranks (Megatron-LM tensor parallelism), which see the same samples. With ``--pp N`` the
-layers are cut into N pipeline stages that ``--microbatches`` flow through (GPipe or 1F1B). Any
+layers are cut into N pipeline stages that ``--microbatches`` flow through (GPipe, 1F1B or interleaved). Any
 layout trains the same model as one process, from the same seed.
 
     mpirun -n 4 python examples/train_mlp.py --bucket-cap-mb 0.1 --trace trace.json   # open in Perfetto

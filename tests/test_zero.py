@@ -253,3 +253,14 @@ def test_uncaught_error_ends_the_job_instead_of_hanging(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "parameter count (2 on rank 0; 1 on rank 1)" in output, output
+
+
+def test_zero_layout_chunks_are_the_collectives_chunks():
+    """zero_layout keeps its own chunk_bounds (importing minidist.distributed starts MPI); it must cut
+    exactly as reduce_scatter / all_gather do, or ZeRO's shards would not line up with the messages."""
+    from minidist.distributed.ring import chunk_bounds as collective_chunks
+    from minidist.parallel.zero_layout import chunk_bounds as zero_chunks
+
+    for n in range(1, 9):
+        for numel in range(0, 40):
+            assert zero_chunks(numel, n) == collective_chunks(numel, n), (numel, n)
