@@ -84,6 +84,11 @@ def test_every_rank_raises_the_same_error(tmp_path_factory, drawn):
             assert fragment in got_message, (name, rank, got_message, fragment)
             assert seen[rank][name] == seen[members[0]][name], "ranks raised different errors"
     for rank in range(N):
+        kind, message = seen[rank]["unencodable all_gather_json"]
+        assert kind == "TypeError" and f"rank {N - 1} could not write its object as JSON" in message
+        kind, message = seen[rank]["unencodable agree"]
+        assert kind == "TypeError" and f"rank {N - 1} of the test group: Case: these values cannot" in message
+        assert seen[rank]["after"] == [N, N, N]  # the exchange left no message behind
         gathered = seen[rank]["all_gather_json"]
         assert [g["rank"] for g in gathered] == list(range(N))
         assert [len(g["text"]) for g in gathered] == [37 * r for r in range(N)]

@@ -49,19 +49,33 @@ def all_gather_json(obj: Any, group: Communicator | None = None) -> list[Any]:
     every rank of ``group``.
 
     Collective: two all-gathers (the lengths, then the JSON text's UTF-8 bytes). A value that JSON
-    cannot encode (a dtype, a shape object) travels as its ``str()``, so encoding never fails on one
-    rank only and leaves the others waiting. (PyTorch's ``all_gather_object`` pickles instead; this
-    is not that function: pickled bytes from a peer can run code, and the result here is a new list.)
+    cannot encode (a dtype, a shape object) travels as its ``str()``. (PyTorch's
+    ``all_gather_object`` pickles instead; this is not that function: pickled bytes from a peer can
+    run code, and the result here is a new list.)
+
+    Raises ``TypeError`` on every rank if any rank's ``obj`` cannot be written as JSON at all (a list
+    that contains itself, an int of more than 4300 digits): that rank still takes part in the
+    exchange, so no rank is left waiting and no later message is mistaken for this one.
     """
     group = group_or_world(group)
-    text = json.dumps(obj, default=str)
+    text, problem = _encode(obj)
+    # Each rank sends [problem or null, obj]; the problem travels so that every rank raises alike.
+    record = f"[{json.dumps(problem)}, {text}]"
     if group.size == 1:
-        return [json.loads(text)]
-    mine = np.frombuffer(text.encode(), dtype=np.uint8)
-    lengths = all_gather(np.array([mine.size], np.int64), group=group)
-    blob = all_gather(mine, group=group).tobytes()
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    return [json.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        records = [json.loads(record)]
+    else:
+        mine = np.frombuffer(record.encode(), dtype=np.uint8)
+        lengths = all_gather(np.array([mine.size], np.int64), group=group)
+        blob = all_gather(mine, group=group).tobytes()
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        records = [json.loads(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    for rank, (problem, _) in enumerate(records):
+        if problem is not None:
+            raise TypeError(
+                f"all_gather_json: rank {rank} could not write its object as JSON ({problem}); pass "
+                "values JSON can encode: numbers, strings, lists, dicts with string keys, None"
+            )
+    return [value for _, value in records]
 
 
 def agree(
@@ -86,11 +100,17 @@ def agree(
       values: in_features (8 on ranks 0, 1; 12 on rank 2); <fix>"`` (see :func:`describe_differences`).
 
     One exchange of a few hundred bytes per rank (:func:`all_gather_json`); none on a single rank,
-    where ``error`` is simply raised. ``values`` must be JSON-serialisable: turn dtypes and shapes
-    into strings and lists first.
+    where ``error`` is simply raised. ``values`` should be JSON values (turn dtypes and shapes into
+    strings and lists first; anything else is compared as its ``str()``); values that JSON cannot write
+    at all (a list containing itself) become this rank's ``TypeError``, raised on every rank.
     """
     group = group_or_world(group)
     values = values or {}
+    problem = _encode(values)[1]
+    if problem is not None and error is None:  # it would fail in the exchange: report it as this rank's
+        error = TypeError(f"{what or 'agree'}: these values cannot be compared across ranks: {problem}")
+    if error is not None:
+        values = {}
     if group.size == 1:
         if error is not None:
             raise error
@@ -136,17 +156,31 @@ def describe_differences(everyone: list[dict[str, Any]]) -> str | None:
     return ", ".join(parts) if parts else None
 
 
+def _encode(obj: Any) -> tuple[str, str | None]:
+    """(JSON text of ``obj``, None), or ("null", what went wrong): never raises, so that a rank whose
+    values cannot be written still takes part in the exchange."""
+    try:
+        return json.dumps(obj, default=_text), None
+    except Exception as e:  # noqa: BLE001  (circular lists, huge ints, ...: reported, not raised here)
+        return "null", f"{type(e).__name__}: {_text(e)}"
+
+
+def _text(value: Any) -> str:
+    """``str(value)``, or a placeholder if its ``__str__`` itself fails."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001
+        return f"<{type(value).__name__} that cannot be printed>"
+
+
 def _error_record(error: BaseException | None) -> dict[str, Any] | None:
     if error is None:
         return None
+    text = _text(error)
     args = list(error.args)
-    try:
-        json.dumps(args)
-    except (TypeError, ValueError):
-        args = [str(error)]
-    if not args or not isinstance(args[0], str):
-        args = [str(error)]
-    return {"type": type(error).__name__, "args": args, "text": str(error)}
+    if not args or not isinstance(args[0], str) or _encode(args)[1] is not None:
+        args = [text]
+    return {"type": type(error).__name__, "args": args, "text": text}
 
 
 def _rebuild(

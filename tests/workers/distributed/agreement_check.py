@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 from dist_worker_utils import run_worker, write_json
 
 import minidist.distributed as dist
@@ -47,6 +48,24 @@ def main(cases_path: str, out_dir: str) -> None:
         "odd": {1, 2} if world.rank == 0 else None,
     }
     seen["all_gather_json"] = dist.all_gather_json(payload, world)
+    # Values JSON cannot write at all, on the last rank only: every rank must raise, and the next
+    # collective must still pair with the next collective (nothing left half-exchanged).
+    circular: list = []
+    if world.rank == world.size - 1:
+        circular.append(circular)
+    for name, call in (
+        ("unencodable all_gather_json", lambda: dist.all_gather_json({"x": circular}, world)),
+        (
+            "unencodable agree",
+            lambda: dist.agree({"x": circular}, None, world, what="Case", label="test group"),
+        ),
+    ):
+        try:
+            call()
+            seen[name] = ["ok", ""]
+        except Exception as e:  # noqa: BLE001
+            seen[name] = [type(e).__name__, str(e)]
+    seen["after"] = dist.all_reduce(np.ones(3), op="sum").tolist()
     write_json(out_dir, f"rank{world.rank}.json", seen)
 
 
