@@ -225,6 +225,8 @@ ERROR_CASES = [
     ),
     ("a size differs", "ValueError", "ValueError", ["parameter 0 has between 6 and 9 elements"]),
     ("dtype differs", "ValueError", "ValueError", ["dtype (float"]),
+    ("stage 3 on rank 1", "ValueError", "ValueError", ["rank 1 of the group", "stage must be 1", "got 3"]),
+    ("stage 2 on rank 1", "ValueError", "ValueError", ["stage (1 on ranks 0, 2; 2 on rank 1)"]),
     ("not a tensor on rank 1", "TypeError", "TypeError", ["rank 1 of the group", "not a tensor"]),
     ("empty", "ValueError", "ValueError", ["empty parameter list"]),
     ("mixed dtypes", "ValueError", "ValueError", ["one dtype", "float32", "float64"]),

@@ -106,6 +106,8 @@ def agree(
     """
     group = group_or_world(group)
     values = values or {}
+    if error is not None and not isinstance(error, BaseException):  # a caller's mistake, on all ranks
+        error = TypeError(f"agree: error must be an exception or None, got {type(error).__name__}")
     problem = _encode(values)[1]
     if problem is not None and error is None:  # it would fail in the exchange: report it as this rank's
         error = TypeError(f"{what or 'agree'}: these values cannot be compared across ranks: {problem}")

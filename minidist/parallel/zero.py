@@ -99,11 +99,17 @@ class ZeroRedundancyOptimizer:
         stage: int = 1,
         **optimizer_kwargs: Any,
     ) -> None:
-        check_stage(stage)
-        check_optimizer_class(optimizer_class)
         self.group = group if group is not None else dist.init()
+        # A bad stage or optimizer class on one rank only must raise on every rank: those checks travel
+        # with the collective parameter check instead of raising here, alone.
+        argument_error = None
+        try:
+            check_stage(stage)
+            check_optimizer_class(optimizer_class)
+        except (TypeError, ValueError) as e:
+            argument_error = e
         self.stage = stage
-        self.params: list[Tensor] = check_params(params, self.group)
+        self.params: list[Tensor] = check_params(params, self.group, argument_error, stage)
         self.layout = ShardLayout.build([p.size for p in self.params], self.group.size, self.group.rank)
         self._broadcast_parameters()
 

@@ -45,12 +45,16 @@ def check_optimizer_class(optimizer_class: Any) -> None:
     )
 
 
-def check_params(params: Iterable[Any], group: dist.Communicator) -> list[Tensor]:
+def check_params(
+    params: Iterable[Any], group: dist.Communicator, argument_error: Exception | None = None, stage: Any = 1
+) -> list[Tensor]:
     """The parameters without duplicates, after checking them on this rank and across ``group``.
 
-    Collective (one agreement, one small all-reduce). Raises on every rank: ``TypeError`` if some rank
-    passed a non-tensor; ``ValueError`` for an empty list, mixed or non-float dtypes, or a count, total
-    size, dtype or per-parameter size that differs between ranks.
+    Collective (one agreement, one small all-reduce). ``argument_error``: this rank's problem with the
+    other arguments (a bad ``stage``), raised on every rank like the parameters' own. Raises on every
+    rank: ``TypeError`` if some rank passed a non-tensor (or ``argument_error`` is one); ``ValueError``
+    for an empty list, mixed or non-float dtypes, or a count, total size, dtype, per-parameter size or
+    ``stage`` that differs between ranks.
     """
     unique: list[Any] = []
     seen: set[int] = set()
@@ -58,7 +62,7 @@ def check_params(params: Iterable[Any], group: dist.Communicator) -> list[Tensor
         if id(p) not in seen:  # a parameter shared by two layers is one parameter
             seen.add(id(p))
             unique.append(p)
-    local_error = _local_problem(unique)
+    local_error = argument_error or _local_problem(unique)
 
     # Round 1: what every rank can compare whatever its parameters (any count, or none).
     summary = {}
@@ -67,6 +71,7 @@ def check_params(params: Iterable[Any], group: dist.Communicator) -> list[Tensor
             "parameter count": len(unique),
             "total number of elements": sum(p.size for p in unique),
             "dtype": str(unique[0].dtype),
+            "stage": stage,
         }
     dist.agree(
         summary,

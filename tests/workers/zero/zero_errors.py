@@ -52,6 +52,8 @@ def caught(out_dir: str) -> None:
     attempt(
         "dtype differs", lambda: Zero(params_of((6,), dtype=np.float32 if r == 0 else np.float64), optim.SGD)
     )
+    attempt("stage 3 on rank 1", lambda: Zero(ok, optim.SGD, stage=3 if r == 1 else 1, lr=0.1))
+    attempt("stage 2 on rank 1", lambda: Zero(ok, optim.SGD, stage=2 if r == 1 else 1, lr=0.1))
     attempt("not a tensor on rank 1", lambda: Zero([*ok, "bias"] if r == 1 else ok, optim.SGD, lr=0.1))
     attempt("empty", lambda: Zero([], optim.SGD, lr=0.1))
     attempt("mixed dtypes", lambda: Zero([*ok, *params_of((2,), dtype=np.float32)], optim.SGD))
