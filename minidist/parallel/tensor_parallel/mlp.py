@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.nn import functional as F
@@ -75,7 +77,9 @@ class ParallelMLP(Module):
         except (TypeError, ValueError) as e:
             error = e
         arguments = dict(zip(("in_features", "hidden_features", "out_features"), sizes))
-        arguments.update(bias=bool(bias), activation=repr(activation), dropout=repr(dropout))
+        # dropout as a float when it is a number: 0, 0.0 and np.float64(0.0) are the same probability
+        rate = float(dropout) if isinstance(dropout, (int, float, np.integer, np.floating)) else repr(dropout)
+        arguments.update(bias=bool(bias), activation=repr(activation), dropout=rate)
         agree(group, "ParallelMLP", {**arguments, "dtype": describe_dtype(dtype)}, error)
         in_features, hidden_features, out_features = sizes
         self.activation, self.dropout = activation, dropout
