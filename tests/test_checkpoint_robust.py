@@ -255,6 +255,7 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
         "bad step on rank 1": ("TypeError", "step must be an int >= 0, got -1"),
         "keep_last 0 on rank 1": ("ValueError", "keep_last must be None or an int >= 1, got 0"),
         "directory differs (save)": ("CheckpointError", "does not see the folder"),
+        "disk full on rank 1": ("CheckpointError", "could not write this rank's shard (SafetensorError: I/O"),
         "folder differs (load)": ("CheckpointError", "resolved different checkpoints: folder"),
         "directory differs (load_latest)": ("ValueError", "different values: directory"),
         "manifest edited to another shape": ("CheckpointError", "in the file but [4, 8]"),
@@ -267,6 +268,8 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
         for r in range(2):
             assert seen[r][case][0] == kind and words in seen[r][case][1], (r, case, seen[r][case])
     for r in range(2):
+        assert seen[r]["still loads"] == 1  # the previous checkpoint, on every rank
         assert seen[r]["nothing written"] == [] and seen[r]["warned"] and seen[r]["resumed step"] == 3
         assert seen[r]["moved aside"].startswith(".corrupt-step_000000003-")
+    assert seen[0]["after disk full"] == ["latest", "step_000000001"]  # rank 0 removed the temporary folder
     assert seen[0]["left in mine0"] == []  # rank 0 removed its temporary folder (rank 1 may look too early)

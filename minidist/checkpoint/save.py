@@ -229,8 +229,11 @@ def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[st
         try:
             if mine:
                 checksum, nbytes = atomic.write_shard(tmp / file, arrays)
-        except (OSError, TypeError) as err:  # TypeError: a dtype safetensors cannot store
-            raise CheckpointError(f"could not write this rank's shard ({err})", tmp) from None
+        except Exception as err:  # noqa: BLE001  (OSError; TypeError: a dtype safetensors cannot store;
+            # safetensors' own SafetensorError for a full disk or a file-size limit, which is no OSError.
+            # Whatever it is, every rank must learn of it, or the others would wait in the next step.)
+            problem = f"{type(err).__name__}: {err}"
+            raise CheckpointError(f"could not write this rank's shard ({problem})", tmp) from None
     if not mine:
         return None
     entries = {

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from dist_worker_utils import run_worker, write_json
+from safetensors import SafetensorError
 
 import minidist as md
 import minidist.distributed as dist
@@ -48,6 +49,22 @@ def main(out_dir: str) -> None:
         "keep_last 0 on rank 1", lambda: checkpoint.save(d, model, opt, step=5, keep_last=1 if r == 0 else 0)
     )
     seen["nothing written"] = sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+    # A full disk or a file-size limit on rank 1 only: safetensors raises its own SafetensorError (no
+    # OSError). Every rank must raise, the temporary folder must go, the previous checkpoint must load.
+    f = out / "full"
+    checkpoint.save(f, model, opt, step=1)
+    real_write = checkpoint.atomic.write_shard
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("I/O error: File too large (os error 27)")
+
+    if r == 1:
+        checkpoint.atomic.write_shard = full_disk
+    attempt("disk full on rank 1", lambda: checkpoint.save(f, model, opt, step=2))
+    checkpoint.atomic.write_shard = real_write
+    seen["after disk full"] = sorted(p.name for p in f.iterdir())
+    seen["still loads"] = checkpoint.load_latest(f, model, opt)["step"]
     attempt("directory differs (save)", lambda: checkpoint.save(out / f"mine{r}", model, opt, step=1))
     seen["left in mine0"] = sorted(p.name for p in (out / "mine0").iterdir())  # rank 0's own root
 
