@@ -137,3 +137,28 @@ def test_corrupt_shard_raises_on_every_rank(tmp_path, dp4_reference):
         message = json.loads((tmp_path / "out" / f"error_{rank}.json").read_text())["error"]
         assert victim.name in message and "checksum" in message
     assert {p: p.read_bytes() for p in broken.rglob("*") if p.is_file()} == before  # nothing changed
+
+
+# -- issue 14 item 1: the ordinary loop resumes bit-exactly at every position of an epoch ----------------
+@pytest.mark.parametrize("ranks", [2, 3])  # 3 ranks: global batch 8 splits 3 + 3 + 2
+def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ranks):
+    """``for x, y in loader: ... checkpoint.save(..., sampler=sampler)`` with no position bookkeeping:
+    resumed after the first, a middle or the last batch of an epoch, at the epoch boundary, or with
+    ``sampler=loader``, the final parameters equal the uninterrupted run's bit for bit."""
+    run_mpi(ranks, "checkpoint/ckpt_loop.py", tmp_path, timeout=180)
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    assert steps["full"] == 15
+    # [saved step, epoch and position restored on rank 0, final step]
+    local = steps["first"][2]
+    assert local == (8 + ranks - 1) // ranks  # rank 0's share of one global batch: one batch done
+    assert steps["first"][:3] == [1, 0, local]
+    assert steps["middle"][:3] == [3, 0, 3 * local]
+    assert steps["last"][:3] == [5, 0, 5 * local]  # the epoch's batches are all done ...
+    assert steps["boundary"][:3] == [5, 0, 5 * local]  # ... so both resume with epoch 1's first batch
+    assert steps["loader"][:3] == [8, 1, 3 * local]
+    full = dict(np.load(tmp_path / "full.npz"))
+    for case in ("first", "middle", "last", "boundary", "loader"):
+        assert steps[case][3] == 15, case
+        got = dict(np.load(tmp_path / f"{case}.npz"))
+        for name in full:
+            assert np.array_equal(got[name], full[name]), f"resumed at '{case}': {name} differs"
