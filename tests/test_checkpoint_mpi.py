@@ -60,8 +60,8 @@ def dp4_reference(tmp_path_factory):
 # -- killed ranks ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kill, latest_after_kill",
-    [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3)],
-    ids=["mid-training", "mid-save", "before-commit"],
+    [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3), ("0:6:latest", 3)],
+    ids=["mid-training", "mid-save", "before-commit", "after-rename-before-latest"],
 )
 def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill):
     args = ("--steps", "8", "--every", "3", "--dropout", "0.3")  # dropout: RNG state must be restored
@@ -71,7 +71,11 @@ def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill)
     for o in OPTIMS[:1]:  # the kill hits the first optimizer's run
         latest = (tmp_path / "ckpt" / o / "latest").read_text().strip()
         assert latest == f"step_{latest_after_kill:09d}"
-    train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
+    if kill.endswith("latest"):  # issue 14 item 5: the newer folder is complete; 'latest' lags behind
+        assert (tmp_path / "ckpt" / "sgd" / "step_000000006" / "manifest.json").exists()
+    resumed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
+    if kill.endswith("latest"):  # resumed from step 6, not 3 (which would fail to save step 6 again)
+        assert "'latest' names step_000000003 but step_000000006 is newer" in resumed.stdout
     assert_same(final(tmp_path / "run"), final(tmp_path / "ref"), exact=True)
     leftovers = [p.name for p in (tmp_path / "ckpt" / "sgd").iterdir() if p.name.startswith(".tmp")]
     assert leftovers == []  # the crashed save's temporary folder was cleaned by a later save
