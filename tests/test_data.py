@@ -495,3 +495,18 @@ def test_loader_resumes_at_the_next_batch_and_hands_over_its_state():
     assert len(rest) == 3
     with pytest.raises(TypeError, match="no sampler that records its progress"):
         DataLoader((np.arange(20),), batch_size=4, shuffle=True).state_dict()
+
+
+def test_a_finished_epoch_stays_finished_on_another_number_of_ranks():
+    """Saved after the last (partial) global batch on 2 ranks, resumed on 3: nothing of the epoch is left
+    (rounding the position down to whole global batches would redo the partial one)."""
+    saved = DistributedSampler(20, num_replicas=2, rank=1, batch_size=8, seed=3)
+    assert len(list(saved)) == saved.position == len(saved) == 10  # 2 global batches of 8 and 4 left over
+    for rank in range(3):
+        resumed = DistributedSampler(20, num_replicas=3, rank=rank, batch_size=8, seed=3)
+        resumed.load_state_dict(saved.state_dict())
+        assert list(resumed) == []
+    saved.position = 4  # one global batch done: carried over as one global batch
+    resumed = DistributedSampler(20, num_replicas=3, rank=0, batch_size=8, seed=3)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.position == 3

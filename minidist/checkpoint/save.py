@@ -10,11 +10,14 @@
 3. ``_gather_records``: the ranks all-gather what they wrote (keys, shapes, sha256 of their file) and
    their RNG and sampler states;
 4. ``_commit``: rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces
-   ``DIR/latest``, and only then deletes checkpoints beyond ``keep_last``.
+   ``DIR/latest``; only then ``_prune`` deletes checkpoints beyond ``keep_last``.
 
-An error on any rank, at any step, is raised as the same ``CheckpointError`` on every rank
-(``errors.on_every_rank``) and deletes the temporary folder, leaving every existing checkpoint
-untouched. This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
+Any failure on any rank, at any step (an ``OSError``, safetensors' own error, a user's sampler
+raising), is raised as the same ``CheckpointError`` on every rank (``_any_failure``, built on
+``errors.on_every_rank``), naming the rank, the file and the cause. It deletes the temporary folder
+and undoes a half-done commit, leaving every existing checkpoint and ``latest`` untouched.
+
+This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
 and PyTorch's ``torch.distributed.checkpoint`` (one file per writer plus a global metadata file),
 reduced to its essentials.
 """
@@ -68,7 +71,8 @@ def save(
         step: the training step (an int >= 0) this state is *after*; names the folder.
         mesh: the run's ``ProcessMesh`` (None: pure data parallelism over the world).
         extra: anything JSON-serialisable (rank 0's is stored), returned by ``load`` as ``info["extra"]``.
-        sampler: a ``DistributedSampler`` whose ``state_dict()`` (epoch, position) each rank stores.
+        sampler: a ``DistributedSampler`` whose ``state_dict()`` (epoch, position) each rank stores, or
+            the ``DataLoader`` drawing from it (it hands over its sampler's state).
         keep_last: after committing, delete all but the newest ``keep_last`` checkpoints (None: keep all).
 
     Returns:
@@ -76,7 +80,10 @@ def save(
 
     Raises:
         CheckpointError: on every rank, if ``step_<step>`` already exists and verifies (nothing is
-            overwritten), or any rank fails to write; the previous checkpoint stays loadable. An
+            overwritten), or anything fails on any rank (writing, fsync, rename, ``latest``, the
+            sampler's state, ...): the message names the rank, the file and the cause, and the folder
+            is as it was (the previous checkpoint stays loadable). If only deleting old checkpoints
+            for ``keep_last`` failed, the new checkpoint is committed, and the message says so. An
             existing ``step_<step>`` that fails verification (a damaged checkpoint that
             ``load_latest(fallback=True)`` skipped) is renamed aside to ``DIR/.corrupt-step_<step>-<time>``
             (never deleted; a ``UserWarning`` on every rank says so) and the step is saved anew.

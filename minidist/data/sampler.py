@@ -209,9 +209,14 @@ class DistributedSampler:
                 raise ValueError(
                     f"the saved state has batch_size={saved_b} < num_replicas={saved_r} (corrupt?)."
                 )
-            base, extra = divmod(saved_b, saved_r)
-            saved_local = base + (1 if check_int("rank", state.get("rank", 0), 0) < extra else 0)
-            position = position // saved_local * self.local_batch_size
+            saved_rank = check_int("rank", state.get("rank", 0), 0)
+            saved = DistributedSampler(
+                self.dataset_len, saved_r, saved_rank, drop_last=self.drop_last, batch_size=saved_b
+            )
+            if position == len(saved):  # the saved epoch was finished (its partial last batch too)
+                position = len(self)
+            else:
+                position = position // saved.local_batch_size * self.local_batch_size
         if position > len(self):
             raise ValueError(
                 f"sampler position {position} is beyond this rank's {len(self)} indices per epoch."
