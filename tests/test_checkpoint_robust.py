@@ -279,7 +279,8 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
 @pytest.mark.mpi
 def test_a_loop_that_catches_save_errors_carries_on(tmp_path):
     """File-size limits (shard on rank 1, manifest on rank 0), a full disk writing 'latest', an fsync
-    error after the rename, a sampler state that is not JSON, a failing keep_last deletion: each is
+    error after the rename, a sampler state that is not JSON, a failing keep_last deletion, an
+    optimizer over another model on one rank: each is
     the same CheckpointError on both ranks, naming the rank, the file and the cause; nothing
     half-written is left; the loop's next DDP step and save work (no rank waits forever)."""
     run_mpi(2, "checkpoint/ckpt_save_failures.py", tmp_path, timeout=120)
@@ -315,4 +316,14 @@ def test_a_loop_that_catches_save_errors_carries_on(tmp_path):
     )
     assert prune[2:] == [["latest", "step_000000001", "step_000000007"], "step_000000007"]  # committed
     assert seen[0]["8"][:3] == ["ok", "", ["latest", "step_000000007", "step_000000008"]]
+    gathering = seen[0]["9"]  # rank 1's optimizer is over another model: rank 0 used to wait forever
+    assert (
+        gathering[1] == seen[1]["9"][1]
+        and "rank 1 of the world: collecting this rank's model and " in gathering[1]
+    )
+    assert (
+        "failed (ValueError: optimizer parameter 0 (shape (8, 4)) is not a parameter of the model"
+        in gathering[1]
+    )
+    assert gathering[2:] == [["latest", "step_000000007", "step_000000008"], "step_000000008"]
     assert seen[0]["resumed step"] == seen[1]["resumed step"] == 8

@@ -8,7 +8,8 @@ saves; at some steps one rank's save fails somewhere along the save path:
 * step 4: a full disk (``ENOSPC``) on rank 0 halfway through writing ``latest.tmp``;
 * step 5: an ``EIO`` from fsync on rank 0 right after the folder was renamed into place;
 * step 6: rank 1's sampler returns a NumPy integer in its state (not JSON);
-* step 7: rank 0 cannot delete an old checkpoint for ``keep_last`` (``PermissionError``).
+* step 7: rank 0 cannot delete an old checkpoint for ``keep_last`` (``PermissionError``);
+* step 9: rank 1 passes an optimizer built over another model's parameters (state gathering fails).
 
 Rank r writes ``OUT/rank<r>.json``: ``{step: [exception type or "ok", message, rank 0's listing of the
 checkpoint root afterwards, what 'latest' names]}``, plus the step ``load_latest`` resumes at.
@@ -100,7 +101,7 @@ def main(out_dir: str) -> None:
         nn.functional.cross_entropy(ddp(md.tensor(xb)), yb).backward()  # DDP: an all-reduce every step
         opt.step()
         step += 1
-        lift, state = None, sampler
+        lift, state, optimizer = None, sampler, opt
         if step == 2 and r == 1:
             lift = file_size_limit(64)
         if step == 3 and r == 0:
@@ -114,8 +115,12 @@ def main(out_dir: str) -> None:
             state = numpy_sampler
         if step == 7 and r == 0:
             atomic.prune = cannot_delete
+        if step == 9 and r == 1:
+            optimizer = optim.SGD(nn.Linear(4, 8, dtype=np.float64).parameters(), lr=0.1)
         try:
-            checkpoint.save(root, ddp, opt, step=step, sampler=state, keep_last=2 if step >= 7 else None)
+            checkpoint.save(
+                root, ddp, optimizer, step=step, sampler=state, keep_last=2 if step >= 7 else None
+            )
             outcome = ["ok", ""]
         except CheckpointError as err:  # the loop carries on: the next step's all-reduce must not hang
             outcome = [type(err).__name__, str(err)]
@@ -129,7 +134,7 @@ def main(out_dir: str) -> None:
             )
         listing = sorted(p.name for p in root.iterdir()) if r == 0 else []
         seen[str(step)] = [*outcome, listing, atomic.read_latest(root)]
-        if step == 8:
+        if step == 9:
             break
     fresh = nn.Sequential(nn.Linear(4, 8, dtype=np.float64), nn.Tanh(), nn.Linear(8, 3, dtype=np.float64))
     seen["resumed step"] = checkpoint.load_latest(root, fresh)["step"]
