@@ -157,8 +157,6 @@ def main(argv: list[str] | None = None) -> float:
         # its remaining batches (none if it was finished), and the sampler counts them as they go,
         # so a checkpoint saved inside the loop records exactly the batches done.
         sampler.set_epoch(epoch)
-        if sampler.position == len(sampler):
-            continue  # resumed after this epoch's last batch: the run that saved it reported it
         for xb, yb in loader:
             optimizer.zero_grad()
             loss_sum += train_step(model, xb, yb, args, mesh)  # [sum of per-sample losses, samples]
@@ -177,6 +175,8 @@ def main(argv: list[str] | None = None) -> float:
         if isinstance(model, DistributedDataParallel):  # ZeRO and pipelines communicate in every step
             model.join()
         dist.all_reduce(loss_sum, op="sum", group=mesh.dp_group)  # tp ranks hold the same losses
+        if loss_sum[1] == 0:
+            continue  # resumed after an epoch that was already summarised (saved when the run ended)
         accuracy, evaluated_at = evaluate(predict, x_test, y_test, mesh), step
         if rank == 0:
             bar.write(
