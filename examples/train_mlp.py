@@ -153,39 +153,36 @@ def main(argv: list[str] | None = None) -> float:
     for epoch in range(sampler.epoch, args.epochs):  # sampler.epoch: 0, or the epoch we resumed in
         if step >= stop:
             break
-        # The DataLoader draws the rest of the epoch from the sampler up front (which leaves the
-        # sampler's position at 0), so we count the samples used ourselves and set the position after
-        # each step, for a checkpoint to record where in the epoch we are.
-        position = sampler.position
+        # A new order each epoch. The epoch we resumed in keeps its position: the loader hands out
+        # its remaining batches (none if it was finished), and the sampler counts them as they go,
+        # so a checkpoint saved inside the loop records exactly the batches done.
+        sampler.set_epoch(epoch)
         for xb, yb in loader:
             optimizer.zero_grad()
             loss_sum += train_step(model, xb, yb, args, mesh)  # [sum of per-sample losses, samples]
             with trace.span("optimizer step", "optimizer"):
                 optimizer.step()
             step += 1
-            position += sampler.local_batch_size
-            sampler.position = position
             bar.update()
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 saved_at = save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
             if step == stop:
                 break
-        if position < len(sampler):
+        if sampler.position < len(sampler):
             break  # stopped inside the epoch by --max-steps: no epoch summary
         # No batches left on this rank. If another rank still had one, both would raise a clear error
         # here instead of waiting forever for each other (DistributedDataParallel.join).
         if isinstance(model, DistributedDataParallel):  # ZeRO and pipelines communicate in every step
             model.join()
         dist.all_reduce(loss_sum, op="sum", group=mesh.dp_group)  # tp ranks hold the same losses
+        if loss_sum[1] == 0:
+            continue  # resumed after an epoch that was already summarised (saved when the run ended)
         accuracy, evaluated_at = evaluate(predict, x_test, y_test, mesh), step
         if rank == 0:
             bar.write(
                 f"epoch {epoch + 1:3d}  train loss {loss_sum[0] / loss_sum[1]:.4f}  "
                 f"test accuracy {accuracy:.4f}"
             )
-        # Only now, with the epoch done, move the sampler on: a checkpoint saved from here on resumes
-        # at the start of the next epoch, not at the end of this one.
-        sampler.set_epoch(epoch + 1)
         loss_sum = np.zeros(2)
     bar.close()
     if args.checkpoint_dir and saved_at != step:

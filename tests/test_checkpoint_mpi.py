@@ -60,8 +60,8 @@ def dp4_reference(tmp_path_factory):
 # -- killed ranks ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kill, latest_after_kill",
-    [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3)],
-    ids=["mid-training", "mid-save", "before-commit"],
+    [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3), ("0:6:latest", 3)],
+    ids=["mid-training", "mid-save", "before-commit", "after-rename-before-latest"],
 )
 def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill):
     args = ("--steps", "8", "--every", "3", "--dropout", "0.3")  # dropout: RNG state must be restored
@@ -71,7 +71,11 @@ def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill)
     for o in OPTIMS[:1]:  # the kill hits the first optimizer's run
         latest = (tmp_path / "ckpt" / o / "latest").read_text().strip()
         assert latest == f"step_{latest_after_kill:09d}"
-    train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
+    if kill.endswith("latest"):  # issue 14 item 5: the newer folder is complete; 'latest' lags behind
+        assert (tmp_path / "ckpt" / "sgd" / "step_000000006" / "manifest.json").exists()
+    resumed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
+    if kill.endswith("latest"):  # resumed from step 6, not 3 (which would fail to save step 6 again)
+        assert "'latest' names step_000000003 but step_000000006 is newer" in resumed.stdout
     assert_same(final(tmp_path / "run"), final(tmp_path / "ref"), exact=True)
     leftovers = [p.name for p in (tmp_path / "ckpt" / "sgd").iterdir() if p.name.startswith(".tmp")]
     assert leftovers == []  # the crashed save's temporary folder was cleaned by a later save
@@ -137,3 +141,28 @@ def test_corrupt_shard_raises_on_every_rank(tmp_path, dp4_reference):
         message = json.loads((tmp_path / "out" / f"error_{rank}.json").read_text())["error"]
         assert victim.name in message and "checksum" in message
     assert {p: p.read_bytes() for p in broken.rglob("*") if p.is_file()} == before  # nothing changed
+
+
+# -- issue 14 item 1: the ordinary loop resumes bit-exactly at every position of an epoch ----------------
+@pytest.mark.parametrize("ranks", [2, 3])  # 3 ranks: global batch 8 splits 3 + 3 + 2
+def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ranks):
+    """``for x, y in loader: ... checkpoint.save(..., sampler=sampler)`` with no position bookkeeping:
+    resumed after the first, a middle or the last batch of an epoch, at the epoch boundary, or with
+    ``sampler=loader``, the final parameters equal the uninterrupted run's bit for bit."""
+    run_mpi(ranks, "checkpoint/ckpt_loop.py", tmp_path, timeout=180)
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    assert steps["full"] == 15
+    # [saved step, epoch and position restored on rank 0, final step]
+    local = steps["first"][2]
+    assert local == (8 + ranks - 1) // ranks  # rank 0's share of one global batch: one batch done
+    assert steps["first"][:3] == [1, 0, local]
+    assert steps["middle"][:3] == [3, 0, 3 * local]
+    assert steps["last"][:3] == [5, 0, 5 * local]  # the epoch's batches are all done ...
+    assert steps["boundary"][:3] == [5, 0, 5 * local]  # ... so both resume with epoch 1's first batch
+    assert steps["loader"][:3] == [8, 1, 3 * local]
+    full = dict(np.load(tmp_path / "full.npz"))
+    for case in ("first", "middle", "last", "boundary", "loader"):
+        assert steps[case][3] == 15, case
+        got = dict(np.load(tmp_path / f"{case}.npz"))
+        for name in full:
+            assert np.array_equal(got[name], full[name]), f"resumed at '{case}': {name} differs"

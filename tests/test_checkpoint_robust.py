@@ -255,7 +255,7 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
         "bad step on rank 1": ("TypeError", "step must be an int >= 0, got -1"),
         "keep_last 0 on rank 1": ("ValueError", "keep_last must be None or an int >= 1, got 0"),
         "directory differs (save)": ("CheckpointError", "does not see the folder"),
-        "disk full on rank 1": ("CheckpointError", "could not write this rank's shard (SafetensorError: I/O"),
+        "disk full on rank 1": ("CheckpointError", "writing this rank's shard failed (SafetensorError: I/O"),
         "folder differs (load)": ("CheckpointError", "resolved different checkpoints: folder"),
         "directory differs (load_latest)": ("ValueError", "different values: directory"),
         "manifest edited to another shape": ("CheckpointError", "in the file but [4, 8]"),
@@ -273,3 +273,57 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
         assert seen[r]["moved aside"].startswith(".corrupt-step_000000003-")
     assert seen[0]["after disk full"] == ["latest", "step_000000001"]  # rank 0 removed the temporary folder
     assert seen[0]["left in mine0"] == []  # rank 0 removed its temporary folder (rank 1 may look too early)
+
+
+# -- issue 14 item 4: every failure inside a save is a CheckpointError on every rank ---------------------
+@pytest.mark.mpi
+def test_a_loop_that_catches_save_errors_carries_on(tmp_path):
+    """File-size limits (shard on rank 1, manifest on rank 0), a full disk writing 'latest', an fsync
+    error after the rename, a sampler state that is not JSON, a failing keep_last deletion, an
+    optimizer over another model on one rank: each is
+    the same CheckpointError on both ranks, naming the rank, the file and the cause; nothing
+    half-written is left; the loop's next DDP step and save work (no rank waits forever)."""
+    run_mpi(2, "checkpoint/ckpt_save_failures.py", tmp_path, timeout=120)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    expected = {
+        "2": ("rank 1 of the world", "rank00001.safetensors", "writing this rank's shard failed"),
+        "3": ("rank 0 of the world", "manifest.json", "writing the manifest failed (OSError: [Errno 27]"),
+        "4": ("rank 0 of the world", "latest", "replacing the 'latest' pointer failed (OSError: [Errno 28]"),
+        "5": (
+            "rank 0 of the world",
+            "step_000000005",
+            "renaming the folder into place failed (OSError: [Errno 5]",
+        ),
+        "6": (
+            "rank 1 of the world",
+            "",
+            "recording this rank's generator and sampler states failed (TypeError",
+        ),
+    }
+    for step, words in expected.items():
+        assert seen[0][step][1] == seen[1][step][1], step  # the same error on both ranks
+        assert seen[0][step][0] == "CheckpointError" and all(w in seen[0][step][1] for w in words), seen[0][
+            step
+        ]
+        # Nothing half-written: no temporary folder, no latest.tmp, no step folder; 'latest' unchanged.
+        assert seen[0][step][2] == ["latest", "step_000000001"], (step, seen[0][step][2])
+        assert seen[0][step][3] == "step_000000001"
+    prune = seen[0]["7"]
+    assert prune[0] == "CheckpointError" and "rank 0 of the world" in prune[1]
+    assert (
+        "deleting old checkpoints (keep_last=2) after committing step_000000007 failed (PermissionError"
+        in prune[1]
+    )
+    assert prune[2:] == [["latest", "step_000000001", "step_000000007"], "step_000000007"]  # committed
+    assert seen[0]["8"][:3] == ["ok", "", ["latest", "step_000000007", "step_000000008"]]
+    gathering = seen[0]["9"]  # rank 1's optimizer is over another model: rank 0 used to wait forever
+    assert (
+        gathering[1] == seen[1]["9"][1]
+        and "rank 1 of the world: collecting this rank's model and " in gathering[1]
+    )
+    assert (
+        "failed (ValueError: optimizer parameter 0 (shape (8, 4)) is not a parameter of the model"
+        in gathering[1]
+    )
+    assert gathering[2:] == [["latest", "step_000000007", "step_000000008"], "step_000000008"]
+    assert seen[0]["resumed step"] == seen[1]["resumed step"] == 8

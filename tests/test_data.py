@@ -453,3 +453,60 @@ def test_sampler_rejects_bad_dataset_and_epoch():
 def test_local_batch_size_undefined_in_strided_mode():
     with pytest.raises(ValueError, match="only defined in global-batch mode"):
         _ = DistributedSampler(10, num_replicas=2, rank=0).local_batch_size
+
+
+# ----------------------------------------------------- issue 14 item 1: the loader's progress is saved
+def test_loader_progress_is_the_samplers_position_batch_by_batch():
+    """Inside ``for x, y in loader`` the sampler's position counts the batches yielded so far (the
+    DataLoader once drew the whole epoch up front, leaving 0 there for a checkpoint to save)."""
+    sampler = DistributedSampler(20, num_replicas=2, rank=1, batch_size=4, seed=3)
+    loader = DataLoader((np.arange(20),), batch_size=sampler.local_batch_size, sampler=sampler)
+    seen = []
+    for k, (xb,) in enumerate(loader):
+        assert sampler.position == (k + 1) * 2
+        seen.append(xb)
+    assert sampler.position == len(sampler) == 10  # the epoch is done, not restarted
+    np.testing.assert_array_equal(np.concatenate(seen), sampler.indices())
+    # Without set_epoch the same epoch runs again from its start (as in PyTorch) ...
+    assert len(list(loader)) == 5
+    # ... but a restored finished epoch yields nothing: the resumed loop moves on to the next one.
+    resumed = DistributedSampler(20, num_replicas=2, rank=1, batch_size=4, seed=3)
+    resumed.load_state_dict(sampler.state_dict())
+    assert list(DataLoader((np.arange(20),), batch_size=2, sampler=resumed)) == []
+    resumed.set_epoch(1)
+    assert (
+        resumed.position == 0 and len(list(DataLoader((np.arange(20),), batch_size=2, sampler=resumed))) == 5
+    )
+
+
+def test_loader_resumes_at_the_next_batch_and_hands_over_its_state():
+    sampler = DistributedSampler(20, num_replicas=1, rank=0, batch_size=4, seed=3)
+    loader = DataLoader((np.arange(20),), batch_size=4, sampler=sampler)
+    batches = iter(loader)
+    first = [next(batches)[0] for _ in range(2)]
+    state = loader.state_dict()  # the loader hands over its sampler's state: checkpoint.save(sampler=loader)
+    assert state == sampler.state_dict() and state["position"] == 8
+    rest = [b for (b,) in batches]
+    again = DataLoader(
+        (np.arange(20),), batch_size=4, sampler=DistributedSampler(20, 1, 0, batch_size=4, seed=3)
+    )
+    again.load_state_dict(state)
+    np.testing.assert_array_equal(np.concatenate([*first, *(b for (b,) in again)]), sampler.indices())
+    assert len(rest) == 3
+    with pytest.raises(TypeError, match="no sampler that records its progress"):
+        DataLoader((np.arange(20),), batch_size=4, shuffle=True).state_dict()
+
+
+def test_a_finished_epoch_stays_finished_on_another_number_of_ranks():
+    """Saved after the last (partial) global batch on 2 ranks, resumed on 3: nothing of the epoch is left
+    (rounding the position down to whole global batches would redo the partial one)."""
+    saved = DistributedSampler(20, num_replicas=2, rank=1, batch_size=8, seed=3)
+    assert len(list(saved)) == saved.position == len(saved) == 10  # 2 global batches of 8 and 4 left over
+    for rank in range(3):
+        resumed = DistributedSampler(20, num_replicas=3, rank=rank, batch_size=8, seed=3)
+        resumed.load_state_dict(saved.state_dict())
+        assert list(resumed) == []
+    saved.position = 4  # one global batch done: carried over as one global batch
+    resumed = DistributedSampler(20, num_replicas=3, rank=0, batch_size=8, seed=3)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.position == 3

@@ -312,6 +312,21 @@ def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, n, flags):
 
 
 @pytest.mark.mpi
+def test_resume_at_an_epoch_boundary_and_of_a_finished_run(tmp_path):
+    """The example's ordinary loop (no position bookkeeping): stopped right after epoch 1's last batch,
+    it resumes with epoch 2's first; resuming a finished run trains nothing and reports no epoch."""
+    full = train(2, tmp_path / "full")
+    train(2, tmp_path / "resumed", "--max-steps", "11")  # epoch 1 is 11 steps
+    resumed = train(2, tmp_path / "resumed", "--resume")
+    assert "step_000000011: step 11, epoch 1, batch 11 done" in resumed.stdout
+    assert epoch_lines(resumed.stdout) == epoch_lines(full.stdout)[1:]
+    assert_same_tensors(final_checkpoint(tmp_path / "resumed")[1], final_checkpoint(tmp_path / "full")[1])
+    again = train(2, tmp_path / "full", "--resume")
+    assert "step 33, epoch 3, batch 11 done" in again.stdout and "train loss" not in again.stdout
+    assert final_accuracy(again.stdout) == final_accuracy(full.stdout)
+
+
+@pytest.mark.mpi
 def test_resume_on_another_mesh_matches_the_uninterrupted_run(tmp_path, dp4_reference):
     reference, reference_output = dp4_reference
     train(4, tmp_path / "tp", "--max-steps", "15")  # saved by dp=4 ...

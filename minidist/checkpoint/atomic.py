@@ -16,6 +16,7 @@ the old one. The fsyncs make the order hold after a power cut too, not only afte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -107,8 +108,43 @@ def read_latest(root: Path) -> str | None:
         raise CheckpointError("the 'latest' pointer is not UTF-8 text (corrupt?)", path) from None
 
 
+def latest_or_none(root: Path) -> str | None:
+    """What ``latest`` names now (None if nothing, or unreadable), to put it back if the commit fails."""
+    try:
+        return read_latest(root)
+    except CheckpointError:
+        return None
+
+
+def undo_commit(root: Path, tmp: Path, final: Path, previous: str | None) -> None:
+    """After a failed commit, best effort: put ``root`` back as it was before the save (the caller then
+    deletes ``tmp``), so that the error means "this step was not saved".
+
+    If the folder was already renamed, it goes back to its temporary name; ``latest`` is pointed back
+    at ``previous`` if it was switched, and a half-written ``latest.tmp`` is deleted. What cannot be
+    undone (the disk failed again) leaves a complete checkpoint or a stale temporary folder, never a
+    damaged one under a committed name."""
+    with contextlib.suppress(OSError):
+        (root / (LATEST + ".tmp")).unlink(missing_ok=True)
+    with contextlib.suppress(OSError, CheckpointError):
+        if read_latest(root) == final.name and previous != final.name:
+            if previous is None:
+                (root / LATEST).unlink()
+            else:
+                write_latest(root, previous)
+    with contextlib.suppress(OSError):
+        if final.is_dir() and not tmp.exists():
+            os.rename(final, tmp)
+
+
 def resolve(directory: str | os.PathLike) -> Path:
-    """The checkpoint folder: ``directory`` if it holds a manifest, else what ``directory/latest`` names.
+    """The checkpoint folder: ``directory`` if it holds a manifest, else the newest of what
+    ``directory/latest`` names and the committed ``step_<n>`` folders.
+
+    ``latest`` is replaced only after the folder is renamed into place, so a save killed between the
+    two leaves a complete ``step_<n>`` newer than the one ``latest`` names: the folders are the
+    truth and ``latest`` a hint (a convenience for people and tools). Without a pointer the newest
+    committed folder is taken.
 
     Raises ``CheckpointError`` if ``directory`` is a file, if neither exists, or if ``latest`` is
     unreadable or names something other than a ``step_<n>`` folder.
@@ -123,6 +159,9 @@ def resolve(directory: str | os.PathLike) -> Path:
     if (path / MANIFEST).exists():
         return path
     name = read_latest(path)
+    committed = list_checkpoints(path)
+    if name is None and committed:
+        return committed[-1][1]  # killed before its first 'latest' was written
     if name is None:
         raise CheckpointError("no checkpoint here: neither a manifest.json nor a 'latest' pointer", path)
     if not is_step_dirname(name):
@@ -131,6 +170,9 @@ def resolve(directory: str | os.PathLike) -> Path:
             "pass a step_<n> folder, or load_latest(fallback=True) to use the newest one that loads",
             path,
         )
+    newest = committed[-1] if committed else None
+    if newest is not None and newest[0] > int(_STEP_DIR.match(name).group(1)):
+        return newest[1]  # a save was killed after its rename, before 'latest' was replaced
     return path / name
 
 

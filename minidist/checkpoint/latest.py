@@ -1,10 +1,15 @@
 """``load_latest``: resume from the newest checkpoint of a root, stepping back past damaged ones.
 
-The ranks must try the same folders in the same order, or one would wait in a collective the others
-never enter; so rank 0 lists the candidates (the folder ``latest`` names, then every committed
-``step_<n>`` folder, newest first) and shares the list. Each try is a full :func:`load`, which raises
-the same ``CheckpointError`` on every rank, so all ranks move on together. A skipped folder is left in
-place (a load never changes the files); ``save`` moves it aside if the run saves that step again.
+"The newest checkpoint" is the committed ``step_<n>`` folder with the highest step; ``latest`` is a
+hint. It is replaced only after the folder is renamed into place, so a save killed in between leaves
+``latest`` naming the previous checkpoint while the new folder is complete (``atomic.resolve`` then
+takes the newer folder; resuming from the older one would retrain its steps and then fail to save
+them over the folder that exists). The ranks must try the same folders in the same order, or one
+would wait in a collective the others never enter; so rank 0 lists the candidates (the folder
+``resolve`` picks, then every other committed ``step_<n>`` folder, newest first) and shares the list.
+Each try is a full :func:`load`, which raises the same ``CheckpointError`` on every rank, so all ranks
+move on together. A skipped folder is left in place (a load never changes the files); ``save`` moves it
+aside if the run saves that step again.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ def load_latest(
     fallback: bool = False,
     missing_ok: bool = False,
 ) -> dict[str, Any] | None:
-    """Collective: load the checkpoint ``directory/latest`` names.
+    """Collective: load the newest checkpoint of ``directory``: the committed ``step_<n>`` folder with
+    the highest step, even if a save was killed before it replaced ``latest`` (``atomic.resolve``).
 
     With ``fallback``, a checkpoint that fails to load is skipped (a warning is printed on rank 0)
     and the committed ``step_<n>`` folders are tried newest first, until one loads. A skipped folder
@@ -54,7 +60,7 @@ def load_latest(
         return None
     # ``root`` itself goes through resolve(), which checks the pointer's contents.
     candidates = [str(root)] if pointer is not None else []
-    skip = {str(root / pointer)} if pointer is not None and atomic.is_step_dirname(pointer) else set()
+    skip = {found["resolved"]} if found["resolved"] is not None else set()
     if fallback or pointer is None:
         candidates += [path for path in committed if path not in skip]
     problems = []
@@ -77,13 +83,21 @@ def load_latest(
 
 
 def _candidates(root: Path) -> dict[str, Any]:
-    """Rank 0: ``{"committed": step_<n> folders, newest first, "pointer": what 'latest' names or None}``."""
+    """Rank 0: ``{"committed": step_<n> folders, newest first, "pointer": what 'latest' names or None,
+    "resolved": the folder ``load(root)`` takes or None}``."""
     try:
         committed = [str(path) for _, path in reversed(atomic.list_checkpoints(root))]
         try:
             pointer = atomic.read_latest(root)
+            resolved = str(atomic.resolve(root)) if pointer is not None else None  # what load(root) takes
         except CheckpointError:
-            pointer = "?"  # present but unreadable: load(root) reports why, as a candidate
+            pointer, resolved = "?", None  # present but unreadable: load(root) reports why, as a candidate
     except OSError as err:
         raise CheckpointError(f"cannot list the checkpoint folder ({err})", root) from None
-    return {"committed": committed, "pointer": pointer}
+    if pointer not in (None, "?") and resolved != str(root / pointer):
+        print(
+            f"checkpoint.load_latest: 'latest' names {pointer} but {Path(resolved).name} is newer (a save "
+            "was stopped after committing it, before replacing 'latest'); resuming from the newer one",
+            flush=True,
+        )
+    return {"committed": committed, "pointer": pointer, "resolved": resolved}

@@ -10,11 +10,14 @@
 3. ``_gather_records``: the ranks all-gather what they wrote (keys, shapes, sha256 of their file) and
    their RNG and sampler states;
 4. ``_commit``: rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces
-   ``DIR/latest``, and only then deletes checkpoints beyond ``keep_last``.
+   ``DIR/latest``; only then ``_prune`` deletes checkpoints beyond ``keep_last``.
 
-An error on any rank, at any step, is raised as the same ``CheckpointError`` on every rank
-(``errors.on_every_rank``) and deletes the temporary folder, leaving every existing checkpoint
-untouched. This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
+Any failure on any rank, at any step (an ``OSError``, safetensors' own error, a user's sampler
+raising), is raised as the same ``CheckpointError`` on every rank (``_any_failure``, built on
+``errors.on_every_rank``), naming the rank, the file and the cause. It deletes the temporary folder
+and undoes a half-done commit, leaving every existing checkpoint and ``latest`` untouched.
+
+This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
 and PyTorch's ``torch.distributed.checkpoint`` (one file per writer plus a global metadata file),
 reduced to its essentials.
 """
@@ -68,7 +71,8 @@ def save(
         step: the training step (an int >= 0) this state is *after*; names the folder.
         mesh: the run's ``ProcessMesh`` (None: pure data parallelism over the world).
         extra: anything JSON-serialisable (rank 0's is stored), returned by ``load`` as ``info["extra"]``.
-        sampler: a ``DistributedSampler`` whose ``state_dict()`` (epoch, position) each rank stores.
+        sampler: a ``DistributedSampler`` whose ``state_dict()`` (epoch, position) each rank stores, or
+            the ``DataLoader`` drawing from it (it hands over its sampler's state).
         keep_last: after committing, delete all but the newest ``keep_last`` checkpoints (None: keep all).
 
     Returns:
@@ -76,7 +80,10 @@ def save(
 
     Raises:
         CheckpointError: on every rank, if ``step_<step>`` already exists and verifies (nothing is
-            overwritten), or any rank fails to write; the previous checkpoint stays loadable. An
+            overwritten), or anything fails on any rank (writing, fsync, rename, ``latest``, the
+            sampler's state, ...): the message names the rank, the file and the cause, and the folder
+            is as it was (the previous checkpoint stays loadable). If only deleting old checkpoints
+            for ``keep_last`` failed, the new checkpoint is committed, and the message says so. An
             existing ``step_<step>`` that fails verification (a damaged checkpoint that
             ``load_latest(fallback=True)`` skipped) is renamed aside to ``DIR/.corrupt-step_<step>-<time>``
             (never deleted; a ``UserWarning`` on every rank says so) and the step is saved anew.
@@ -90,13 +97,16 @@ def save(
     final = root / atomic.step_dirname(int(step))
 
     tmp = _prepare(comm, root, final)  # 1. rank 0 makes a temporary folder; every rank learns its name
-    tensors, scalars = _collect(module, optimizer, layout)  # what this rank holds (collective for ZeRO)
     with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
+        with _any_failure(comm, "collecting this rank's model and optimizer state", tmp):
+            tensors, scalars = _collect(module, optimizer, layout)  # (collective for ZeRO)
         written = _write_shard(comm, tmp, tensors, layout)  # 2. this rank's shard file, fsynced
         records = _gather_records(comm, layout, written, scalars, sampler)  # 3. every rank's, everywhere
-        header = optim_state.header(optimizer)
-        manifest = fmt.build_manifest(records, layout.describe(), int(step), extra, header)
-        _commit(comm, root, tmp, final, manifest, keep_last)  # 4. rank 0: manifest, rename, latest, prune
+        with _any_failure(comm, "building the manifest", tmp / atomic.MANIFEST):
+            header = optim_state.header(optimizer)
+            manifest = fmt.build_manifest(records, layout.describe(), int(step), extra, header)
+        _commit(comm, root, tmp, final, manifest)  # 4. rank 0: manifest, rename into place, latest
+    _prune(comm, root, final, keep_last)  # only once the new checkpoint is committed
     return final
 
 
@@ -133,7 +143,7 @@ def _prepare(comm: Any, root: Path, final: Path) -> Path:
     moved aside, so that a resumed run is not stuck on it forever; every rank warns about it.
     """
     name, moved = None, None
-    with on_every_rank(comm):
+    with _any_failure(comm, "preparing the checkpoint folder", root):
         if comm.rank == 0:
             name, moved = _make_tmp(root, final)
     name, moved = all_gather_json([name, moved], comm)[0]
@@ -183,6 +193,22 @@ def _make_tmp(root: Path, final: Path) -> tuple[str, dict | None]:
 
 
 @contextlib.contextmanager
+def _any_failure(comm: Any, what: str, path: Path) -> Iterator[None]:
+    """Collective: whatever the block raises on any rank (an ``OSError`` of a full disk, safetensors' own
+    error, a ``TypeError`` from a user's sampler) becomes the same ``CheckpointError`` on every rank,
+    naming the rank (``on_every_rank`` prefixes it), ``path`` and the cause. A rank that raised alone
+    would leave the others waiting forever in the next collective."""
+    with on_every_rank(comm):
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001  (any failure: every rank must learn of it)
+            where = getattr(err, "filename", None) or path  # an OSError knows its file
+            raise CheckpointError(f"{what} failed ({type(err).__name__}: {err})", where) from None
+
+
+@contextlib.contextmanager
 def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
     """If the block raises ``CheckpointError``, rank 0 deletes ``tmp``: our own unfinished folder."""
     try:
@@ -223,17 +249,13 @@ def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[st
         if writers[(k, None if t[1] is None else layout.tp_rank)] == layout.rank
     }
     file = f"rank{layout.rank:05d}.safetensors"
-    arrays = {k: np.ascontiguousarray(backend.to_numpy(t[0])) for k, t in mine.items()}
     checksum, nbytes = None, 0
-    with on_every_rank(comm):  # a rank that cannot write stops every rank
-        try:
-            if mine:
-                checksum, nbytes = atomic.write_shard(tmp / file, arrays)
-        except Exception as err:  # noqa: BLE001  (OSError; TypeError: a dtype safetensors cannot store;
-            # safetensors' own SafetensorError for a full disk or a file-size limit, which is no OSError.
-            # Whatever it is, every rank must learn of it, or the others would wait in the next step.)
-            problem = f"{type(err).__name__}: {err}"
-            raise CheckpointError(f"could not write this rank's shard ({problem})", tmp) from None
+    # A rank that cannot write stops every rank: an OSError; a TypeError for a dtype safetensors cannot
+    # store; safetensors' own SafetensorError for a full disk or a file-size limit (no OSError).
+    with _any_failure(comm, "writing this rank's shard", tmp / file):
+        arrays = {k: np.ascontiguousarray(backend.to_numpy(t[0])) for k, t in mine.items()}
+        if mine:
+            checksum, nbytes = atomic.write_shard(tmp / file, arrays)
     if not mine:
         return None
     entries = {
@@ -251,31 +273,47 @@ def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[st
 def _gather_records(comm: Any, layout: Layout, written: Any, scalars: dict, sampler: Any) -> list[dict]:
     """Step 3: every rank's record (what it wrote, its optimizer counters, generator and sampler states),
     in rank order, on every rank."""
-    generators = md_random.get_all_rng_states()
-    mine = {
-        "rank": layout.rank,
-        "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
-        "rng": generators["rng"],
-        "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
-        "sampler": sampler.state_dict() if sampler is not None else None,
-        "written": written,
-        "scalars": scalars,
-    }
+    with _any_failure(comm, "recording this rank's generator and sampler states", None):
+        generators = md_random.get_all_rng_states()
+        state = sampler.state_dict() if sampler is not None else None
+        json.dumps(state)  # strict: all_gather_json would store a NumPy int silently as a string
+        mine = {
+            "rank": layout.rank,
+            "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
+            "rng": generators["rng"],
+            "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
+            "sampler": state,
+            "written": written,
+            "scalars": scalars,
+        }
     return all_gather_json(mine, comm)
 
 
-def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict, keep_last: int | None) -> None:
-    """Step 4, rank 0: the manifest (durable), the folder renamed into place, ``latest`` switched, and
-    only then old checkpoints pruned. A crash at any moment leaves a loadable checkpoint (``atomic.py``)."""
+def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict) -> None:
+    """Step 4, rank 0: the manifest (durable), the folder renamed into place, ``latest`` switched. A crash
+    at any moment leaves a loadable checkpoint (``atomic.py``); a failure (a full disk, a file-size
+    limit) undoes what was done, so that the error means "this step was not saved" on every rank."""
     with on_every_rank(comm):
         if comm.rank == 0:
+            previous = atomic.latest_or_none(root)
+            doing, path = "writing the manifest", tmp / atomic.MANIFEST
             try:
                 # BEGIN SOLUTION A6.2: manifest (durable), commit the folder, then switch latest
                 atomic.write_durable(tmp / atomic.MANIFEST, fmt.dumps(manifest))
+                doing, path = "renaming the folder into place", final
                 atomic.commit_dir(tmp, final)
+                doing, path = "replacing the 'latest' pointer", root / atomic.LATEST
                 atomic.write_latest(root, final.name)
                 # END SOLUTION
-                if keep_last is not None:
-                    atomic.prune(root, int(keep_last), protect=final)
-            except OSError as err:
-                raise CheckpointError(f"committing the checkpoint failed ({err})", final) from None
+            except Exception as err:  # noqa: BLE001  (any failure: undone, then raised on every rank)
+                atomic.undo_commit(root, tmp, final, previous)
+                raise CheckpointError(f"{doing} failed ({type(err).__name__}: {err})", path) from None
+
+
+def _prune(comm: Any, root: Path, final: Path, keep_last: int | None) -> None:
+    """Rank 0 deletes checkpoints beyond ``keep_last`` (collective: a failure is raised on every rank)."""
+    with _any_failure(
+        comm, f"deleting old checkpoints (keep_last={keep_last}) after committing {final.name}", root
+    ):
+        if comm.rank == 0 and keep_last is not None:
+            atomic.prune(root, int(keep_last), protect=final)

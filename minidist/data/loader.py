@@ -15,11 +15,20 @@ The order comes from one of three places:
 The shuffled order depends only on ``(seed, epoch)``, never on how many batches were drawn
 before, so a run resumed from a checkpoint at epoch e sees exactly the batches of an uninterrupted
 run. The price is that you must call ``set_epoch(epoch)`` each epoch to get a new order.
+
+Resuming mid-epoch: the loader takes its indices from the sampler one batch at a time, never the
+whole epoch up front, so a :class:`DistributedSampler`'s ``position`` always equals the samples of
+the batches yielded so far. ``checkpoint.save(..., sampler=sampler)`` (or ``sampler=loader``: the
+loader hands over its sampler's state) inside the loop therefore records the real progress, and
+after ``checkpoint.load`` the same loop continues with the next batch (PyTorch keeps this progress
+in a separate ``StatefulDataLoader`` of torchdata; here the sampler carries it).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -100,11 +109,36 @@ class DataLoader:
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's ``state_dict()`` (epoch and position): what ``checkpoint.save(..., sampler=loader)``
+        stores. Raises ``TypeError`` if the loader has no sampler with a state (use a DistributedSampler)."""
+        return self._stateful_sampler().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the sampler at the saved epoch and position (``DistributedSampler.load_state_dict``)."""
+        self._stateful_sampler().load_state_dict(state)
+
+    def resume_point(self, state: dict[str, Any]) -> tuple[int, int]:
+        """The sampler's ``resume_point(state)``: checks a saved state without changing anything."""
+        return self._stateful_sampler().resume_point(state)
+
+    def _stateful_sampler(self) -> Any:
+        if not hasattr(self.sampler, "state_dict"):
+            raise TypeError(
+                "this DataLoader has no sampler that records its progress (shuffle=True or a plain list), "
+                "so a checkpoint cannot resume it; give it a DistributedSampler (num_replicas=1, rank=0 in "
+                "one process) and pass that, or the loader, as checkpoint.save(..., sampler=...)."
+            )
+        return self.sampler
+
+    def _pull_batches(self, indices: Iterator[int]) -> Iterator[np.ndarray]:
+        """Index arrays of up to ``batch_size`` from ``indices``, each pulled only when it is needed."""
+        while True:
+            yield np.fromiter(itertools.islice(indices, self.batch_size), dtype=np.int64)
+
     def _order(self) -> np.ndarray:
-        """The sample indices of this epoch, in the order they will be batched."""
+        """The sample indices of this epoch without a sampler, in the order they will be batched."""
         n = len(self.dataset[0])
-        if self.sampler is not None:
-            return np.fromiter(self.sampler, dtype=np.int64)
         if self.shuffle:
             return np.random.default_rng((self.seed, self.epoch)).permutation(n)
         return np.arange(n)
@@ -117,9 +151,16 @@ class DataLoader:
         return -(-n // self.batch_size)  # ceiling division: the partial last batch counts
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
-        order = self._order()
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            if self.drop_last and len(idx) < self.batch_size:
+        if self.sampler is None:
+            order = self._order()
+            batches = (
+                order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
+            )
+        else:
+            # One batch of indices at a time: the sampler's position then counts exactly the batches
+            # handed out (a checkpoint saved in the loop body records it), never the whole epoch.
+            batches = self._pull_batches(iter(self.sampler))
+        for idx in batches:
+            if len(idx) == 0 or (self.drop_last and len(idx) < self.batch_size):
                 return
             yield tuple(array[idx] for array in self.dataset)

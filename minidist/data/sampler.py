@@ -79,12 +79,16 @@ class DistributedSampler:
     Call ``set_epoch(epoch)`` at the start of every epoch, as in PyTorch: otherwise every epoch
     repeats the order of epoch 0.
 
-    Resuming: ``position`` counts this rank's indices already consumed in the current epoch. Iterating
-    starts there and advances it as indices are handed out (back to 0 once the epoch is exhausted,
-    and on ``set_epoch`` to a new epoch). A ``DataLoader`` draws the whole epoch up front, so a
-    training loop that checkpoints mid-epoch sets ``sampler.position = batches_done * local batch size``
-    before saving. ``state_dict()`` / ``load_state_dict()`` carry epoch and position, and the seed,
-    shuffle setting and data set length, which must match on resume.
+    Resuming: ``position`` counts this rank's indices already handed out in the current epoch.
+    Iterating starts there and advances it index by index, and a ``DataLoader`` pulls one batch of
+    indices at a time, so inside the body of ``for x, y in loader`` the position is exactly the
+    batches yielded so far (this one included) times the batch size: what ``checkpoint.save(...,
+    sampler=sampler)`` must record. An epoch iterated to its end leaves ``position == len(self)``
+    ("this epoch is done"), so a checkpoint saved between two epochs resumes at the next one, not at
+    the start of the same one. Iterating the same epoch again in the same process (no ``set_epoch``)
+    starts it over, as in PyTorch; ``set_epoch`` to another epoch starts it at 0. ``state_dict()`` /
+    ``load_state_dict()`` carry epoch and position, and the seed, shuffle setting and data set
+    length, which must match on resume.
 
     Uneven shares: with ``drop_last=False`` and R not dividing N (strided), or a trailing partial
     global batch smaller than R (global-batch mode), some ranks may get one batch fewer than others.
@@ -135,13 +139,16 @@ class DistributedSampler:
             )
         self.epoch = 0
         self.position = 0
+        # True once this process iterated the epoch to its end: iterating again starts it over. A
+        # position of len(self) restored by load_state_dict is not "over": it resumes as finished.
+        self._exhausted = False
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0); a new epoch starts
         at position 0."""
         epoch = check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.position = 0
+            self.position, self._exhausted = 0, False
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,6 +169,7 @@ class DistributedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the saved epoch and position (checked by :meth:`resume_point`)."""
         self.epoch, self.position = self.resume_point(state)
+        self._exhausted = False  # position == len(self): the saved epoch was done; iterating yields nothing
 
     def resume_point(self, state: dict[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` that ``load_state_dict(state)`` sets; changes nothing.
@@ -201,9 +209,14 @@ class DistributedSampler:
                 raise ValueError(
                     f"the saved state has batch_size={saved_b} < num_replicas={saved_r} (corrupt?)."
                 )
-            base, extra = divmod(saved_b, saved_r)
-            saved_local = base + (1 if check_int("rank", state.get("rank", 0), 0) < extra else 0)
-            position = position // saved_local * self.local_batch_size
+            saved_rank = check_int("rank", state.get("rank", 0), 0)
+            saved = DistributedSampler(
+                self.dataset_len, saved_r, saved_rank, drop_last=self.drop_last, batch_size=saved_b
+            )
+            if position == len(saved):  # the saved epoch was finished (its partial last batch too)
+                position = len(self)
+            else:
+                position = position // saved.local_batch_size * self.local_batch_size
         if position > len(self):
             raise ValueError(
                 f"sampler position {position} is beyond this rank's {len(self)} indices per epoch."
@@ -272,8 +285,12 @@ class DistributedSampler:
         return n_full * self.local_batch_size + tail_piece
 
     def __iter__(self) -> Iterator[int]:
+        if self._exhausted:  # this process already ran this epoch to its end: run it again from 0
+            self.position, self._exhausted = 0, False
         start = self.position
+        # Advance the position as each index is handed out (not when the epoch is drawn): a DataLoader
+        # pulling batch by batch then leaves the true progress here for a checkpoint to save.
         for k, index in enumerate(self.indices()[start:].tolist()):  # tolist(): Python ints
             self.position = start + k + 1
             yield index
-        self.position = 0  # the epoch is done; the next iteration starts it again
+        self._exhausted = True  # position stays len(self): a checkpoint saved now resumes at the next epoch

@@ -71,6 +71,15 @@ def install_kill(rank: int) -> tuple[int, str] | None:
             real_commit(tmp, final)
 
         atomic.commit_dir = die_or_commit
+    if phase == "latest":  # after the folder's rename, before 'latest' is replaced
+        real_latest = atomic.write_latest
+
+        def die_or_point(root, name):
+            if name == target:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_latest(root, name)
+
+        atomic.write_latest = die_or_point
     return int(s), phase
 
 
@@ -140,8 +149,7 @@ def train(args, mesh: ProcessMesh, opt_name: str, kill) -> None:
         raise AssertionError("the load did not raise CheckpointError")
 
     while step < args.steps:
-        start = sampler.position  # the DataLoader drains the sampler up front; we count batches ourselves
-        for k, (xb, yb) in enumerate(loader):
+        for xb, yb in loader:  # the sampler counts the batches handed out: no bookkeeping here
             if kill is not None and kill == (step, "train"):
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.zero_grad()
@@ -151,7 +159,6 @@ def train(args, mesh: ProcessMesh, opt_name: str, kill) -> None:
                 nn.functional.cross_entropy(runner(md.tensor(xb, dtype=np.float64)), yb).backward()
             opt.step()
             step += 1
-            sampler.position = start + (k + 1) * sampler.local_batch_size
             if args.every and step % args.every == 0:
                 checkpoint.save(ckpt, runner, opt, step=step, mesh=mesh, sampler=sampler, keep_last=2)
             if step == args.steps:
