@@ -21,7 +21,10 @@ from the schedule step by step, keyed by ``(microbatch i, chunk c)``:
 the other ranks wait for its gradients. If ``loss_fn`` raises or returns something that is not a
 one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
 computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
-reports the error on every rank (the step's gradients are incomplete and must be discarded).
+reports the error on every rank (the step's gradients are incomplete and must be discarded). The
+same holds for a microbatch whose activation leaves a stage with another shape or dtype than the
+step's first one did (:meth:`StageExecutor.outgoing`): the error names the stage, the microbatch and
+both shapes.
 
 **Bookkeeping.** ``stats``: the last step's busy (forward + backward) time and the most microbatches
 whose activations this rank held at once. With ``minidist.trace`` on, each computation and message
@@ -101,19 +104,21 @@ class StageExecutor:
             messaging = BatchedMessaging if schedule.name == "interleaved" else BlockingMessaging
         self.messaging = messaging(self)
         self.stats = StepStats()
-        self.error: Exception | None = None  # of the last step's loss_fn (rank p-1; module docstring)
+        self.error: Exception | None = None  # the last step's first failure here (module docstring)
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
 
         ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If ``loss_fn``
-        fails or does not return a one-element Tensor, the step still runs to the end and ``error``
-        holds a ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
+        fails or does not return a one-element Tensor, or an activation to send changes shape from one
+        microbatch to the next, the step still runs to the end and ``error`` holds a
+        ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
         """
         self.error = None
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
         self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
         self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
+        self._sent: dict[int, tuple[Any, ...]] = {}  # boundary -> (shape, dtype, microbatch) first sent
         self._data, self._targets, self._loss_fn = inputs, targets, loss_fn
         self.stats, self._live, self._loss = StepStats(), 0, 0.0
         self.messaging.start_step()
@@ -179,10 +184,30 @@ class StageExecutor:
 
     def outgoing(self, ins: Instruction) -> Any:
         """The contiguous backend array a send sends: the chunk's output (``send_act``) or the gradient
-        of its input (``send_grad``; zeros if the input got none)."""
+        of its input (``send_grad``; zeros if the input got none).
+
+        The first activation sent across a boundary in a step fixes its shape and dtype (its header
+        sizes every receive buffer, ``messages.py``). A later microbatch's output of another shape would
+        arrive as a bare length error on the next rank alone, leaving this one waiting; instead it
+        becomes this rank's ``error`` (``messages.shape_changed``) and zeros of the agreed shape travel
+        in its place, so the step runs to its end and ``PipelineParallel`` raises it on every rank.
+        """
         key = (ins.microbatch, ins.chunk)
-        array = self._outputs[key].data if ins.kind == SEND_ACT else self._input_grad(*key)
+        if ins.kind == SEND_GRAD:
+            return backend.xp().ascontiguousarray(self._input_grad(*key))
+        array = self._outputs[key].data
+        b, spec = self.boundary(ins), (tuple(array.shape), array.dtype)
+        first = self._sent.setdefault(b, (*spec, ins.microbatch))
+        if spec != first[:2]:
+            self._fail(messages.shape_changed(self.stage, ins, self.p, self.v, spec, first))
+            array = backend.xp().zeros(*first[:2])
+            self._outputs[key] = Tensor(array)  # no graph: its backward is skipped, its gradient sized alike
         return backend.xp().ascontiguousarray(array)
+
+    def _fail(self, error: Exception) -> None:
+        """Keep the step's first error; the step runs on (module docstring)."""
+        if self.error is None:
+            self.error = error
 
     def grad_buffer_spec(self, ins: Instruction) -> tuple[tuple[int, ...], Any]:
         """``(shape, dtype)`` of the gradient a ``recv_grad`` receives: those of the output it belongs to."""
