@@ -23,7 +23,10 @@ That needs the same generator state on every rank of the group, which a per-rank
 the one the first rank's seed builds on one device, sharded and replicated parameters alike.
 
 Every sharded parameter gets ``tp_dim`` (0: out axis, 1: in axis) and ``tp_group``; a replicated
-one keeps ``tp_dim = None`` (see ``nn.Parameter``).
+one keeps ``tp_dim = None`` (see ``nn.Parameter``). A sharded parameter is also tagged as a shard
+(``Tensor.sharded_over``), and so is everything computed from it until the g operator or a gather
+makes it replicated again: a plain ``nn.Dropout`` on a column layer's output then draws a different
+mask on every rank, from the RNG tracker (``random.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from minidist.parallel.tensor_parallel.mappings import (
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
     scatter_to_tensor_parallel_region,
+    tag_shard,
 )
 
 
@@ -60,7 +64,7 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     index[tp_dim] = slice(group.rank * width, (group.rank + 1) * width)
     shard = Parameter(full.data[tuple(index)].copy())  # copy: contiguous, and the full array is freed
     shard.tp_dim, shard.tp_group = tp_dim, group
-    return shard
+    return tag_shard(shard, group)  # what is computed from it is a shard too (dropout: ops/dropout.py)
     # END SOLUTION
 
 
