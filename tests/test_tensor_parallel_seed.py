@@ -66,3 +66,19 @@ def test_a_bad_group_or_bias_on_one_rank_raises_on_every_rank(run):
         kind, message = errors[0][case]
         assert kind == "TypeError" and re.search(pattern, message), (case, message)
     assert errors[0]["after"] == errors[1]["after"]  # the group still works
+
+
+def test_each_tp_group_of_a_mesh_builds_its_first_ranks_model_and_replicas_keep_their_own(tmp_path):
+    """dp=2 x tp=2 with md.manual_seed(rank): tp group {0, 1} builds seed 0's layers, {2, 3} seed 2's.
+    The replicas differ (DDP broadcasts replica 0's weights, as with any per-rank seed)."""
+    run_mpi(4, "tensor_parallel/tp_seed_mesh.py", tmp_path, timeout=120)
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(4)]
+    for r, arrays in enumerate(ranks):
+        for k in range(2):
+            for name in ("weight", "bias"):
+                np.testing.assert_array_equal(
+                    arrays[f"tp{k}.{name}"], arrays[f"dense{k}.{name}"], err_msg=f"{r}"
+                )
+    np.testing.assert_array_equal(ranks[0]["tp1.bias"], ranks[1]["tp1.bias"])
+    np.testing.assert_array_equal(ranks[2]["tp1.bias"], ranks[3]["tp1.bias"])
+    assert not np.array_equal(ranks[0]["tp0.weight"], ranks[2]["tp0.weight"])  # replicas: own streams
