@@ -131,7 +131,9 @@ def share_generator(group: Communicator) -> bool:
     each rank. As DDP broadcasts rank 0's weights, the layer adopts the group's first rank's generator
     state before drawing: the model is then exactly the one that rank would build on one device, and
     the ranks keep drawing alike afterwards. Ranks of *other* tp groups (other data-parallel
-    replicas) keep their own streams. Returns True if this rank's state was replaced.
+    replicas) keep their own streams. Plain layers built *before* the first tensor-parallel layer
+    drew from the ranks' own generators and may still differ: seed alike within a tp group, or build
+    the tensor-parallel layers first. Returns True if this rank's state was replaced.
     """
     if group.size == 1:
         return False
