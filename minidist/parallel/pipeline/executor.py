@@ -22,9 +22,9 @@ the other ranks wait for its gradients. If ``loss_fn`` raises or returns somethi
 one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
 computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
 reports the error on every rank (the step's gradients are incomplete and must be discarded). The
-same holds for a microbatch whose activation leaves a stage with another shape or dtype than the
-step's first one did (:meth:`StageExecutor.outgoing`): the error names the stage, the microbatch and
-both shapes.
+same holds for a chunk whose forward raises, and for a microbatch whose activation leaves a stage
+with another shape or dtype than the step's first one did (:meth:`StageExecutor.outgoing`): the
+error names the stage, the microbatch and the shapes (``failures.py``).
 
 **Bookkeeping.** ``stats``: the last step's busy (forward + backward) time and the most microbatches
 whose activations this rank held at once. With ``minidist.trace`` on, each computation and message
@@ -44,6 +44,7 @@ from minidist.distributed import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline import messages
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
+from minidist.parallel.pipeline.failures import apply_loss, run_chunk, stand_in_spec
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -114,7 +115,7 @@ class StageExecutor:
         microbatch to the next, the step still runs to the end and ``error`` holds a
         ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
         """
-        self.error = None
+        self.error, self.error_at = None, (self.m, self.last + 1)  # (microbatch, virtual stage)
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
         self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
         self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
@@ -138,9 +139,18 @@ class StageExecutor:
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
         with trace.span(_name(FORWARD, i, c), FORWARD):
-            out = None if g == self.last and self.error else self.chunks[c](x)  # failed loss: skip
+            out = None
+            if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
+                out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
+                if error is not None:
+                    self._fail(error, i, g)
             if g == self.last and self.error is None:
-                out, self.error = apply_loss(self._loss_fn, out, self._targets[i], i)
+                out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
+                if error is not None:
+                    self._fail(error, i, g)
+            elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
+                known = self._sent.get(g)
+                out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
         self.stats.busy_s += time.perf_counter() - start
         self._outputs[(i, c)] = out
         self._live += 1
@@ -199,15 +209,19 @@ class StageExecutor:
         b, spec = self.boundary(ins), (tuple(array.shape), array.dtype)
         first = self._sent.setdefault(b, (*spec, ins.microbatch))
         if spec != first[:2]:
-            self._fail(messages.shape_changed(self.stage, ins, self.p, self.v, spec, first))
+            self._fail(
+                messages.shape_changed(self.stage, ins, self.p, self.v, spec, first), ins.microbatch, b
+            )
             array = backend.xp().zeros(*first[:2])
             self._outputs[key] = Tensor(array)  # no graph: its backward is skipped, its gradient sized alike
         return backend.xp().ascontiguousarray(array)
 
-    def _fail(self, error: Exception) -> None:
-        """Keep the step's first error; the step runs on (module docstring)."""
+    def _fail(self, error: Exception, i: int, where: int) -> None:
+        """Keep the step's first error, of microbatch ``i`` at virtual stage (or chunk) ``where``; the
+        step runs on (module docstring). ``error_at`` lets ``PipelineParallel`` report the failure
+        that came first in the data flow, not one that followed from the zeros sent after it."""
         if self.error is None:
-            self.error = error
+            self.error, self.error_at = error, (i, where)
 
     def grad_buffer_spec(self, ins: Instruction) -> tuple[tuple[int, ...], Any]:
         """``(shape, dtype)`` of the gradient a ``recv_grad`` receives: those of the output it belongs to."""
@@ -289,26 +303,6 @@ class BlockingMessaging:
                 self._act_shape = messages.decode_header(header)
             return backend.xp().empty(*self._act_shape)
         return backend.xp().empty(*self.ex.grad_buffer_spec(ins))
-
-
-def apply_loss(loss_fn: Callable, output: Tensor, targets: Any, i: int) -> tuple[Any, Exception | None]:
-    """``(loss_fn(output, targets), None)``, or ``(None, error)`` if it raises or returns anything but a
-    one-element Tensor: a ``TypeError``/``ValueError`` naming microbatch ``i`` and the shapes involved."""
-    try:
-        loss = loss_fn(output, targets)
-    except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
-        return None, ValueError(
-            f"loss_fn(output, targets) failed on microbatch {i}: {type(e).__name__}: {e} (the last "
-            f"stage's output has shape {output.shape}, the microbatch's targets "
-            f"{getattr(targets, 'shape', type(targets).__name__)}); check the targets and loss_fn"
-        )
-    if not isinstance(loss, Tensor) or loss.size != 1:
-        return None, TypeError(
-            f"loss_fn must return a one-element minidist Tensor (the mean loss of the microbatch), "
-            f"got {type(loss).__name__}{f' of shape {loss.shape}' if isinstance(loss, Tensor) else ''} "
-            f"on microbatch {i}"
-        )
-    return loss, None
 
 
 def _tag(ins: Instruction) -> int:
