@@ -110,10 +110,11 @@ class StageExecutor:
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
 
-        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If ``loss_fn``
-        fails or does not return a one-element Tensor, or an activation to send changes shape from one
-        microbatch to the next, the step still runs to the end and ``error`` holds a
-        ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
+        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If a chunk's
+        forward raises, ``loss_fn`` fails or does not return a one-element Tensor, or an activation to
+        send changes shape from one microbatch to the next, the step still runs to the end; ``error``
+        then holds the first such failure here (``failures.py``), ``error_at`` its (microbatch,
+        virtual stage), and the returned loss is nan.
         """
         self.error, self.error_at = None, (self.m, self.last + 1)  # (microbatch, virtual stage)
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
