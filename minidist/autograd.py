@@ -99,6 +99,9 @@ class Tensor:
 
     # Makes ``ndarray + Tensor`` call ``Tensor.__radd__`` instead of NumPy's elementwise loop.
     __array_priority__ = 1000
+    # The group whose ranks hold different parts of this tensor (a tensor-parallel shard), else None.
+    # Set by minidist.parallel.tensor_parallel, passed on to results by Function.apply, read by dropout.
+    sharded_over: Any = None
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         self.data = data
@@ -377,6 +380,10 @@ class Function:
         if isinstance(result, np.generic):
             result = _asarray_like(result, tensors)
         out = Tensor(result)
+        for t in tensors:  # computed from a shard: a shard too (Tensor.sharded_over)
+            if t.sharded_over is not None:
+                out.sharded_over = t.sharded_over
+                break
         if _grad_enabled and any(t.requires_grad for t in tensors):
             out.requires_grad = True
             out._ctx = fn

@@ -314,3 +314,22 @@ def test_rng_tracker_fork_leaves_the_default_generator_alone_and_states_round_tr
     with pytest.raises(ValueError, match="model_parallel_manual_seed"):
         with RNGStatesTracker().fork():
             pass
+
+
+def test_a_nested_fork_of_the_same_stream_continues_it_instead_of_replaying_it():
+    """Dropout forks by itself for a shard, also inside ParallelMLP's own fork: the inner fork must not
+    restart the stream (the outer one would then store the state of before the inner draws)."""
+    from minidist import random
+    from minidist.parallel.tensor_parallel import get_rng_tracker, model_parallel_manual_seed
+
+    model_parallel_manual_seed(5)
+    with get_rng_tracker().fork():
+        with get_rng_tracker().fork():
+            inner = random.generator().random(3)
+        outer = random.generator().random(3)
+    with get_rng_tracker().fork():
+        after = random.generator().random(3)
+    np.testing.assert_array_equal(
+        np.concatenate([inner, outer, after]), np.random.default_rng(5 + 2718).random(9)
+    )
+    np.testing.assert_array_equal(random.generator().random(3), np.random.default_rng(5).random(3))

@@ -73,7 +73,12 @@ class Tanh(Module):
 
 
 class Dropout(Module):
-    """Zero each element with probability ``p`` in training mode (scaled by 1/(1-p)); identity in eval."""
+    """Zero each element with probability ``p`` in training mode (scaled by 1/(1-p)); identity in eval.
+
+    On a tensor-parallel shard (the output of ``ColumnParallelLinear(gather_output=False)`` and what is
+    computed from it) the mask differs per tp rank, drawn from the RNG tracker: seed it with
+    ``minidist.parallel.tensor_parallel.model_parallel_manual_seed`` (``ops/dropout.py``).
+    """
 
     def __init__(self, p: float = 0.5):
         super().__init__()

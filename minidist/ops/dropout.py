@@ -2,13 +2,27 @@
 
 In training each element is zeroed with probability p and the survivors are multiplied by
 1/(1-p), so the expected value is unchanged and evaluation needs no rescaling.
+
+**Which generator draws the mask.** Normally minidist's default generator, which ``md.manual_seed``
+puts in the same state on every rank: a tensor that is the same on every rank (replicated) then gets
+the same mask everywhere, as it must. A tensor-parallel *shard* (``x.sharded_over`` is set: the ranks
+hold different slices of one activation, e.g. the output of ``ColumnParallelLinear(gather_output=
+False)``) needs a different mask per rank, or every slice would drop the same units (Shoeybi et al.
+2019, §3, last paragraph). Tensor parallelism registers the stream for those here
+(:func:`set_sharded_stream`: its RNG tracker's per-rank generator); this layer knows nothing of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 from minidist import random
 from minidist.autograd import Function
 from minidist.backend import array_module
+
+# () -> a context in which minidist's default generator draws a shard's masks; None: none registered
+_sharded_stream: Callable[[], AbstractContextManager] | None = None
 
 
 class Dropout(Function):
@@ -24,13 +38,27 @@ class Dropout(Function):
         return (grad * self.mask,)
 
 
-def dropout(x, p: float = 0.5, training: bool = True):
-    """Zero elements of ``x`` with probability ``p`` when ``training``, else return ``x`` unchanged.
+def set_sharded_stream(stream: Callable[[], AbstractContextManager] | None) -> None:
+    """Draw the masks of tensors whose ``sharded_over`` is set inside ``stream()`` (module docstring).
 
-    Raises ``ValueError`` unless 0 <= p <= 1.
+    Called once by ``minidist.parallel.tensor_parallel.random`` with its RNG tracker's ``fork``.
+    """
+    global _sharded_stream
+    _sharded_stream = stream
+
+
+def dropout(x, p: float = 0.5, training: bool = True):
+    """Zero elements of ``x`` (any shape) with probability ``p`` when ``training``, else return ``x``.
+
+    A tensor-parallel shard draws its mask from the per-rank stream (module docstring); that stream
+    raises ``ValueError`` if it was never seeded (``model_parallel_manual_seed``). Raises
+    ``ValueError`` unless 0 <= p <= 1.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be between 0 and 1, got {p}")
     if not training or p == 0.0:
         return x
+    if getattr(x, "sharded_over", None) is not None and _sharded_stream is not None:
+        with _sharded_stream():
+            return Dropout.apply(x, p=float(p))
     return Dropout.apply(x, p=float(p))

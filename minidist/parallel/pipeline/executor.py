@@ -21,7 +21,10 @@ from the schedule step by step, keyed by ``(microbatch i, chunk c)``:
 the other ranks wait for its gradients. If ``loss_fn`` raises or returns something that is not a
 one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
 computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
-reports the error on every rank (the step's gradients are incomplete and must be discarded).
+reports the error on every rank (the step's gradients are incomplete and must be discarded). The
+same holds for a chunk whose forward raises, and for a microbatch whose activation leaves a stage
+with another shape or dtype than the step's first one did (:meth:`StageExecutor.outgoing`): the
+error names the stage, the microbatch and the shapes (``failures.py``).
 
 **Bookkeeping.** ``stats``: the last step's busy (forward + backward) time and the most microbatches
 whose activations this rank held at once. With ``minidist.trace`` on, each computation and message
@@ -41,6 +44,7 @@ from minidist.distributed import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline import messages
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
+from minidist.parallel.pipeline.failures import apply_loss, run_chunk, stand_in_spec
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -101,19 +105,22 @@ class StageExecutor:
             messaging = BatchedMessaging if schedule.name == "interleaved" else BlockingMessaging
         self.messaging = messaging(self)
         self.stats = StepStats()
-        self.error: Exception | None = None  # of the last step's loss_fn (rank p-1; module docstring)
+        self.error: Exception | None = None  # the last step's first failure here (module docstring)
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
 
-        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If ``loss_fn``
-        fails or does not return a one-element Tensor, the step still runs to the end and ``error``
-        holds a ``TypeError``/``ValueError`` saying why (the returned loss is then nan).
+        ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If a chunk's
+        forward raises, ``loss_fn`` fails or does not return a one-element Tensor, or an activation to
+        send changes shape from one microbatch to the next, the step still runs to the end; ``error``
+        then holds the first such failure here (``failures.py``), ``error_at`` its (microbatch,
+        virtual stage), and the returned loss is nan.
         """
-        self.error = None
+        self.error, self.error_at = None, (self.m, self.last + 1)  # (microbatch, virtual stage)
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
         self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
         self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
+        self._sent: dict[int, tuple[Any, ...]] = {}  # boundary -> (shape, dtype, microbatch) first sent
         self._data, self._targets, self._loss_fn = inputs, targets, loss_fn
         self.stats, self._live, self._loss = StepStats(), 0, 0.0
         self.messaging.start_step()
@@ -133,9 +140,18 @@ class StageExecutor:
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
         with trace.span(_name(FORWARD, i, c), FORWARD):
-            out = None if g == self.last and self.error else self.chunks[c](x)  # failed loss: skip
+            out = None
+            if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
+                out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
+                if error is not None:
+                    self._fail(error, i, g)
             if g == self.last and self.error is None:
-                out, self.error = apply_loss(self._loss_fn, out, self._targets[i], i)
+                out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
+                if error is not None:
+                    self._fail(error, i, g)
+            elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
+                known = self._sent.get(g)
+                out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
         self.stats.busy_s += time.perf_counter() - start
         self._outputs[(i, c)] = out
         self._live += 1
@@ -179,10 +195,34 @@ class StageExecutor:
 
     def outgoing(self, ins: Instruction) -> Any:
         """The contiguous backend array a send sends: the chunk's output (``send_act``) or the gradient
-        of its input (``send_grad``; zeros if the input got none)."""
+        of its input (``send_grad``; zeros if the input got none).
+
+        The first activation sent across a boundary in a step fixes its shape and dtype (its header
+        sizes every receive buffer, ``messages.py``). A later microbatch's output of another shape would
+        arrive as a bare length error on the next rank alone, leaving this one waiting; instead it
+        becomes this rank's ``error`` (``messages.shape_changed``) and zeros of the agreed shape travel
+        in its place, so the step runs to its end and ``PipelineParallel`` raises it on every rank.
+        """
         key = (ins.microbatch, ins.chunk)
-        array = self._outputs[key].data if ins.kind == SEND_ACT else self._input_grad(*key)
+        if ins.kind == SEND_GRAD:
+            return backend.xp().ascontiguousarray(self._input_grad(*key))
+        array = self._outputs[key].data
+        b, spec = self.boundary(ins), (tuple(array.shape), array.dtype)
+        first = self._sent.setdefault(b, (*spec, ins.microbatch))
+        if spec != first[:2]:
+            self._fail(
+                messages.shape_changed(self.stage, ins, self.p, self.v, spec, first), ins.microbatch, b
+            )
+            array = backend.xp().zeros(*first[:2])
+            self._outputs[key] = Tensor(array)  # no graph: its backward is skipped, its gradient sized alike
         return backend.xp().ascontiguousarray(array)
+
+    def _fail(self, error: Exception, i: int, where: int) -> None:
+        """Keep the step's first error, of microbatch ``i`` at virtual stage (or chunk) ``where``; the
+        step runs on (module docstring). ``error_at`` lets ``PipelineParallel`` report the failure
+        that came first in the data flow, not one that followed from the zeros sent after it."""
+        if self.error is None:
+            self.error, self.error_at = error, (i, where)
 
     def grad_buffer_spec(self, ins: Instruction) -> tuple[tuple[int, ...], Any]:
         """``(shape, dtype)`` of the gradient a ``recv_grad`` receives: those of the output it belongs to."""
@@ -264,26 +304,6 @@ class BlockingMessaging:
                 self._act_shape = messages.decode_header(header)
             return backend.xp().empty(*self._act_shape)
         return backend.xp().empty(*self.ex.grad_buffer_spec(ins))
-
-
-def apply_loss(loss_fn: Callable, output: Tensor, targets: Any, i: int) -> tuple[Any, Exception | None]:
-    """``(loss_fn(output, targets), None)``, or ``(None, error)`` if it raises or returns anything but a
-    one-element Tensor: a ``TypeError``/``ValueError`` naming microbatch ``i`` and the shapes involved."""
-    try:
-        loss = loss_fn(output, targets)
-    except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
-        return None, ValueError(
-            f"loss_fn(output, targets) failed on microbatch {i}: {type(e).__name__}: {e} (the last "
-            f"stage's output has shape {output.shape}, the microbatch's targets "
-            f"{getattr(targets, 'shape', type(targets).__name__)}); check the targets and loss_fn"
-        )
-    if not isinstance(loss, Tensor) or loss.size != 1:
-        return None, TypeError(
-            f"loss_fn must return a one-element minidist Tensor (the mean loss of the microbatch), "
-            f"got {type(loss).__name__}{f' of shape {loss.shape}' if isinstance(loss, Tensor) else ''} "
-            f"on microbatch {i}"
-        )
-    return loss, None
 
 
 def _tag(ins: Instruction) -> int:

@@ -81,6 +81,22 @@ def decode_header(header: np.ndarray) -> tuple[tuple[int, ...], np.dtype]:
     return shape, np.dtype(DTYPES[code])
 
 
+def shape_changed(stage: int, ins: Any, p: int, v: int, got: tuple, first: tuple) -> ValueError:
+    """The error for send ``ins`` of ``stage`` (of ``p`` ranks, ``v`` chunks each) whose activation has
+    ``got = (shape, dtype)`` where the step's first one across that boundary had ``first = (shape,
+    dtype, microbatch)``: it names the stage, both microbatches and both shapes."""
+    where = f"pipeline stage {stage}"
+    if v > 1:
+        where += f" (model chunk {ins.chunk}, virtual stage {ins.chunk * p + stage})"
+    return ValueError(
+        f"{where} produced an activation of shape {got[0]} ({got[1]}) for microbatch {ins.microbatch}, "
+        f"but of shape {first[0]} ({first[1]}) for microbatch {first[2]}: every microbatch must leave a "
+        "stage with the same shape and dtype (the next stage's receive buffers are sized from the "
+        "step's first activation); check the layers of this stage for an output shape that depends on "
+        "the data"
+    )
+
+
 def batched_tag(boundary: int, microbatch: int, kind: int, num_boundaries: int) -> int:
     """The tag of a batched message: ``kind`` (``ACT``, ``GRAD`` or ``HEADER``) of ``microbatch`` across
     chunk ``boundary`` (between virtual stages ``boundary`` and ``boundary + 1``, of ``num_boundaries``).

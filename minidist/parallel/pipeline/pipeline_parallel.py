@@ -80,10 +80,15 @@ class PipelineParallel:
     targets out of range, or layers that changed the batch size) or returns anything but a
     one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
     then reported on every rank of the group (and of the dp group), so no rank is left waiting; the
-    step's gradients are incomplete then: call ``zero_grad`` before the next step. An exception raised
-    inside the model's layers is *not* caught that way: it ends the job through minidist's excepthook
-    (``minidist/distributed/watchdog.py``), or, if caught (e.g. in a notebook), the other ranks wait until
-    ``MINIDIST_TIMEOUT`` turns their wait into an error.
+    step's gradients are incomplete then: call ``zero_grad`` before the next step. The same happens when
+    a stage's output changes shape or dtype from one microbatch to the next (a layer whose output shape
+    depends on the data): the stage sends zeros of the first microbatch's shape instead, and every rank
+    raises a ``ValueError`` naming the stage, the microbatch and both shapes; and when a stage's layers
+    raise in forward (e.g. an output that does not fit the next stage's first layer): every rank raises
+    that error's class (``RuntimeError`` for classes other than ``TypeError``/``ValueError``) naming the
+    stage, the microbatch and the input's shape (``failures.py``). Errors of the communication itself
+    (``minidist.distributed``) still end the job through minidist's excepthook
+    (``minidist/distributed/watchdog.py``).
 
     Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names: a
     :class:`PipelineStage`, or with ``v > 1`` a :class:`PipelineChunks` holding all ``v`` chunks),
@@ -192,7 +197,8 @@ class PipelineParallel:
         Raises ``ValueError`` on every rank of the group and of the dp group if the batch size is not
         divisible by ``microbatches``, the ranks' batch sizes differ, inputs/targets lengths differ,
         stage 0 lacks inputs / the last stage lacks targets, some rank called ``predict`` instead, or
-        ``loss_fn`` raised on the last stage; ``TypeError`` if ``loss_fn`` is not callable or returned
+        ``loss_fn`` raised on the last stage, or a stage's output changed shape or dtype between
+        microbatches; ``TypeError`` if ``loss_fn`` is not callable or returned
         anything but a one-element Tensor (class docstring: the step runs to its end first).
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
@@ -205,14 +211,16 @@ class PipelineParallel:
             xs = [Tensor(data[i * size : (i + 1) * size]) for i in range(m)]
         if s == p - 1:
             ys = [targets[i * size : (i + 1) * size] for i in range(m)]
-        # The mean loss is known on the last stage only; with it goes whether loss_fn failed there.
-        result = np.array([self._executor.run(xs, ys, loss_fn), self._executor.error is not None])
-        dist.broadcast(result, src=p - 1, group=self.group)
+        # The mean loss is known on the last stage only; with it goes whether any stage failed (a loss_fn
+        # on the last stage, an activation whose shape changed between microbatches on any stage).
+        loss = self._executor.run(xs, ys, loss_fn)
+        result = np.array([loss if s == p - 1 else 0.0, self._executor.error is not None])
+        dist.all_reduce(result, op="sum", group=self.group)
         self.stats.step_s = time.perf_counter() - start
         error: Exception | None = None
         if result[1]:
-            try:  # the last stage's message, to every rank of the pipeline group
-                dist.raise_if_any(self._executor.error, self.group, label="pipeline group")
+            try:  # the first failure in the data flow, to every rank of the pipeline group
+                dist.raise_if_any(self._first_failure(), self.group, label="pipeline group")
             except Exception as e:  # noqa: BLE001  (whatever it is, the dp group must learn of it)
                 error = e
         if self.dp_group is None or self.dp_group.size == 1:
@@ -289,6 +297,14 @@ class PipelineParallel:
         if shares[:, 0].any():
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
         return batch, int(shares[:, 1].sum())
+
+    def _first_failure(self) -> Exception | None:
+        """This rank's error if it came first in the data flow of the step (smallest microbatch, then
+        virtual stage; ``failures.py``): later ones may only follow from the zeros sent after it."""
+        ex = self._executor
+        where = dist.all_gather(np.array(ex.error_at, np.int64), group=self.group).reshape(-1, 2)
+        first = min(range(len(where)), key=lambda r: tuple(where[r]))
+        return ex.error if first == self.group.rank else None
 
     def _combine_gradients_over_dp(self, weight: float) -> None:
         """One all-reduce(sum) per dtype of ``weight`` x this stage's flat gradients, after the backward."""

@@ -7,7 +7,8 @@ the same sizes and flags. A rank that builds ``RowParallelLinear(8, 4)`` while i
 array lengths. So each layer describes its arguments and compares them across the group at
 construction with the distributed layer's one agreement helper (``minidist/distributed/agreement.py``);
 an argument that is bad on *any* rank is reported by *every* rank, so no rank is left waiting in the
-next collective.
+next collective. The same step makes the ranks' random generators agree (:func:`share_generator`), so
+that a per-rank seed cannot build a different layer on each rank.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 import numpy as np
 
 import minidist.distributed as dist
-from minidist.distributed.comm import Communicator
+from minidist import random
+from minidist.distributed import agreement
+from minidist.distributed.comm import Communicator, group_or_world
 
 _skip_depth = 0  # > 0 inside `already_agreed()`
 
@@ -37,6 +40,31 @@ def positive_int(layer: str, name: str, value: Any) -> int:
     if value < 1:
         raise ValueError(f"{layer}: {name} must be a positive int, got {value}")
     return value
+
+
+def flag(layer: str, name: str, value: Any) -> bool:
+    """``value`` as a Python bool (NumPy booleans accepted). Raises ``TypeError`` for anything else: an
+    array given as ``bias`` (a bias *tensor*, as some APIs take) must not pass as "truthy"."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{layer}: {name} must be True or False, got {type(value).__name__}"
+        + (" (the layer creates its own bias; pass bias=True)" if name == "bias" else "")
+    )
+
+
+def resolve_group(layer: str, group: Any) -> tuple[Communicator, Exception | None]:
+    """``(communicator, None)`` for a valid ``group`` (None: the world); ``(world, TypeError)`` otherwise.
+
+    A rank given something that is not a ``Communicator`` cannot take part in its peers' agreement over
+    their group, so it joins it over the world instead and reports its error there: every rank then
+    raises it when the others' group is the world (the default). With a smaller group the ranks' calls
+    do not pair up; ``MINIDIST_TIMEOUT`` then turns the wait into an error.
+    """
+    try:
+        return group_or_world(group), None
+    except TypeError as e:
+        return group_or_world(None), TypeError(f"{layer}: {e}")
 
 
 def check_divisible(layer: str, name: str, value: int, group: Communicator) -> None:
@@ -74,7 +102,8 @@ def agree(group: Communicator, layer: str, arguments: dict[str, Any], error: Exc
 
     Collective (:func:`minidist.distributed.agreement`): raises the failing rank's ``TypeError`` or
     ``ValueError`` prefixed with ``"rank R of the tensor-parallel group: "``, or a ``ValueError``
-    naming each argument that differs and its value on every rank.
+    naming each argument that differs and its value on every rank. Then the ranks adopt the group's
+    first rank's generator state (:func:`share_generator`), so that the layer they build next is one.
     """
     if _skip_depth:
         if error is not None:
@@ -88,3 +117,28 @@ def agree(group: Communicator, layer: str, arguments: dict[str, Any], error: Exc
         label="tensor-parallel group",
         fix="build the layer with the same arguments on every rank of the group",
     )
+    share_generator(group)
+
+
+def share_generator(group: Communicator) -> bool:
+    """Make minidist's default generator the same on every rank of ``group``: the first rank's.
+
+    Collective (one all-gather of the ~200-byte generator state, ``agreement.all_gather_json``). A
+    tensor-parallel layer is one layer: its shards must be slices of *one* full weight, its replicated
+    parameters (a row-parallel bias) equal on every rank, and the dropout masks of replicated
+    activations too. All of that is drawn from the default generator, so a per-rank seed
+    (``md.manual_seed(rank)``, a common data-parallel habit) would silently build a different layer on
+    each rank. As DDP broadcasts rank 0's weights, the layer adopts the group's first rank's generator
+    state before drawing: the model is then exactly the one that rank would build on one device, and
+    the ranks keep drawing alike afterwards. Ranks of *other* tp groups (other data-parallel
+    replicas) keep their own streams. Plain layers built *before* the first tensor-parallel layer
+    drew from the ranks' own generators and may still differ: seed alike within a tp group, or build
+    the tensor-parallel layers first. Returns True if this rank's state was replaced.
+    """
+    if group.size == 1:
+        return False
+    states = agreement.all_gather_json(random.get_rng_state(), group)
+    if all(state == states[0] for state in states):
+        return False
+    random.set_rng_state(states[0])
+    return True

@@ -17,9 +17,16 @@ generator exactly as ``nn.Linear`` does (weight, then bias, U(-1/sqrt(in), 1/sqr
 fan-in) and keeps its slice, as Megatron's CPU initialisation does. So every rank's generator
 advances alike, tp=n and tp=1 start from the same model, and the next layer draws the same numbers
 too. The price, one full weight per rank for a moment, is irrelevant at the sizes minidist trains.
+That needs the same generator state on every rank of the group, which a per-rank seed
+(``md.manual_seed(rank)``) breaks; so at construction the ranks adopt the group's first rank's state
+(``checks.share_generator``, one small all-gather), as DDP adopts rank 0's weights. The layer is then
+the one the first rank's seed builds on one device, sharded and replicated parameters alike.
 
 Every sharded parameter gets ``tp_dim`` (0: out axis, 1: in axis) and ``tp_group``; a replicated
-one keeps ``tp_dim = None`` (see ``nn.Parameter``).
+one keeps ``tp_dim = None`` (see ``nn.Parameter``). A sharded parameter is also tagged as a shard
+(``Tensor.sharded_over``), and so is everything computed from it until the g operator or a gather
+makes it replicated again: a plain ``nn.Dropout`` on a column layer's output then draws a different
+mask on every rank, from the RNG tracker (``random.py``).
 """
 
 from __future__ import annotations
@@ -28,16 +35,24 @@ import math
 from typing import Any
 
 from minidist.autograd import DEFAULT_DTYPE, Tensor
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.layers import uniform
 from minidist.nn.module import Module, Parameter
-from minidist.parallel.tensor_parallel.checks import agree, check_divisible, describe_dtype, positive_int
+from minidist.parallel.tensor_parallel.checks import (
+    agree,
+    check_divisible,
+    describe_dtype,
+    flag,
+    positive_int,
+    resolve_group,
+)
 from minidist.parallel.tensor_parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
     scatter_to_tensor_parallel_region,
+    tag_shard,
 )
 
 
@@ -49,7 +64,7 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     index[tp_dim] = slice(group.rank * width, (group.rank + 1) * width)
     shard = Parameter(full.data[tuple(index)].copy())  # copy: contiguous, and the full array is freed
     shard.tp_dim, shard.tp_group = tp_dim, group
-    return shard
+    return tag_shard(shard, group)  # what is computed from it is a shard too (dropout: ops/dropout.py)
     # END SOLUTION
 
 
@@ -70,10 +85,13 @@ class ColumnParallelLinear(Module):
     (one all-gather forward). Backward all-reduces ``dL/dx`` (the f operator).
 
     Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
-    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank.
+    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank. The
+    ranks then adopt the first rank's generator state (a per-rank seed still builds one layer; module
+    docstring).
 
     Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
-    (NumPy integers are fine), ``ValueError`` for a size < 1, ``out_features`` not divisible by
+    (NumPy integers are fine), a flag that is not a bool, or a ``group`` that is not a Communicator
+    (``checks.resolve_group``), ``ValueError`` for a size < 1, ``out_features`` not divisible by
     ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
     ``gather_output`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis is not
     ``in_features`` (or a scalar).
@@ -89,10 +107,10 @@ class ColumnParallelLinear(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        self.group = group_or_world(group)
-        in_features, out_features = _agree_on_sizes(
-            "ColumnParallelLinear", self.group, in_features, out_features, "out_features",
-            bias=bool(bias), gather_output=bool(gather_output), dtype=describe_dtype(dtype),
+        self.group, error = resolve_group("ColumnParallelLinear", group)
+        in_features, out_features, (bias, gather_output) = _agree_on_sizes(
+            "ColumnParallelLinear", self.group, error, in_features, out_features, "out_features",
+            dict(bias=bias, gather_output=gather_output), dtype,
         )  # fmt: skip
         self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
         self.out_features_per_partition = out_features // self.group.size
@@ -125,10 +143,13 @@ class RowParallelLinear(Module):
     ``g(x_r W_r^T) + b``, one all-reduce forward, none backward.
 
     Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
-    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank.
+    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank. The
+    ranks then adopt the first rank's generator state (a per-rank seed still builds one layer; module
+    docstring).
 
     Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
-    (NumPy integers are fine), ``ValueError`` for a size < 1, ``in_features`` not divisible by
+    (NumPy integers are fine), a flag that is not a bool, or a ``group`` that is not a Communicator
+    (``checks.resolve_group``), ``ValueError`` for a size < 1, ``in_features`` not divisible by
     ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
     ``input_is_parallel`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis
     has the wrong length (or a scalar).
@@ -144,10 +165,10 @@ class RowParallelLinear(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        self.group = group_or_world(group)
-        in_features, out_features = _agree_on_sizes(
-            "RowParallelLinear", self.group, in_features, out_features, "in_features",
-            bias=bool(bias), input_is_parallel=bool(input_is_parallel), dtype=describe_dtype(dtype),
+        self.group, error = resolve_group("RowParallelLinear", group)
+        in_features, out_features, (bias, input_is_parallel) = _agree_on_sizes(
+            "RowParallelLinear", self.group, error, in_features, out_features, "in_features",
+            dict(bias=bias, input_is_parallel=input_is_parallel), dtype,
         )  # fmt: skip
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
@@ -177,17 +198,29 @@ class RowParallelLinear(Module):
 
 
 def _agree_on_sizes(
-    layer: str, group: Communicator, in_features: Any, out_features: Any, split: str, **flags: Any
-) -> tuple[int, int]:
-    """The sizes as ints, after checking them here and comparing all arguments across ``group``."""
-    error, sizes = None, (in_features, out_features)
+    layer: str,
+    group: Communicator,
+    error: Exception | None,
+    in_features: Any,
+    out_features: Any,
+    split: str,
+    flags: dict[str, Any],
+    dtype: Any,
+) -> tuple[int, int, tuple[bool, ...]]:
+    """The sizes as ints and the flags as bools, after checking them here (``error``: one found
+    already) and comparing all arguments across ``group``; then the group shares one generator."""
+    sizes: tuple[Any, ...] = (in_features, out_features)
     try:
+        if error is not None:
+            raise error
         sizes = (
             positive_int(layer, "in_features", in_features),
             positive_int(layer, "out_features", out_features),
         )
+        flags = {name: flag(layer, name, value) for name, value in flags.items()}
         check_divisible(layer, split, sizes[1] if split == "out_features" else sizes[0], group)
     except (TypeError, ValueError) as e:
         error = e
-    agree(group, layer, {"in_features": sizes[0], "out_features": sizes[1], **flags}, error)
-    return sizes
+    arguments = {"in_features": sizes[0], "out_features": sizes[1], **flags, "dtype": describe_dtype(dtype)}
+    agree(group, layer, arguments, error)
+    return sizes[0], sizes[1], tuple(flags.values())

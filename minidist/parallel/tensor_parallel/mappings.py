@@ -107,24 +107,37 @@ class GatherFromTensorParallelRegion(Function):
         return (split_last_axis(grad, self.group),)
 
 
+def tag_shard(out: Tensor, group: Communicator | None) -> Tensor:
+    """Mark ``out`` as one rank's part of a tensor split over ``group`` (``Tensor.sharded_over``), or,
+    for None or a group of one rank, as the same on every rank; returns ``out``. Results computed from
+    a shard inherit the tag (``Function.apply``), so dropout can give every shard its own mask."""
+    out.sharded_over = group if group is not None and group.size > 1 else None
+    return out
+
+
 def copy_to_tensor_parallel_region(x: Tensor, group: Communicator | None = None) -> Tensor:
     """The f operator (identity forward, all-reduce backward) over ``group`` (default: the world)."""
     return CopyToTensorParallelRegion.apply(x, group=group_or_world(group))
 
 
 def reduce_from_tensor_parallel_region(x: Tensor, group: Communicator | None = None) -> Tensor:
-    """The g operator (all-reduce forward, identity backward) over ``group`` (default: the world)."""
-    return ReduceFromTensorParallelRegion.apply(x, group=group_or_world(group))
+    """The g operator (all-reduce forward, identity backward) over ``group`` (default: the world).
+
+    The result is the same on every rank: it is not a shard, whatever ``x`` was."""
+    return tag_shard(ReduceFromTensorParallelRegion.apply(x, group=group_or_world(group)), None)
 
 
 def scatter_to_tensor_parallel_region(x: Tensor, group: Communicator | None = None) -> Tensor:
     """Keep this rank's slice of the last axis of ``x`` (..., n) -> (..., n / size); gather backward.
 
-    Raises ``ValueError`` if n is not divisible by the group size.
+    The result is a shard (``tag_shard``). Raises ``ValueError`` if n is not divisible by the group size.
     """
-    return ScatterToTensorParallelRegion.apply(x, group=group_or_world(group))
+    group = group_or_world(group)
+    return tag_shard(ScatterToTensorParallelRegion.apply(x, group=group), group)
 
 
 def gather_from_tensor_parallel_region(x: Tensor, group: Communicator | None = None) -> Tensor:
-    """Concatenate the ranks' ``x`` (..., m) on the last axis -> (..., m * size); slice backward."""
-    return GatherFromTensorParallelRegion.apply(x, group=group_or_world(group))
+    """Concatenate the ranks' ``x`` (..., m) on the last axis -> (..., m * size); slice backward.
+
+    The result is the same on every rank: it is not a shard."""
+    return tag_shard(GatherFromTensorParallelRegion.apply(x, group=group_or_world(group)), None)

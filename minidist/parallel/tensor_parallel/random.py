@@ -10,7 +10,10 @@ Dropout must behave differently on the two kinds of activations of a tensor-para
   tensor. Each slice needs its own, independent mask: the same mask on every slice would correlate
   the dropped units of different slices. They draw from a second generator, seeded differently per
   tp rank, that the tracker keeps aside: ``with get_rng_tracker().fork(): ...`` swaps it in for the
-  duration of the block and keeps its advanced state afterwards.
+  duration of the block and keeps its advanced state afterwards. Dropout does that by itself for a
+  tensor the tp layers tagged as a shard (``Tensor.sharded_over``, passed on through every op), so
+  a plain ``nn.Dropout`` after ``ColumnParallelLinear(gather_output=False)`` is right too: this
+  module registers the fork with ``minidist.ops.dropout`` as the stream for shards.
 
 Forking keeps the default generator untouched, so everything that draws from it (weight init, the
 replicated dropouts) still draws exactly what a single device would. Megatron seeds the tracked
@@ -27,6 +30,7 @@ import numpy as np
 
 from minidist import random
 from minidist.distributed.comm import Communicator, group_or_world
+from minidist.ops.dropout import set_sharded_stream
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 TP_SEED_OFFSET = 2718  # Megatron-LM's offset: keeps the tracked streams apart from the default one
@@ -42,6 +46,7 @@ class RNGStatesTracker:
 
     def __init__(self) -> None:
         self._states: dict[str, dict] = {}
+        self._forked: str | None = None  # the name being drawn from inside fork(), if any
 
     def reset(self) -> None:
         """Forget every named state."""
@@ -66,20 +71,27 @@ class RNGStatesTracker:
         """Inside the block, minidist's default generator draws from the tracked state ``name``.
 
         On exit the tracked state keeps what was drawn and the default generator is back exactly
-        where it was. Raises ``ValueError`` if ``name`` was never added (seed it first with
-        :func:`model_parallel_manual_seed`).
+        where it was. Inside a fork of the same name, a nested one changes nothing (dropout forks by
+        itself for shards, also inside a caller's fork). Raises ``ValueError`` if ``name`` was never
+        added (seed it first with :func:`model_parallel_manual_seed`).
         """
+        if self._forked == name:  # already drawing from it: swapping again would replay its numbers
+            yield
+            return
         if name not in self._states:
             raise ValueError(
                 f"the RNG tracker has no generator named {name!r}: call "
                 "minidist.parallel.tensor_parallel.model_parallel_manual_seed(seed, group=mesh.tp_group) "
-                "on every rank before using dropout on tensor-parallel (sharded) activations"
+                "on every rank before using dropout on tensor-parallel (sharded) activations, such as "
+                "nn.Dropout after ColumnParallelLinear(gather_output=False)"
             )
-        default_state = random.get_rng_state()
+        default_state, outer = random.get_rng_state(), self._forked
         random.set_rng_state(self._states[name])
+        self._forked = name
         try:
             yield
         finally:
+            self._forked = outer
             self._states[name] = random.get_rng_state()
             random.set_rng_state(default_state)
 
@@ -87,6 +99,8 @@ class RNGStatesTracker:
 _TRACKER = RNGStatesTracker()
 # Checkpoints and activation recomputation save and restore it with the default generator.
 random.register("tp_rng", _TRACKER)
+# Dropout on a tensor-parallel shard (Tensor.sharded_over) draws from the per-rank stream.
+set_sharded_stream(_TRACKER.fork)
 
 
 def get_rng_tracker() -> RNGStatesTracker:

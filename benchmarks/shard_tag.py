@@ -1,0 +1,76 @@
+"""Cost of passing the tensor-parallel shard tag on in ``Function.apply`` (issue 14, item 3).
+
+    python benchmarks/shard_tag.py
+
+Every op's result inherits ``sharded_over`` from its first tagged input (a loop over the 1-3 inputs),
+so that dropout can tell a shard from a replicated tensor. This times, in one process and one run,
+``Function.apply`` as it is against the same method without those lines, on (a) a tiny op, where the
+Python overhead is everything, and (b) a forward + backward of a small MLP. Prints median times and
+their ratio (tagged / untagged).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+import minidist as md
+from minidist import autograd, nn
+from minidist.autograd import Function, Tensor
+
+
+def untagged_apply(cls, *inputs, **options):
+    """``Function.apply`` without the tag loop (the code before issue 14)."""
+    like = next((x for x in inputs if isinstance(x, Tensor)), None)
+    tensors = tuple(autograd._lift(x, like) for x in inputs)
+    fn = cls()
+    result = fn.forward(*(t.data for t in tensors), **options)
+    if isinstance(result, np.generic):
+        result = autograd._asarray_like(result, tensors)
+    out = Tensor(result)
+    if autograd._grad_enabled and any(t.requires_grad for t in tensors):
+        out.requires_grad = True
+        out._ctx = fn
+        fn.inputs = tensors
+    return out
+
+
+def time_us(work, inner: int) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        work()
+    return (time.perf_counter() - start) / inner * 1e6
+
+
+def compare(work, inner: int, repeats: int = 41) -> dict[str, float]:
+    """Median us per call of ``work`` with each ``Function.apply``, the two variants interleaved round
+    by round, so that load from other processes hits both alike."""
+    variants = {"untagged": classmethod(untagged_apply), "tagged": classmethod(Function.apply.__func__)}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, apply in variants.items():
+            Function.apply = apply
+            times[name].append(time_us(work, inner))
+    Function.apply = variants["tagged"]
+    return {name: statistics.median(t[2:]) for name, t in times.items()}  # the first rounds warm up
+
+
+def main() -> None:
+    md.manual_seed(0)
+    a, b = md.tensor(np.ones(4), requires_grad=True), md.tensor(np.ones(4))
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 10))
+    x, y = md.tensor(np.ones((32, 64))), np.arange(32) % 10
+
+    def step():
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    for name, work, inner in (("tiny op (a + b)", lambda: a + b, 500), ("MLP fwd+bwd, batch 32", step, 10)):
+        t = compare(work, inner)
+        ratio = t["tagged"] / t["untagged"]
+        print(f"{name:24s} untagged {t['untagged']:8.2f} us  tagged {t['tagged']:8.2f} us  ratio {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
