@@ -186,3 +186,38 @@ def test_mlp_training_with_groups_scheduler_and_label_smoothing_matches_torch():
         ref_scheduler.step()
     for name, value in model.state_dict().items():
         np.testing.assert_allclose(value, reference.state_dict()[name].numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_checkpoint_resume_keeps_the_scheduled_rates_of_every_group(tmp_path):
+    """A run resumed from ``minidist.checkpoint`` continues with the rates the scheduler had set, not
+    the constructor's (the scheduler's own state travels in ``extra=``, as torch users save it)."""
+    from minidist import checkpoint
+
+    def build():
+        md.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Tanh(), nn.Linear(4, 2, dtype=np.float64))
+        params = list(model.parameters())
+        opt = optim.SGD([{"params": params[:2], "lr": 0.3}, {"params": params[2:]}], lr=0.1, momentum=0.9)
+        return model, opt, sched.cosine_with_warmup(opt, warmup_steps=2, total_steps=10)
+
+    x, y = np.random.default_rng(0).standard_normal((8, 3)), np.arange(8) % 2
+
+    def train(model, opt, scheduler, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(model(md.tensor(x, dtype=np.float64)), y).backward()
+            opt.step()
+            scheduler.step()
+
+    model, opt, scheduler = build()
+    train(model, opt, scheduler, 4)
+    checkpoint.save(tmp_path, model, opt, step=4, extra={"scheduler": scheduler.state_dict()})
+    train(model, opt, scheduler, 3)
+
+    model2, opt2, scheduler2 = build()
+    info = checkpoint.load(tmp_path, model2, opt2)
+    scheduler2.load_state_dict(info["extra"]["scheduler"])
+    train(model2, opt2, scheduler2, 3)
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups]
+    for name, value in model2.state_dict().items():
+        np.testing.assert_array_equal(value, model.state_dict()[name])
