@@ -221,3 +221,22 @@ def test_checkpoint_resume_keeps_the_scheduled_rates_of_every_group(tmp_path):
     assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups]
     for name, value in model2.state_dict().items():
         np.testing.assert_array_equal(value, model.state_dict()[name])
+
+
+def test_checkpoint_with_other_parameter_groups_is_refused_before_anything_changes(tmp_path):
+    from minidist import checkpoint
+    from minidist.checkpoint import CheckpointError
+
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Linear(4, 2, dtype=np.float64))
+    params = list(model.parameters())
+    checkpoint.save(
+        tmp_path, model, optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1), step=1
+    )
+    md.manual_seed(1)
+    other = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Linear(4, 2, dtype=np.float64))
+    before = other.state_dict()
+    with pytest.raises(CheckpointError, match="has 2 parameter groups, this one 1; build the optimizer"):
+        checkpoint.load(tmp_path, other, optim.SGD(other.parameters(), lr=0.1))
+    for name, value in other.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
