@@ -240,3 +240,22 @@ def test_checkpoint_with_other_parameter_groups_is_refused_before_anything_chang
         checkpoint.load(tmp_path, other, optim.SGD(other.parameters(), lr=0.1))
     for name, value in other.state_dict().items():
         np.testing.assert_array_equal(value, before[name])
+
+
+INITIAL_LR = {"SGD": 0.2, "AdamW": 0.05}  # as in tests/workers/habits/zero_schedule.py
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage, opt_name", [(1, "SGD"), (2, "AdamW")])
+def test_zero_follows_a_scheduler_like_one_process(tmp_path, stage, opt_name):
+    """2 real ranks: a scheduler drives ``ZeroRedundancyOptimizer.param_groups`` and training matches
+    a plain optimizer with the same schedule on one process."""
+    import json
+
+    from mpi_utils import run_mpi
+
+    run_mpi(2, "habits/zero_schedule.py", tmp_path, stage, opt_name, timeout=180)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["zero_lrs"] == result["ref_lrs"] and result["zero_lrs"][0] < INITIAL_LR[opt_name]
+        assert result["max_diff"] < 1e-12, result
