@@ -1,4 +1,4 @@
-"""Softmax, log-softmax and the cross-entropy loss, computed stably.
+"""Softmax, log-softmax and the cross-entropy loss (with PyTorch's options), computed stably.
 
 Subtracting the row maximum m before exponentiating changes nothing mathematically
 (softmax(x) = softmax(x - m)) but keeps every e^(x - m) <= 1, so float32 never overflows.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.autograd import Function
+from minidist.autograd import Function, Tensor
 from minidist.backend import array_module as _xp
 
 
@@ -74,21 +74,25 @@ def _dim(fn: str, dim: int | None, axis: int | None) -> int:
     return -1 if dim is None and axis is None else (dim if dim is not None else axis)
 
 
-def log_softmax(x, dim: int | None = None, *, axis: int | None = None):
+def log_softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
     """log softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
     the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
     return LogSoftmax.apply(x, axis=_dim("log_softmax", dim, axis))
 
 
-def softmax(x, dim: int | None = None, *, axis: int | None = None):
+def softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
     """softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
     the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
     return Softmax.apply(x, axis=_dim("softmax", dim, axis))
 
 
 def cross_entropy(
-    logits, targets, reduction: str = "mean", ignore_index: int = -100, label_smoothing: float = 0.0
-):
+    logits: Tensor,
+    targets: Any,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Tensor:
     """Cross-entropy of ``logits`` (N, C) against class indices ``targets`` (N,), as
     ``torch.nn.functional.cross_entropy``.
 
@@ -104,7 +108,6 @@ def cross_entropy(
             ``label_smoothing`` outside [0, 1].
         TypeError: targets are not integers.
     """
-    from minidist.autograd import Tensor  # noqa: PLC0415
     from minidist.backend import asarray  # noqa: PLC0415
 
     if reduction not in ("mean", "sum", "none"):
@@ -134,10 +137,9 @@ def cross_entropy(
     return _general_cross_entropy(logits, t, ignored, reduction, label_smoothing)
 
 
-def _general_cross_entropy(logits, t, ignored, reduction: str, eps: float):
+def _general_cross_entropy(logits: Tensor, t: Any, ignored: Any, reduction: str, eps: float) -> Tensor:
     """Ignored targets, label smoothing or per-sample losses, built from differentiable ops (their
     gradients are the ops' own), so only the fused ``CrossEntropy`` needs a hand-written backward."""
-    from minidist.autograd import Tensor  # noqa: PLC0415
 
     xp = _xp(t)
     log_probs = log_softmax(logits, dim=1)
