@@ -336,6 +336,10 @@ def test_repr_shows_the_module_tree():
 
 
 # ------------------------------------------------------------------------------------- functional
+def _gelu_exact(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
@@ -347,7 +351,8 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 FUNCTIONAL_REFERENCES = {
     "relu": (F.relu, lambda x: np.maximum(x, 0.0)),
-    "gelu": (F.gelu, _gelu_tanh),
+    "gelu": (F.gelu, _gelu_exact),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), _gelu_tanh),
     "tanh": (F.tanh, np.tanh),
     "sigmoid": (F.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
     "softmax": (F.softmax, lambda x: np.exp(_log_softmax(x, -1))),
@@ -367,7 +372,8 @@ def test_functional_matches_numpy_reference(name, data):
 
 def test_module_activations_equal_their_functional_forms():
     x = md.tensor(np.linspace(-3, 3, 13))
-    for module, fn in [(nn.ReLU(), F.relu), (nn.GELU(), F.gelu), (nn.Tanh(), F.tanh)]:
+    gelu_tanh = (nn.GELU(approximate="tanh"), lambda x: F.gelu(x, approximate="tanh"))
+    for module, fn in [(nn.ReLU(), F.relu), (nn.GELU(), F.gelu), gelu_tanh, (nn.Tanh(), F.tanh)]:
         np.testing.assert_array_equal(module(x).numpy(), fn(x).numpy())
 
 

@@ -8,7 +8,9 @@
     files                         {file name: {"sha256": hex digest, "bytes": size}}
     tensors                       {key: {"name", "kind", "state", "global_shape", "dtype", "tp_dim",
                                          "shards": [{"file", "tp_rank", "shape"}, ...]}}
-    optimizer                     {"class", "defaults", "step_count", "scalars": {name: {key: int}}}
+    optimizer                     {"class", "defaults", "step_count", "scalars": {name: {key: int}},
+                                   "param_groups": [{hyperparameter: value}] (each group's current
+                                   values, e.g. a scheduled lr; absent in older checkpoints)}
                                   (null when no optimizer was saved)
     ranks                         per world rank: {"rank", "coords", "rng", "tp_rng", "sampler"}
 

@@ -43,12 +43,22 @@ def _names_of(optimizer: Any, model: Module) -> list[str]:
 
 
 def header(optimizer: Any) -> dict[str, Any] | None:
-    """``{"class", "defaults", "step_count"}``: the JSON-able part of the optimizer's state, or None."""
+    """``{"class", "defaults", "param_groups", "step_count"}``: the optimizer's JSON-able state, or None."""
     if optimizer is None:
         return None
     opt = inner(optimizer)
     defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in opt.defaults.items()}
-    return {"class": type(opt).__name__, "defaults": defaults, "step_count": int(opt.step_count)}
+    # Each group's current values (a scheduled "lr" differs from the defaults), without its tensors.
+    groups = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}
+        for g in opt.param_groups
+    ]
+    return {
+        "class": type(opt).__name__,
+        "defaults": defaults,
+        "param_groups": groups,
+        "step_count": int(opt.step_count),
+    }
 
 
 def state_by_name(optimizer: Any, model: Module) -> dict[str, dict[str, Any]]:
@@ -67,8 +77,13 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
         per_index = _zero_slices(optimizer, names, state)
     else:
         per_index = {i: state[n] for i, n in enumerate(names) if n in state}
+    groups = [  # older checkpoints have none: then the defaults set every group
+        {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
+        for g in header.get("param_groups", [])
+    ]
     inner(optimizer).load_state_dict(
-        {"state": per_index, "defaults": defaults, "step_count": header["step_count"]},
+        {"state": per_index, "defaults": defaults, "step_count": header["step_count"]}
+        | ({"param_groups": groups} if groups else {}),
         copy=False,  # the arrays were just read for this optimizer: nobody else holds them
     )
 

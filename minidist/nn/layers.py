@@ -59,10 +59,20 @@ class ReLU(Module):
 
 
 class GELU(Module):
-    """GELU, tanh approximation (Hendrycks & Gimpel 2016)."""
+    """GELU, x Phi(x) (Hendrycks & Gimpel 2016): exact (erf) by default, as ``torch.nn.GELU``;
+    ``approximate="tanh"`` for the tanh approximation (GPT-2's). Raises ``ValueError`` otherwise."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")
+        self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(x)
+        return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
 
 
 class Tanh(Module):

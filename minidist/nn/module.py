@@ -8,10 +8,19 @@ Parameter names are dotted paths, as in PyTorch: ``"0.weight"``, ``"encoder.fc1.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from minidist import backend
 from minidist.autograd import Tensor
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict`` did not match: parameters absent from the dict, its keys not in the model."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 class Parameter(Tensor):
@@ -111,28 +120,43 @@ class Module:
         """``{dotted_name: array copy}`` for every parameter (backend arrays, detached copies)."""
         return {name: p.data.copy() for name, p in self.named_parameters()}
 
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Copy arrays from ``state_dict`` into the parameters, in place (optimizers keep working).
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy values from ``state_dict`` into the parameters, in place (optimizers keep working).
+
+        A value may be a backend array, a minidist ``Tensor`` or ``Parameter`` (another model's
+        ``named_parameters()``), anything ``numpy.asarray`` takes (a nested list, a CPU torch tensor), and
+        is cast to the parameter's dtype. Nothing changes unless every value fits.
+
+        Returns ``IncompatibleKeys(missing_keys, unexpected_keys)``, as PyTorch (both empty with ``strict``).
 
         Raises:
             KeyError: with ``strict``, names missing from or unexpected in ``state_dict`` (both listed).
-            ValueError: an array whose shape differs from the parameter's (name and both shapes given).
+            ValueError: a value whose shape differs from the parameter's (name and both shapes given).
         """
         params = dict(self.named_parameters())
         missing = sorted(set(params) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(params))
         if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        # Check every shape before copying anything, so a failed load leaves the model unchanged.
-        for name, p in params.items():
-            if name in state_dict and tuple(state_dict[name].shape) != p.shape:
-                raise ValueError(
-                    f"load_state_dict: {name!r} has shape {tuple(state_dict[name].shape)} in the state dict "
-                    f"but {p.shape} in the model"
-                )
+            raise KeyError(
+                f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; "
+                "pass strict=False to load the keys that match"
+            )
+        # Convert and check every value before copying anything, so a failed load leaves the model unchanged.
+        values = {}
         for name, p in params.items():
             if name in state_dict:
-                p.data[...] = backend.asarray(state_dict[name]).astype(p.dtype, copy=False)
+                value = state_dict[name]
+                value = value.data if isinstance(value, Tensor) else value
+                values[name] = value if hasattr(value, "shape") else np.asarray(value)
+                if tuple(values[name].shape) != p.shape:
+                    raise ValueError(
+                        f"load_state_dict: {name!r} has shape {tuple(values[name].shape)} in the state dict "
+                        f"but {p.shape} in the model"
+                    )
+        for name, value in values.items():
+            p = params[name]
+            p.data[...] = backend.asarray(value).astype(p.dtype, copy=False)
+        return IncompatibleKeys(missing, unexpected)
 
     def extra_repr(self) -> str:
         return ""

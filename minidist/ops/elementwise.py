@@ -10,6 +10,7 @@ import math
 
 from minidist.autograd import Function
 from minidist.backend import array_module as _xp
+from minidist.backend import is_gpu_array
 
 
 class Exp(Function):
@@ -78,10 +79,39 @@ class ReLU(Function):
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _erf(x):
+    """The error function elementwise. NumPy has none, so SciPy's (Cephes) on the CPU and CuPy's on
+    the GPU; imported here, on first use, so that importing minidist needs neither."""
+    if is_gpu_array(x):
+        from cupyx.scipy.special import erf  # noqa: PLC0415  (only on the GPU backend)
+    else:
+        from scipy.special import erf  # noqa: PLC0415
+    return erf(x)
 
 
 class GELU(Function):
-    """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in §2):
+    """Exact GELU, y = x Phi(x) with Phi the standard normal CDF (Hendrycks & Gimpel 2016, §2):
+
+    y = x/2 (1 + erf(x / sqrt 2))
+    dy/dx = Phi(x) + x phi(x),  phi(x) = e^(-x^2/2) / sqrt(2 pi)   (the normal density)
+    """
+
+    def forward(self, x):
+        self.x = x
+        self.cdf = 0.5 * (1 + _erf(x * _SQRT_HALF))
+        return x * self.cdf
+
+    def backward(self, grad):
+        x = self.x
+        return (grad * (self.cdf + x * _INV_SQRT_2PI * _xp(x).exp(-0.5 * x * x)),)
+
+
+class GELUTanh(Function):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, §2; GPT-2's):
 
     y = x/2 (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
     dy/dx = (1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),  t = tanh(u)
@@ -118,5 +148,11 @@ def relu(x):
     return ReLU.apply(x)
 
 
-def gelu(x):
-    return GELU.apply(x)
+def gelu(x, approximate: str = "none"):
+    """GELU of a tensor of any shape, as ``torch.nn.functional.gelu``: exact (erf) by default,
+    the tanh approximation with ``approximate="tanh"``. Raises ``ValueError`` for another value."""
+    if approximate == "none":
+        return GELU.apply(x)
+    if approximate == "tanh":
+        return GELUTanh.apply(x)
+    raise ValueError(f"gelu: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")

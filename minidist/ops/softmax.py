@@ -1,4 +1,4 @@
-"""Softmax, log-softmax and the cross-entropy loss, computed stably.
+"""Softmax, log-softmax and the cross-entropy loss (with PyTorch's options), computed stably.
 
 Subtracting the row maximum m before exponentiating changes nothing mathematically
 (softmax(x) = softmax(x - m)) but keeps every e^(x - m) <= 1, so float32 never overflows.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.autograd import Function
+from minidist.autograd import Function, Tensor
 from minidist.backend import array_module as _xp
 
 
@@ -67,27 +67,53 @@ class CrossEntropy(Function):
         # END SOLUTION
 
 
-def log_softmax(x, axis: int = -1):
-    return LogSoftmax.apply(x, axis=axis)
+def _dim(fn: str, dim: int | None, axis: int | None) -> int:
+    """The axis from torch's ``dim=`` or NumPy's ``axis=`` (either works; -1 when neither is given)."""
+    if dim is not None and axis is not None and dim != axis:
+        raise TypeError(f"{fn}: got dim={dim} and axis={axis}; they are the same argument, pass one")
+    return -1 if dim is None and axis is None else (dim if dim is not None else axis)
 
 
-def softmax(x, axis: int = -1):
-    return Softmax.apply(x, axis=axis)
+def log_softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
+    """log softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
+    the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
+    return LogSoftmax.apply(x, axis=_dim("log_softmax", dim, axis))
 
 
-def cross_entropy(logits, targets, reduction: str = "mean"):
-    """Mean (or summed) cross-entropy of ``logits`` (N, C) against class indices ``targets`` (N,).
+def softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
+    """softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
+    the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
+    return Softmax.apply(x, axis=_dim("softmax", dim, axis))
+
+
+def cross_entropy(
+    logits: Tensor,
+    targets: Any,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross-entropy of ``logits`` (N, C) against class indices ``targets`` (N,), as
+    ``torch.nn.functional.cross_entropy``.
+
+    loss_n = (1 - eps) * (-log p_n[t_n]) + eps * mean_c(-log p_n[c]),  p_n = softmax(logits_n),
+    eps = ``label_smoothing`` (Szegedy et al. 2016, "Rethinking the Inception Architecture", §7:
+    the target distribution is (1 - eps) onehot + eps / C). A sample whose target is ``ignore_index``
+    contributes 0 and is not counted. ``reduction``: "mean" (the sum over the counted samples divided
+    by their number; NaN if there are none, as PyTorch), "sum", or "none" (the (N,) per-sample losses).
 
     Raises:
-        ValueError: logits not 2-D, target count differs from N, a target outside [0, C), an empty
-            batch with reduction="mean", or an unknown ``reduction``.
+        ValueError: logits not 2-D, target count differs from N, a target outside [0, C) that is not
+            ``ignore_index``, an empty batch with reduction="mean", an unknown ``reduction``, or
+            ``label_smoothing`` outside [0, 1].
         TypeError: targets are not integers.
     """
-    from minidist.autograd import Tensor  # noqa: PLC0415
     from minidist.backend import asarray  # noqa: PLC0415
 
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing}")
     t = targets.data if isinstance(targets, Tensor) else asarray(targets)
     shape = tuple(logits.shape)
     if len(shape) != 2:
@@ -98,9 +124,34 @@ def cross_entropy(logits, targets, reduction: str = "mean"):
         raise ValueError(f"cross_entropy: targets have shape {tuple(t.shape)}, expected ({shape[0]},)")
     if shape[0] == 0 and reduction == "mean":
         raise ValueError("cross_entropy: the mean over an empty batch is undefined")
-    if t.size and (int(t.min()) < 0 or int(t.max()) >= shape[1]):
+    ignored = t == ignore_index
+    any_ignored = bool(ignored.any())
+    counted = t[~ignored] if any_ignored else t  # no copy in the common case (measured: benchmarks/)
+    if counted.size and (int(counted.min()) < 0 or int(counted.max()) >= shape[1]):
         raise ValueError(
-            f"cross_entropy: targets must lie in [0, {shape[1]}), "
-            f"got values from {int(t.min())} to {int(t.max())}"
+            f"cross_entropy: targets must lie in [0, {shape[1]}) or equal ignore_index={ignore_index}, "
+            f"got values from {int(counted.min())} to {int(counted.max())}"
         )
-    return CrossEntropy.apply(logits, targets=t, reduction=reduction)
+    if label_smoothing == 0 and reduction != "none" and not any_ignored:
+        return CrossEntropy.apply(logits, targets=t, reduction=reduction)  # the common case, fused
+    return _general_cross_entropy(logits, t, ignored, reduction, label_smoothing)
+
+
+def _general_cross_entropy(logits: Tensor, t: Any, ignored: Any, reduction: str, eps: float) -> Tensor:
+    """Ignored targets, label smoothing or per-sample losses, built from differentiable ops (their
+    gradients are the ops' own), so only the fused ``CrossEntropy`` needs a hand-written backward."""
+
+    xp = _xp(t)
+    log_probs = log_softmax(logits, dim=1)
+    safe = xp.where(ignored, 0, t)  # any class index for an ignored row: its loss is masked to 0 below
+    per_sample = -log_probs[xp.arange(len(t)), safe]
+    if eps:
+        per_sample = per_sample * (1 - eps) - log_probs.mean(axis=1) * eps
+    per_sample = per_sample * Tensor((~ignored).astype(log_probs.dtype))
+    if reduction == "none":
+        return per_sample
+    total = per_sample.sum()
+    if reduction == "sum":
+        return total
+    count = int((~ignored).sum())
+    return total / count if count else total * float("nan")  # PyTorch: 0 / 0 = NaN, without a warning

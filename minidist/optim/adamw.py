@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from minidist.autograd import Tensor, no_grad
 from minidist.optim.optimizer import Optimizer
@@ -15,32 +16,37 @@ class AdamW(Optimizer):
     m = beta1 m + (1 - beta1) g,     v = beta2 v + (1 - beta2) g^2
     p = p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 
-    Defaults are PyTorch's. Raises ``ValueError`` for betas outside [0, 1), or eps/weight_decay < 0.
+    Defaults are PyTorch's. ``params``: tensors, or parameter groups (dicts, as PyTorch) whose values
+    override these arguments. Raises ``ValueError`` (for the arguments or any group) for betas outside
+    [0, 1), or eps/weight_decay < 0.
     """
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
     ) -> None:
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        super().check_group(group)
+        betas, eps, weight_decay = group["betas"], group["eps"], group["weight_decay"]
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"AdamW: betas must lie in [0, 1), got {betas}")
         if eps < 0 or weight_decay < 0:
             raise ValueError(f"AdamW: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     def step(self) -> None:
-        """Update every parameter that has a gradient, in place."""
-        d = self.defaults
-        beta1, beta2 = d["betas"]
+        """Update every parameter that has a gradient, in place, with its group's values."""
         self.step_count += 1
         with no_grad():
-            for i, p in enumerate(self.params):
+            for d, i, p in self.indexed_groups():
                 if p.grad is None:
                     continue
+                beta1, beta2 = d["betas"]
                 g = p.grad
                 state = self.state.setdefault(i, {})
                 if "exp_avg" not in state:

@@ -1,4 +1,10 @@
-"""``Optimizer``: the base class that holds parameters, per-parameter state and hyperparameters."""
+"""``Optimizer``: the base class that holds parameter groups, per-parameter state and hyperparameters.
+
+As in PyTorch, parameters come in *groups*, each a dict ``{"params": [...], "lr": ..., ...}`` whose
+hyperparameters default to the constructor's: ``SGD([{"params": body}, {"params": head, "lr": 0.1}],
+lr=0.01)``. ``step()`` reads each group's values at every call, so a learning-rate scheduler (or you)
+changes ``optimizer.param_groups[k]["lr"]`` and the next step uses it.
+"""
 
 from __future__ import annotations
 
@@ -11,31 +17,73 @@ from minidist.autograd import Tensor
 
 
 class Optimizer:
-    """Base class. Subclasses implement ``step()``; updates happen in place on ``param.data``.
+    """Base class. Subclasses implement ``step()`` and may check a group's values in ``check_group``;
+    updates happen in place on ``param.data``.
 
-    ``state[i]`` holds the arrays of the i-th parameter (e.g. a momentum buffer), so that
-    ``state_dict()`` can name them by index, as PyTorch does.
+    ``params`` is an iterable of tensors (one group) or of dicts (one group each, with a ``"params"``
+    key). ``self.params`` lists every parameter, group after group, and ``state[i]`` holds the arrays
+    of the i-th (e.g. a momentum buffer), so that ``state_dict()`` names them by index, as PyTorch does.
 
-    Raises ``ValueError`` for an empty parameter list or a non-positive learning rate, and
-    ``TypeError`` for something that is not a tensor.
+    Raises ``ValueError`` for an empty parameter list, a parameter in two groups, a group without
+    ``"params"`` or a non-positive learning rate, and ``TypeError`` for something that is not a tensor.
     """
 
-    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any]) -> None:
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], defaults: dict[str, Any]) -> None:
+        if isinstance(params, Tensor):
+            raise TypeError("optimizers take an iterable of tensors (model.parameters()), got one Tensor")
+        self.defaults = dict(defaults)
+        self.check_group(self.defaults)
+        self.param_groups: list[dict[str, Any]] = []
         self.params: list[Tensor] = []
-        seen: set[int] = set()
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list; pass model.parameters()")
+        for group in groups if isinstance(groups[0], dict) else [{"params": groups}]:
+            self.add_param_group(group)
+        self.state: dict[int, dict[str, Any]] = {}
+        self.step_count = 0
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        """Append a group ``{"params": tensors, name: value, ...}``; missing values come from ``defaults``.
+
+        Raises ``TypeError``/``ValueError`` as the constructor does.
+        """
+        if not isinstance(group, dict) or "params" not in group:
+            raise ValueError(
+                'a parameter group must be a dict with a "params" key, e.g. {"params": model.parameters()}'
+            )
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        unique: list[Tensor] = []
+        seen, taken = set(), {id(q) for q in self.params}
         for p in params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizers take tensors (model.parameters()), got a {type(p).__name__}")
-            if id(p) not in seen:  # a parameter shared by two layers is updated once
-                seen.add(id(p))
-                self.params.append(p)
-        if not self.params:
+            if id(p) in seen:
+                continue  # a parameter shared by two layers is updated once
+            if id(p) in taken:
+                raise ValueError("a parameter appears in more than one parameter group; list it once")
+            seen.add(id(p))
+            unique.append(p)
+        if not unique:
             raise ValueError("optimizer got an empty parameter list; pass model.parameters()")
-        if defaults.get("lr", 1.0) <= 0:
-            raise ValueError(f"learning rate must be positive, got lr={defaults['lr']}")
-        self.defaults = dict(defaults)
-        self.state: dict[int, dict[str, Any]] = {}
-        self.step_count = 0
+        full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": unique}
+        self.check_group(full)
+        self.param_groups.append(full)
+        self.params.extend(unique)
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        """Raise ``ValueError`` for hyperparameters that make no sense; subclasses add their own."""
+        if group.get("lr", 1.0) <= 0:
+            raise ValueError(f"learning rate must be positive, got lr={group['lr']}")
+
+    def indexed_groups(self) -> Iterable[tuple[dict[str, Any], int, Tensor]]:
+        """``(group, i, parameter)`` for every parameter, ``i`` its index into ``params`` and ``state``."""
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield group, i, p
+                i += 1
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients: set ``.grad`` to None (default, as PyTorch) or fill it with zeros."""
@@ -45,27 +93,54 @@ class Optimizer:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"state": {index: {name: array copy or int}}, "defaults": {...}, "step_count": int}``.
+        """PyTorch's layout, plus our step counter::
+
+            {"state": {index: {name: array copy or int}},
+             "param_groups": [{"lr": ..., ..., "params": [indices]}], "step_count": int}
 
         Arrays (e.g. momentum buffers, of the parameter's shape) are copied; integer counters (AdamW's
         per-parameter ``step``) are stored as Python ints.
         """
+        groups, first = [], 0
+        for g in self.param_groups:
+            hyper = {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+            groups.append({**hyper, "params": list(range(first, first + len(g["params"])))})
+            first += len(g["params"])
         return {
             "state": {i: {k: _copy(v) for k, v in s.items()} for i, s in self.state.items()},
-            "defaults": copy.deepcopy(self.defaults),
+            "param_groups": groups,
             "step_count": self.step_count,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned; nothing changes unless all of it fits.
 
+        Each group's hyperparameters (a scheduled ``lr`` included) are restored from
+        ``"param_groups"``; a saved group without ``"params"`` restores values only (checkpoints do
+        this, as ZeRO's groups hold a different number of shards at another data-parallel size). The
+        older layout with ``"defaults"`` instead of ``"param_groups"`` sets every group's values.
+
         The arrays are copied, so the caller's dict stays independent of the optimizer (as in
         PyTorch). ``copy=False`` takes them over instead, for a caller whose arrays nobody else holds:
         ``minidist.checkpoint.load`` passes freshly read arrays and saves copying the whole state.
 
-        Raises ``ValueError`` if the state names a parameter index that does not exist or holds an
-        array whose shape differs from its parameter's (it belongs to another model).
+        Raises ``ValueError`` if the state names a parameter index that does not exist, holds an array
+        whose shape differs from its parameter's (it belongs to another model), or has another number
+        of groups or of parameters in a group.
         """
+        saved_groups = state_dict.get("param_groups")
+        if saved_groups is not None:
+            if len(saved_groups) != len(self.param_groups):
+                raise ValueError(
+                    f"the optimizer state has {len(saved_groups)} parameter groups, this optimizer "
+                    f"{len(self.param_groups)}; build it with the same groups as the saved one"
+                )
+            for k, (saved, ours) in enumerate(zip(saved_groups, self.param_groups)):
+                if "params" in saved and len(saved["params"]) != len(ours["params"]):
+                    raise ValueError(
+                        f"parameter group {k} has {len(saved['params'])} parameters in the optimizer "
+                        f"state but {len(ours['params'])} here; build it with the same groups"
+                    )
         for i, s in state_dict["state"].items():
             i = int(i)
             if not 0 <= i < len(self.params):
@@ -82,8 +157,15 @@ class Optimizer:
             int(i): {k: _take(v, copy) if hasattr(v, "shape") else v for k, v in s.items()}
             for i, s in state_dict["state"].items()
         }
-        self.defaults.update(state_dict["defaults"])
-        self.step_count = int(state_dict["step_count"])
+        if saved_groups is not None:
+            for saved, ours in zip(saved_groups, self.param_groups):
+                ours.update({k: v for k, v in saved.items() if k != "params"})
+        if "defaults" in state_dict:
+            self.defaults.update(state_dict["defaults"])
+            if saved_groups is None:
+                for group in self.param_groups:
+                    group.update(state_dict["defaults"])
+        self.step_count = int(state_dict.get("step_count", self.step_count))
 
 
 def _take(array: Any, copy: bool) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from minidist.autograd import Tensor, no_grad
 from minidist.optim.optimizer import Optimizer
@@ -16,33 +17,37 @@ class SGD(Optimizer):
     g = g + momentum * b if nesterov else b           (only when momentum > 0)
     p = p - lr * g
 
-    Raises ``ValueError`` for negative momentum or weight decay, or nesterov without momentum
-    (or with dampening).
+    ``params``: tensors, or parameter groups (dicts, as PyTorch) whose values override these
+    arguments. Raises ``ValueError`` (for the arguments or any group) for negative momentum or weight
+    decay, or nesterov without momentum (or with dampening).
     """
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float = 0.01,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
     ) -> None:
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
         super().__init__(
             params,
             dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov),
         )
 
+    def check_group(self, group: dict[str, Any]) -> None:
+        super().check_group(group)
+        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
+        if group["nesterov"] and (momentum <= 0 or group["dampening"] != 0):
+            raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
+
     def step(self) -> None:
-        """Update every parameter that has a gradient, in place."""
-        d = self.defaults
+        """Update every parameter that has a gradient, in place, with its group's values."""
         with no_grad():
-            for i, p in enumerate(self.params):
+            for d, i, p in self.indexed_groups():
                 if p.grad is None:
                     continue
                 g = p.grad

@@ -125,8 +125,14 @@ class ZeroRedundancyOptimizer:
 
     @property
     def defaults(self) -> dict[str, Any]:
-        """The wrapped optimizer's hyperparameters; change ``defaults["lr"]`` to schedule the rate."""
+        """The wrapped optimizer's constructor hyperparameters (read when its one group was made)."""
         return self.optimizer.defaults
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's one group (of this rank's shards): a scheduler, or you, changes its
+        ``"lr"`` to schedule the rate, as with any optimizer."""
+        return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' gradients (None, or zeros with ``set_to_none=False``) and the shards'."""

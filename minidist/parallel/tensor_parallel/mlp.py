@@ -33,7 +33,13 @@ from minidist.parallel.tensor_parallel.checks import (
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel.random import get_rng_tracker
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "tanh": F.tanh}
+# "gelu" is exact (erf), as torch.nn.GELU(); "gelu_tanh" is GELU(approximate="tanh").
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "tanh": F.tanh,
+}
 
 
 class ParallelMLP(Module):
@@ -51,8 +57,8 @@ class ParallelMLP(Module):
     ``TypeError`` for a size that is not an int (NumPy integers are fine), a ``bias`` that is not a bool
     or a ``group`` that is not a Communicator; ``ValueError`` for a size < 1,
     ``hidden_features`` not divisible by the group size, an unknown ``activation`` (one of
-    ``"relu"``, ``"gelu"``, ``"tanh"``), a dropout outside [0, 1], or ranks that passed different
-    arguments.
+    ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"``, ``"tanh"``), a dropout outside [0, 1], or ranks
+    that passed different arguments.
     """
 
     def __init__(
