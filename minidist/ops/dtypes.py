@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist import backend
 from minidist.autograd import DEFAULT_DTYPE, Function, Tensor
 
 
@@ -96,4 +97,4 @@ def _as(x: Any, dtype: np.dtype) -> Any:
         return to(x, dtype)
     if hasattr(x, "astype"):  # a NumPy / CuPy array or scalar
         return x.astype(dtype, copy=False)
-    return x  # a Python number: Function.apply lifts it to the (now common) dtype of the tensor
+    return backend.asarray(x, dtype=dtype)  # a Python number (int32 tensor + 3 stays int32)
