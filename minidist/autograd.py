@@ -410,12 +410,14 @@ def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
     for i, (inp, g) in enumerate(zip(fn.inputs, grads)):
         if g is None:
             continue
-        if tuple(g.shape) != inp.shape:
+        data = inp._data  # not the property: this loop runs for every op of every backward
+        if tuple(g.shape) != data.shape:
             raise ValueError(
                 f"{name}.backward returned a gradient of shape {tuple(g.shape)} for input {i} of shape "
                 f"{inp.shape}; each gradient must have its input's shape"
             )
-        cast = cast or (inp.requires_grad and g.dtype != inp.dtype)
+        if g.dtype != data.dtype and inp.requires_grad:
+            cast = True
     if cast:  # a gradient has its input's dtype, as in torch (float32 + float64 -> float64 output)
         grads = tuple(
             g if g is None or not t.requires_grad else g.astype(t.dtype, copy=False)
@@ -499,10 +501,11 @@ class Function:
             )
         saved = range(len(self.inputs)) if self.saved_inputs is None else self.saved_inputs
         changed = [(f"its input {i}", self.inputs[i], self._versions[i]) for i in saved
-                   if self.inputs[i]._version != self._versions[i]]  # fmt: skip
-        output = self._output() if self.saves_output else None
-        if output is not None and output._version != self._output_version:
-            changed.append(("its output", output, self._output_version))
+                   if self.inputs[i]._version_counter[0] != self._versions[i]]  # fmt: skip
+        if self.saves_output:
+            output = self._output()
+            if output is not None and output._version_counter[0] != self._output_version:
+                changed.append(("its output", output, self._output_version))
         if changed:
             which, t, expected = changed[0]
             raise RuntimeError(
@@ -519,18 +522,18 @@ class Function:
         like = next((x for x in inputs if isinstance(x, Tensor)), None)
         tensors = tuple(_lift(x, like) for x in inputs)
         fn = cls()
-        result = fn.forward(*(t.data for t in tensors), **options)
+        result = fn.forward(*[t._data for t in tensors], **options)
         # Full reductions give NumPy scalars; keep .data a (0-d) backend array so in-place writes work.
         if isinstance(result, np.generic):
             result = _asarray_like(result, tensors)
         out = Tensor(result)
-        if cls.is_view and backend.array_module(result).may_share_memory(result, tensors[0].data):
+        if cls.is_view and backend.array_module(result).may_share_memory(result, tensors[0]._data):
             out._version_counter = tensors[0]._version_counter
         if _grad_enabled and any(t.requires_grad for t in tensors):
             out.requires_grad = True
             out._ctx = fn
             fn.inputs = tensors
-            fn._versions = tuple(t._version for t in tensors)
+            fn._versions = tuple([t._version_counter[0] for t in tensors])
             if fn.saves_output:  # a weak reference: the output holds fn, fn must not keep it alive
                 fn._output, fn._output_version = weakref.ref(out), out._version
         return out
