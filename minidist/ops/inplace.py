@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from minidist import autograd
 from minidist.autograd import Tensor
 from minidist.backend import array_module
@@ -88,6 +86,4 @@ def update_(x: Tensor, other: Any, op: str, alpha: Any = 1) -> Tensor:
             f"{op}_() on a tensor inside the autograd graph: minidist does not record in-place ops; "
             f"write y = y {_SYMBOLS.get(op, '+')} other (out of place), or do it inside md.no_grad()"
         )
-    if op == "copy" and isinstance(other, Tensor) and np.shape(other.data) != () and other.shape != x.shape:
-        np.broadcast_shapes(other.shape, x.shape)  # raises ValueError when src cannot fill x
     return _apply(x, other, op, alpha)
