@@ -217,3 +217,51 @@ def test_op_values_and_gradients_match_torch_in_float64(name):
     t_out.backward(torch.tensor(g))
     np.testing.assert_allclose(m_out.numpy(), t_out.detach().numpy(), rtol=1e-14, atol=1e-300)
     np.testing.assert_allclose(mx.grad, tx.grad.numpy(), rtol=1e-14, atol=1e-15)
+
+
+BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_broadcast_binary_op_gradients_match_torch_in_float64(name):
+    rng = np.random.default_rng(5)
+    ma, ta = _pair(rng.uniform(0.5, 2.0, size=(3, 4)))
+    mb, tb = _pair(rng.uniform(0.5, 2.0, size=(4,)))
+    m_out, t_out = BINARY[name](ma, mb), BINARY[name](ta, tb)
+    g = rng.standard_normal((3, 4))
+    m_out.backward(g)
+    t_out.backward(torch.tensor(g))
+    np.testing.assert_allclose(m_out.numpy(), t_out.detach().numpy(), rtol=1e-14)
+    np.testing.assert_allclose(ma.grad, ta.grad.numpy(), rtol=1e-14)
+    np.testing.assert_allclose(mb.grad, tb.grad.numpy(), rtol=1e-14)
+
+
+def test_training_an_mlp_with_sgd_matches_torch_in_float64():
+    """Five steps of Linear-tanh-Linear, cross-entropy and SGD with momentum: same losses and weights."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 5)), rng.integers(0, 3, 16)
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8, dtype=np.float64), nn.Tanh(), nn.Linear(8, 3, dtype=np.float64))
+    reference = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), reference.parameters()):
+            q.copy_(torch.tensor(p.data))
+    opt = md.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(5):
+        loss = nn.functional.cross_entropy(model(md.tensor(x)), y)
+        ref_loss = torch.nn.functional.cross_entropy(reference(torch.tensor(x)), torch.tensor(y))
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_loss.backward()
+        opt.step()
+        ref_opt.step()
+        np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=1e-14)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-14, atol=1e-15)
