@@ -10,7 +10,10 @@ from arrays and whose ``backward`` maps the gradient of the output to the gradie
 which activation recomputation calls too), passing a tensor's gradient on only when
 every op that used the tensor has contributed (a topological order found iteratively, so a chain of
 50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a tensor, and
-*accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
+*accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does. As in PyTorch, the walk
+frees each op's saved arrays after its backward (``retain_graph=True`` keeps them), and every tensor
+carries a version counter that in-place changes bump, so that backward refuses values an op saved
+that have changed since the forward instead of silently using the new ones.
 
 Source: the chain rule in reverse mode, as in Griewank & Walther, "Evaluating Derivatives" (2008),
 ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout micrograd (Karpathy 2020).
@@ -106,6 +109,8 @@ class Tensor:
         data: the backend array (NumPy on CPU, CuPy on GPU), any shape.
         grad: a backend array of ``data.shape``, or ``None``; ``backward()`` accumulates into it.
         requires_grad: whether gradients flow to this tensor.
+        grad_fn: the ``Function`` that produced it (``None`` for a leaf).
+        _version: how many in-place changes it has seen (shared with its views).
     """
 
     # Makes ``ndarray + Tensor`` call ``Tensor.__radd__`` instead of NumPy's elementwise loop.
