@@ -64,7 +64,7 @@ def measure(world, args, schedule: str, m: int, v: int) -> dict:
     model = make_model(args.width, args.layers)
     pipe = PipelineParallel(model, world, microbatches=m, schedule=schedule, virtual_stages=v)
     rng = np.random.default_rng(0)
-    x = md.tensor(rng.standard_normal((args.batch, args.width)))
+    x = md.tensor(rng.standard_normal((args.batch, args.width)), dtype=np.float32)
     y = rng.integers(0, args.width, args.batch)
     for _ in range(args.warmup):
         pipe.zero_grad()

@@ -10,7 +10,10 @@ from arrays and whose ``backward`` maps the gradient of the output to the gradie
 which activation recomputation calls too), passing a tensor's gradient on only when
 every op that used the tensor has contributed (a topological order found iteratively, so a chain of
 50,000 ops does not hit Python's recursion limit), sums the gradients that meet at a tensor, and
-*accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does.
+*accumulates* them into the ``.grad`` of leaf tensors, as PyTorch does. As in PyTorch, the walk
+frees each op's saved arrays after its backward (``retain_graph=True`` keeps them), and every tensor
+carries a version counter that in-place changes bump, so that backward refuses values an op saved
+that have changed since the forward instead of silently using the new ones.
 
 Source: the chain rule in reverse mode, as in Griewank & Walther, "Evaluating Derivatives" (2008),
 ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout micrograd (Karpathy 2020).
@@ -19,6 +22,7 @@ ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout microgra
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,6 +92,16 @@ def queue_callback(callback: Callable[[], None]) -> None:
 DEFAULT_DTYPE = np.float32
 
 
+def bump_version(tensor: Tensor) -> None:
+    """Record that ``tensor.data`` was changed in place through an index (``t.data[...] = a``).
+
+    The ``data`` setter and the in-place operators bump ``tensor._version`` themselves; a write into
+    the array itself is invisible to them, so code that does one (ZeRO's parameter update) calls this,
+    and a backward that still needs the old values raises instead of using the new ones.
+    """
+    tensor._version += 1
+
+
 class Tensor:
     """An n-dimensional array that remembers how it was computed.
 
@@ -95,6 +109,8 @@ class Tensor:
         data: the backend array (NumPy on CPU, CuPy on GPU), any shape.
         grad: a backend array of ``data.shape``, or ``None``; ``backward()`` accumulates into it.
         requires_grad: whether gradients flow to this tensor.
+        grad_fn: the ``Function`` that produced it (``None`` for a leaf).
+        _version: how many in-place changes it has seen (shared with its views).
     """
 
     # Makes ``ndarray + Tensor`` call ``Tensor.__radd__`` instead of NumPy's elementwise loop.
@@ -104,11 +120,34 @@ class Tensor:
     sharded_over: Any = None
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
-        self.data = data
+        self._data = data
+        # Counts the in-place changes we can see (``.data = ...``, ``+=``, optimizer steps); an op
+        # records it for the tensors it saved, and backward refuses a tensor changed since. A list,
+        # so that a view (w.T, x[0], x.reshape(...)) and the tensor it looks into share one counter.
+        self._version_counter = [0]
         self.grad: Any = None
         self.requires_grad = bool(requires_grad)
         self._ctx: Function | None = None  # the op that produced this tensor (None for a leaf)
         self._post_accumulate_hooks: list[Callable[[Tensor], None]] = []
+
+    @property
+    def data(self) -> Any:
+        """The backend array. Assigning it (``w.data = a``, and so ``w.data *= 10``) bumps ``_version``."""
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self._data = value
+        self._version_counter[0] += 1
+
+    @property
+    def _version(self) -> int:
+        """How many in-place changes this tensor (or a view sharing its memory) has seen."""
+        return self._version_counter[0]
+
+    @_version.setter
+    def _version(self, value: int) -> None:
+        self._version_counter[0] = value
 
     # -- basic properties ------------------------------------------------------------------------
     @property
@@ -131,11 +170,19 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self._ctx is None
 
+    @property
+    def grad_fn(self) -> Function | None:
+        """The op that produced this tensor (``None`` for a leaf), as torch's ``Tensor.grad_fn``."""
+        return self._ctx
+
     def __len__(self) -> int:
         return len(self.data)
 
     def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
+        if self._ctx is not None:  # as torch: a result shows the op that made it, a leaf its flag
+            grad = f", grad_fn=<{type(self._ctx).__name__}Backward>"
+        else:
+            grad = ", requires_grad=True" if self.requires_grad else ""
         return f"tensor({backend.to_numpy(self.data)!r}{grad})"
 
     def numpy(self) -> np.ndarray:
@@ -149,8 +196,10 @@ class Tensor:
         return self.data.reshape(-1)[0].item()
 
     def detach(self) -> Tensor:
-        """A new leaf tensor sharing this data, cut from the graph."""
-        return Tensor(self.data, requires_grad=False)
+        """A new leaf tensor sharing this data (and its version counter), cut from the graph."""
+        out = Tensor(self.data, requires_grad=False)
+        out._version_counter = self._version_counter
+        return out
 
     def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> None:
         """Call ``hook(tensor)`` each time backward has finished accumulating into this leaf's ``.grad``."""
@@ -159,18 +208,21 @@ class Tensor:
         self._post_accumulate_hooks.append(hook)
 
     # -- backward --------------------------------------------------------------------------------
-    def backward(self, grad: Any = None) -> None:
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
         """Accumulate d(self)/d(leaf) into ``leaf.grad`` for every leaf that requires gradients.
 
         Args:
             grad: gradient of some scalar with respect to this tensor, same shape as ``self``.
                 May be omitted only when ``self`` has one element (then it is 1).
-
-        The graph is kept (as with PyTorch's ``retain_graph=True``): calling ``backward()`` again on
-        the same output accumulates the same gradients a second time.
+            retain_graph: keep what the ops saved for backward, so that a second ``backward()``
+                through the same graph works (and accumulates the same gradients again). By default
+                the graph is freed as the walk passes, as in PyTorch: its saved arrays can go.
 
         Raises:
-            RuntimeError: ``self`` does not require grad, or is not a scalar and ``grad`` is None.
+            RuntimeError: ``self`` does not require grad, or is not a scalar and ``grad`` is None;
+                the graph was already freed by an earlier ``backward()`` (torch's "Trying to backward
+                through the graph a second time"); a tensor an op saved was changed in place since
+                the forward (torch's "modified by an inplace operation", see ``Tensor._version``).
             ValueError: ``grad`` has the wrong shape, or an op's backward returned a wrong shape.
             TypeError: an op's backward did not return a tuple.
         """
@@ -196,7 +248,7 @@ class Tensor:
         _backward_passes += 1
         succeeded = False
         try:
-            run_backward(self, grad)
+            run_backward(self, grad, retain_graph=retain_graph)
             succeeded = True
         finally:
             _in_backward = False
@@ -244,27 +296,62 @@ class Tensor:
 
     def relu(self) -> Tensor: return ops.relu(self)  # fmt: skip
 
-    def sum(self, axis=None, keepdims: bool = False) -> Tensor:
-        return ops.sum(self, axis=axis, keepdims=keepdims)
+    # Reductions take NumPy's axis/keepdims or torch's dim/keepdim (see minidist/ops/reduction.py).
+    def sum(self, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.sum(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
-        return ops.mean(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
+        return ops.mean(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def max(self, axis=None, keepdims: bool = False) -> Tensor:
-        return ops.max(self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
+        return ops.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
     def reshape(self, *shape) -> Tensor:
         return ops.reshape(self, *shape)
 
-    def transpose(self, *axes) -> Tensor:
-        return ops.transpose(self, *axes)
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """Swap axes ``dim0`` and ``dim1`` (torch's meaning, not NumPy's permutation)."""
+        return ops.transpose(self, dim0, dim1)
+
+    def permute(self, *dims) -> Tensor:
+        """Reorder the axes: axis i of the result is axis ``dims[i]`` of this tensor."""
+        return ops.permute(self, *dims)
 
     @property
     def T(self) -> Tensor:
         return ops.transpose(self)
 
+    def to(self, dtype: Any) -> Tensor:
+        """This tensor in ``dtype`` (itself if it has it already); differentiable, as ``torch.Tensor.to``."""
+        return ops.to(self, dtype)
 
-def run_backward(root: Tensor, grad: Any) -> None:
+    def float(self) -> Tensor: return ops.to(self, np.float32)  # fmt: skip
+
+    def double(self) -> Tensor: return ops.to(self, np.float64)  # fmt: skip
+
+    # -- in-place updates (minidist/ops/inplace.py): change .data and bump _version ------------------
+    def __iadd__(self, other): return ops.inplace.update(self, other, "add")  # fmt: skip
+
+    def __isub__(self, other): return ops.inplace.update(self, other, "sub")  # fmt: skip
+
+    def __imul__(self, other): return ops.inplace.update(self, other, "mul")  # fmt: skip
+
+    def __itruediv__(self, other): return ops.inplace.update(self, other, "div")  # fmt: skip
+
+    def add_(self, other, alpha=1): return ops.inplace.update_(self, other, "add", alpha)  # fmt: skip
+
+    def sub_(self, other, alpha=1): return ops.inplace.update_(self, other, "sub", alpha)  # fmt: skip
+
+    def mul_(self, other): return ops.inplace.update_(self, other, "mul")  # fmt: skip
+
+    def div_(self, other): return ops.inplace.update_(self, other, "div")  # fmt: skip
+
+    def copy_(self, src): return ops.inplace.update_(self, src, "copy")  # fmt: skip
+
+    def zero_(self): return ops.inplace.update_(self, 0, "copy")  # fmt: skip
+
+
+def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
     """The graph walk: backpropagate ``grad`` (d something / d ``root``) to every leaf below ``root``.
 
     Kahn's topological order: a tensor's gradient is passed on only when every op that used it has
@@ -275,6 +362,9 @@ def run_backward(root: Tensor, grad: Any) -> None:
     end-of-pass callbacks. ``Tensor.backward`` wraps it in a pass; activation recomputation
     (``minidist.nn.recompute``) calls it inside the running pass, for the graph of a recomputed
     segment, so that parameters there accumulate and fire their hooks exactly as usual.
+
+    Each op's saved arrays are dropped right after its backward unless ``retain_graph``; an op met
+    again later raises (see :meth:`Function.release`).
     """
     # BEGIN SOLUTION A1.5: walk the graph in topological order, summing and accumulating gradients
     pending = {id(root): grad}  # gradients summed so far, per tensor, not yet passed on
@@ -291,8 +381,12 @@ def run_backward(root: Tensor, grad: Any) -> None:
                 for hook in node._post_accumulate_hooks:
                     hook(node)
             continue
-        input_grads = _checked_backward(node._ctx, g) if g is not None else (None,) * len(node._ctx.inputs)
-        for inp, g_inp in zip(node._ctx.inputs, input_grads):
+        fn = node._ctx
+        inputs = fn.inputs
+        input_grads = _checked_backward(fn, g) if g is not None else (None,) * len(inputs)
+        if not retain_graph:
+            fn.release()
+        for inp, g_inp in zip(inputs, input_grads):
             if not inp.requires_grad:
                 continue
             key = id(inp)
@@ -312,6 +406,7 @@ def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
     when writing a new op, so the error names the op and what was wrong.
     """
     name = type(fn).__name__
+    fn.check_saved_versions()
     grads = fn.backward(grad)
     if not isinstance(grads, tuple):
         raise TypeError(
@@ -319,12 +414,23 @@ def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
         )
     if len(grads) != len(fn.inputs):
         raise ValueError(f"{name}.backward returned {len(grads)} gradients for {len(fn.inputs)} inputs")
+    cast = False
     for i, (inp, g) in enumerate(zip(fn.inputs, grads)):
-        if g is not None and tuple(g.shape) != inp.shape:
+        if g is None:
+            continue
+        data = inp._data  # not the property: this loop runs for every op of every backward
+        if tuple(g.shape) != data.shape:
             raise ValueError(
                 f"{name}.backward returned a gradient of shape {tuple(g.shape)} for input {i} of shape "
                 f"{inp.shape}; each gradient must have its input's shape"
             )
+        if g.dtype != data.dtype and inp.requires_grad:
+            cast = True
+    if cast:  # a gradient has its input's dtype, as in torch (float32 + float64 -> float64 output)
+        grads = tuple(
+            g if g is None or not t.requires_grad else g.astype(t.dtype, copy=False)
+            for t, g in zip(fn.inputs, grads)
+        )
     return grads
 
 
@@ -362,6 +468,15 @@ class Function:
     """
 
     inputs: tuple[Tensor, ...] = ()
+    # Which inputs ``forward`` keeps for ``backward`` (None: all of them, the safe default for a new
+    # op); backward checks that those were not changed in place since. ``saves_output``: forward
+    # keeps its own result (exp, tanh, sigmoid), which must not change either.
+    saved_inputs: tuple[int, ...] | None = None
+    saves_output = False
+    # The result may be a view into input 0's array (reshape, permute, basic indexing): then both
+    # tensors share one version counter, so changing either in place is seen through the other.
+    is_view = False
+    _released = False  # set by release(): the saved arrays are gone
 
     def forward(self, *arrays: Any, **options: Any) -> Any:
         raise NotImplementedError
@@ -369,13 +484,53 @@ class Function:
     def backward(self, grad: Any) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Drop everything ``forward`` saved (and the inputs), after this op's backward has run.
+
+        Called by the graph walk unless ``retain_graph=True``, so the activations can be freed as
+        backward proceeds, as in PyTorch; using this op again raises instead of reusing stale state.
+        """
+        self.__dict__.clear()
+        self._released = True
+
+    def check_saved_versions(self) -> None:
+        """Raise ``RuntimeError`` if this op was released, or a tensor it saved changed in place.
+
+        Without it, ``w.data *= 10`` (or ``optimizer.step()``) between forward and backward would
+        give gradients computed from the new values silently. Torch's version counters, same texts.
+        """
+        name = type(self).__name__
+        if self._released:
+            raise RuntimeError(
+                f"Trying to backward through the graph a second time (or directly access saved tensors "
+                f"after they have already been freed): the values {name} saved were freed by the first "
+                "backward(). Specify retain_graph=True in the first backward() if you need to backward "
+                "through the graph a second time, or compute the forward again."
+            )
+        saved = range(len(self.inputs)) if self.saved_inputs is None else self.saved_inputs
+        changed = [(f"its input {i}", self.inputs[i], self._versions[i]) for i in saved
+                   if self.inputs[i]._version_counter[0] != self._versions[i]]  # fmt: skip
+        if self.saves_output:
+            output = self._output()
+            if output is not None and output._version_counter[0] != self._output_version:
+                changed.append(("its output", output, self._output_version))
+        if changed:
+            which, t, expected = changed[0]
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: the {t.dtype} tensor of shape {t.shape} saved by {name} ({which}) is at "
+                f"version {t._version}; expected version {expected} instead. Hint: change tensors in "
+                "place (w.data = ..., +=, optimizer.step()) only after backward(), or compute the "
+                "forward again after the change."
+            )
+
     @classmethod
     def apply(cls, *inputs: Any, **options: Any) -> Tensor:
         """Run the op on tensors (Python numbers and arrays are lifted to constant tensors)."""
         like = next((x for x in inputs if isinstance(x, Tensor)), None)
         tensors = tuple(_lift(x, like) for x in inputs)
         fn = cls()
-        result = fn.forward(*(t.data for t in tensors), **options)
+        result = fn.forward(*[t._data for t in tensors], **options)
         # Full reductions give NumPy scalars; keep .data a (0-d) backend array so in-place writes work.
         if isinstance(result, np.generic):
             result = _asarray_like(result, tensors)
@@ -384,10 +539,15 @@ class Function:
             if t.sharded_over is not None:
                 out.sharded_over = t.sharded_over
                 break
+        if cls.is_view and backend.array_module(result).may_share_memory(result, tensors[0]._data):
+            out._version_counter = tensors[0]._version_counter
         if _grad_enabled and any(t.requires_grad for t in tensors):
             out.requires_grad = True
             out._ctx = fn
             fn.inputs = tensors
+            fn._versions = tuple([t._version_counter[0] for t in tensors])
+            if fn.saves_output:  # a weak reference: the output holds fn, fn must not keep it alive
+                fn._output, fn._output_version = weakref.ref(out), out._version
         return out
 
 
@@ -406,18 +566,21 @@ def _lift(x: Any, like: Tensor | None) -> Tensor:
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    """Create a leaf tensor from a list, scalar, NumPy or CuPy array (copied to the backend device).
+    """Create a leaf tensor from a list, scalar, NumPy or CuPy array: always a copy, on the backend device.
 
-    Floating-point data becomes float32 unless ``dtype`` is given (PyTorch's default dtype);
-    integer and boolean data keep their dtype (class labels stay integers).
+    The dtype follows ``torch.tensor``: ``dtype`` if given; else an array (or NumPy scalar) keeps its
+    own (a float64 array stays float64); Python floats become float32 (PyTorch's default dtype),
+    Python ints int64, bools bool. A float32 model wants ``md.tensor(x, dtype=np.float32)`` for
+    float64 data (matmul raises on mixed dtypes, as in torch).
 
     Raises ``TypeError`` if ``requires_grad`` is asked for on non-floating data.
     """
     if isinstance(data, Tensor):
         data = data.data
-    array = backend.asarray(data, dtype=dtype)
-    if dtype is None and array.dtype.kind == "f" and array.dtype != DEFAULT_DTYPE:
-        array = array.astype(DEFAULT_DTYPE)
+    keeps_dtype = dtype is not None or hasattr(data, "dtype")  # arrays and NumPy scalars
+    array = backend.xp().array(data, dtype=dtype)  # a copy: in-place updates must not reach `data`
+    if not keeps_dtype and array.dtype.kind == "f" and array.dtype != DEFAULT_DTYPE:
+        array = array.astype(DEFAULT_DTYPE)  # Python floats: the default dtype, not NumPy's float64
     if requires_grad and array.dtype.kind != "f":
         raise TypeError(f"only floating-point tensors can require gradients, got dtype {array.dtype}")
     return Tensor(array, requires_grad=requires_grad)

@@ -207,8 +207,8 @@ def test_grader_refuses_a_shadowed_minidist(tmp_path):
 MUTANTS = [
     ("A1", "A1.1", "minidist/ops/arithmetic.py", "grad.sum(axis=stretched, keepdims=True)",
      "grad.sum(axis=stretched)", "expected (2, 1)", None),
-    ("A1", "A1.2", "minidist/ops/arithmetic.py", "grad_b = -grad * self.a / (self.b * self.b)",
-     "grad_b = grad * self.a / (self.b * self.b)", "Div", None),
+    ("A1", "A1.2", "minidist/ops/arithmetic.py", "grad_b = -grad * ((self.a / self.b) / self.b)",
+     "grad_b = grad * ((self.a / self.b) / self.b)", "Div", None),
     ("A1", "A1.3", "minidist/ops/elementwise.py", "return (grad * self.y * (1 - self.y),)",
      "return (grad * self.y,)", "Sigmoid", None),
     ("A1", "A1.4", "minidist/ops/softmax.py", "return (d_logits * (grad * self.scale),)",

@@ -161,9 +161,9 @@ def test_enable_grad_records_inside_no_grad():
 
 
 # ------------------------------------------------------------------------------------------ dtypes
-def test_tensor_defaults_to_float32_and_keeps_integer_labels():
-    assert md.tensor(np.ones(3)).dtype == np.float32  # float64 input becomes the default float32
-    assert md.tensor([1.5, 2.5]).dtype == np.float32
+def test_tensor_keeps_array_dtypes_and_makes_python_floats_float32():
+    assert md.tensor(np.ones(3)).dtype == np.float64  # an array keeps its dtype, as torch.tensor
+    assert md.tensor([1.5, 2.5]).dtype == np.float32  # Python floats: the default dtype
     assert md.tensor(np.ones(3), dtype=np.float64).dtype == np.float64
     assert md.tensor(np.array([0, 3, 1])).dtype == np.int64
     assert md.tensor(np.array([0, 3], dtype=np.int32)).dtype == np.int32
@@ -214,7 +214,7 @@ FLOAT32_SCALAR_OPS = {
 
 @pytest.mark.parametrize("name", sorted(FLOAT32_SCALAR_OPS))
 def test_float32_stays_float32_through_ops_with_python_scalars(name):
-    a = md.tensor(np.array([[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]]), requires_grad=True)
+    a = md.tensor([[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]], requires_grad=True)
     assert a.dtype == np.float32
     out = FLOAT32_SCALAR_OPS[name](a)
     assert out.dtype == np.float32, f"{name} gave {out.dtype}"
@@ -233,7 +233,7 @@ GRADIENT_DTYPE_OPS = {
 
 @pytest.mark.parametrize("name", sorted(GRADIENT_DTYPE_OPS))
 def test_gradient_has_the_dtype_of_its_tensor(name):
-    a = md.tensor(np.array([[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]]), requires_grad=True)
+    a = md.tensor([[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]], requires_grad=True)
     out = GRADIENT_DTYPE_OPS[name](a)
     out.backward(np.ones(out.shape, dtype=np.float32))
     assert a.grad.dtype == np.float32, f"{name}: float32 tensor got a {a.grad.dtype} gradient"
@@ -329,9 +329,9 @@ def test_reshape_to_wrong_size_raises_and_names_both():
         md.tensor(np.ones((2, 3))).reshape(4, 2)
 
 
-def test_transpose_with_non_permutation_raises():
-    with pytest.raises(ValueError, match="permutation"):
-        md.tensor(np.ones((2, 3))).transpose(0, 0)
+def test_permute_with_non_permutation_raises():
+    with pytest.raises(ValueError, match="repeat"):
+        md.tensor(np.ones((2, 3))).permute(0, 0)
 
 
 # ------------------------------------------------------------------------------ hooks, callbacks
@@ -493,7 +493,7 @@ def test_parameters_finish_layer_by_layer_from_the_output():
     order = []
     for name, p in model.named_parameters():
         p.register_post_accumulate_grad_hook(lambda _p, name=name: order.append(name))
-    model(md.tensor(np.ones((5, 3)))).sum().backward()
+    model(md.tensor(np.ones((5, 3), dtype=np.float32))).sum().backward()
     layers = [int(name.split(".")[0]) for name in order]
     assert layers == sorted(layers, reverse=True), order
 

@@ -117,7 +117,7 @@ def test_setting_attributes_before_super_init_raises():
 
 def test_module_zero_grad_sets_grads_to_none():
     lin = nn.Linear(3, 2)
-    lin(md.tensor(np.ones((4, 3)))).sum().backward()
+    lin(md.tensor(np.ones((4, 3), dtype=np.float32))).sum().backward()
     assert all(p.grad is not None for p in lin.parameters())
     lin.zero_grad()
     assert all(p.grad is None for p in lin.parameters())
@@ -148,7 +148,7 @@ def test_load_state_dict_round_trip_gives_identical_outputs_and_keeps_parameter_
     md.manual_seed(1)
     dst = Net().eval()
     params_before = [id(p) for p in dst.parameters()]
-    x = md.tensor(np.random.default_rng(0).standard_normal((5, 3)))
+    x = md.tensor(np.random.default_rng(0).standard_normal((5, 3)), dtype=np.float32)
     assert not np.array_equal(src(x).numpy(), dst(x).numpy())
 
     dst.load_state_dict(src.state_dict())

@@ -247,7 +247,7 @@ def test_parameter_listed_twice_is_updated_once(name):
 def test_training_a_linear_model_decreases_the_loss(name):
     md.manual_seed(0)
     rng = np.random.default_rng(0)
-    x = md.tensor(rng.standard_normal((32, 4)))
+    x = md.tensor(rng.standard_normal((32, 4)), dtype=np.float32)
     y = rng.integers(0, 3, size=32)
     model = nn.Linear(4, 3)
     opt = OPTIMIZERS[name](model.parameters())

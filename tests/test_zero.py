@@ -82,7 +82,7 @@ def plain_state_bytes(opt_name: str) -> int:
     model, _ = zc.make_model(SEED, np.float32)
     cls, kwargs = zc.OPTIMIZERS[opt_name]
     opt = cls(model.parameters(), **kwargs)
-    nn.functional.cross_entropy(model(md.tensor(x[:BATCH])), y[:BATCH]).backward()
+    nn.functional.cross_entropy(model(md.tensor(x[:BATCH], dtype=np.float32)), y[:BATCH]).backward()
     opt.step()
     return sum(v.nbytes for s in opt.state.values() for v in s.values() if hasattr(v, "nbytes"))
 

@@ -136,7 +136,7 @@ for _ in range(4):
     layers += [nn.Linear(512, 512), nn.ReLU()]
 ddp = DistributedDataParallel(nn.Sequential(*layers[:-1]), bucket_cap_mb=1, overlap=True)
 opt = optim.SGD(ddp.parameters(), lr=1e-3)
-xb = md.tensor(np.random.default_rng(world.rank).standard_normal((128, 512)))
+xb = md.tensor(np.random.default_rng(world.rank).standard_normal((128, 512)), dtype=np.float32)
 yb = np.random.default_rng(world.rank).integers(0, 512, 128)
 
 

@@ -78,7 +78,7 @@ def one_step(stage):
     md.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
     rng = np.random.default_rng(world.rank)
-    x, y = md.tensor(rng.standard_normal((32, 256))), rng.integers(0, 256, 32)
+    x, y = md.tensor(rng.standard_normal((32, 256)), dtype=np.float32), rng.integers(0, 256, 32)
     if stage == 0:
         opt = optim.AdamW(model.parameters(), lr=1e-3)
     else:

@@ -197,7 +197,7 @@ print(
 from minidist.nn import functional as F
 from minidist.parallel.tensor_parallel import get_rng_tracker
 
-ones = md.tensor(np.ones((1, 8)))
+ones = md.tensor(np.ones((1, 8), dtype=np.float32))
 replicated_mask = F.dropout(ones, 0.5, True).numpy().astype(int).ravel() // 2
 with get_rng_tracker().fork():
     sharded_mask = F.dropout(ones, 0.5, True).numpy().astype(int).ravel() // 2

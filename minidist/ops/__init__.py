@@ -1,20 +1,22 @@
 """Differentiable operations, one ``Function`` subclass each, grouped by kind.
 
 arithmetic: add sub mul div neg pow matmul · elementwise: exp log tanh sigmoid relu gelu ·
-reduction: sum mean max · shape: reshape transpose getitem · softmax: softmax log_softmax
+reduction: sum mean max · shape: reshape transpose permute getitem · softmax: softmax log_softmax
 cross_entropy · dropout: dropout
 """
 
+from minidist.ops import inplace
 from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub, unbroadcast
 from minidist.ops.dropout import dropout
+from minidist.ops.dtypes import result_type, to
 from minidist.ops.elementwise import exp, gelu, log, relu, sigmoid, tanh
 from minidist.ops.reduction import max, mean, sum
-from minidist.ops.shape import getitem, reshape, transpose
+from minidist.ops.shape import getitem, permute, reshape, transpose
 from minidist.ops.softmax import cross_entropy, log_softmax, softmax
 
 __all__ = [
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "unbroadcast",
     "exp", "log", "tanh", "sigmoid", "relu", "gelu",
-    "sum", "mean", "max", "reshape", "transpose", "getitem",
-    "softmax", "log_softmax", "cross_entropy", "dropout",
+    "sum", "mean", "max", "reshape", "transpose", "permute", "getitem",
+    "softmax", "log_softmax", "cross_entropy", "dropout", "to", "result_type", "inplace",
 ]  # fmt: skip

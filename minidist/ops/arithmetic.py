@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist.autograd import Function
+from minidist.autograd import DEFAULT_DTYPE, Function, Tensor
+from minidist.ops.dtypes import promote, to
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
@@ -39,6 +40,8 @@ def _check_broadcast(name: str, a: Any, b: Any) -> None:
 class Add(Function):
     """z = a + b;  dz/da = 1, dz/db = 1."""
 
+    saved_inputs = ()  # backward needs only the shapes
+
     def forward(self, a, b):
         _check_broadcast("add", a, b)
         self.shapes = a.shape, b.shape
@@ -50,6 +53,8 @@ class Add(Function):
 
 class Sub(Function):
     """z = a - b;  dz/da = 1, dz/db = -1."""
+
+    saved_inputs = ()
 
     def forward(self, a, b):
         _check_broadcast("sub", a, b)
@@ -75,7 +80,11 @@ class Mul(Function):
 
 
 class Div(Function):
-    """z = a / b;  dz/da = 1/b, dz/db = -a/b^2."""
+    """z = a / b;  dz/da = 1/b, dz/db = -a/b^2, computed as -(a/b)/b.
+
+    The order matters in floating point: b*b over- or underflows long before a/b does (float32
+    ``1e30/1e20`` would give dz/db = 0 and ``0/1e-30`` NaN); ``(a/b)/b`` is what PyTorch computes.
+    """
 
     def forward(self, a, b):
         _check_broadcast("div", a, b)
@@ -85,13 +94,15 @@ class Div(Function):
     def backward(self, grad):
         # BEGIN SOLUTION A1.2: the gradients of a / b
         grad_a = grad / self.b
-        grad_b = -grad * self.a / (self.b * self.b)
+        grad_b = -grad * ((self.a / self.b) / self.b)
         return unbroadcast(grad_a, self.a.shape), unbroadcast(grad_b, self.b.shape)
         # END SOLUTION
 
 
 class Neg(Function):
     """z = -a;  dz/da = -1."""
+
+    saved_inputs = ()
 
     def forward(self, a):
         return -a
@@ -131,6 +142,11 @@ class MatMul(Function):
                 f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: the last dimension "
                 f"of the first ({a.shape[-1]}) must equal the second-to-last of the second ({b.shape[-2]})"
             )
+        if a.dtype != b.dtype:  # torch does not promote here: a float64 input to a float32 layer is a bug
+            raise RuntimeError(
+                f"matmul: mat1 and mat2 must have the same dtype, but got {a.dtype} and {b.dtype}; convert "
+                "one of them, e.g. x.to(np.float32) or md.tensor(array, dtype=np.float32) for a float32 model"
+            )
         try:
             np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         except ValueError:
@@ -160,20 +176,22 @@ class MatMul(Function):
         # END SOLUTION
 
 
+# The binary ops first bring both operands to PyTorch's result dtype (minidist/ops/dtypes.py).
 def add(a, b):
-    return Add.apply(a, b)
+    return Add.apply(*promote(a, b))
 
 
 def sub(a, b):
-    return Sub.apply(a, b)
+    return Sub.apply(*promote(a, b))
 
 
 def mul(a, b):
-    return Mul.apply(a, b)
+    return Mul.apply(*promote(a, b))
 
 
 def div(a, b):
-    return Div.apply(a, b)
+    """True division: integer operands give float32, as in PyTorch."""
+    return Div.apply(*promote(a, b, floating=True))
 
 
 def neg(a):
@@ -187,7 +205,11 @@ def pow(a, exponent: float):  # noqa: A001  (mirrors Tensor.__pow__)
             f"pow: the exponent must be a Python number, got {type(exponent).__name__}; "
             "for a tensor exponent use exp(b * log(a))"
         )
-    return Pow.apply(a, exponent=float(exponent))
+    if isinstance(exponent, (float, np.floating)) and isinstance(a, Tensor) and a.dtype.kind != "f":
+        a = to(a, DEFAULT_DTYPE)  # int tensor ** 0.5 is float32 in torch (NumPy: float64)
+    # A Python float keeps a float32 tensor float32 (a NumPy float64 scalar would not: NEP 50).
+    exponent = float(exponent) if isinstance(exponent, (float, np.floating)) else int(exponent)
+    return Pow.apply(a, exponent=exponent)
 
 
 def matmul(a, b):

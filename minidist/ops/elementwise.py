@@ -16,6 +16,8 @@ from minidist.backend import is_gpu_array
 class Exp(Function):
     """y = e^x;  dy/dx = e^x = y."""
 
+    saved_inputs, saves_output = (), True
+
     def forward(self, x):
         self.y = _xp(x).exp(x)
         return self.y
@@ -38,6 +40,8 @@ class Log(Function):
 class Tanh(Function):
     """y = tanh x;  dy/dx = 1 - y^2."""
 
+    saved_inputs, saves_output = (), True
+
     def forward(self, x):
         self.y = _xp(x).tanh(x)
         return self.y
@@ -51,11 +55,18 @@ class Tanh(Function):
 class Sigmoid(Function):
     """y = 1 / (1 + e^-x);  dy/dx = y (1 - y).
 
-    Computed as (1 + tanh(x/2)) / 2, an identity that never overflows e^-x for large negative x.
+    With e = e^-|x| (never overflows): y = 1 / (1 + e) for x >= 0 and y = e / (1 + e) for x < 0,
+    the same value written so that the negative tail keeps its tiny positive values (float32
+    sigmoid(-20) = 2.06e-9, as PyTorch) instead of rounding 1 + tanh(x/2) to exactly 0, which made
+    log(sigmoid(x)) -inf with a NaN gradient.
     """
 
+    saved_inputs, saves_output = (), True
+
     def forward(self, x):
-        self.y = 0.5 * (1 + _xp(x).tanh(0.5 * x))
+        xp = _xp(x)
+        e = xp.exp(-xp.abs(x))
+        self.y = xp.where(x >= 0, 1, e) / (1 + e)
         return self.y
 
     def backward(self, grad):
@@ -66,6 +77,8 @@ class Sigmoid(Function):
 
 class ReLU(Function):
     """y = max(x, 0);  dy/dx = 1 where x > 0, else 0 (we pick 0 at x = 0, as PyTorch does)."""
+
+    saved_inputs = ()  # the mask x > 0 is a new array: changing x later does not touch it
 
     def forward(self, x):
         self.positive = x > 0

@@ -1,4 +1,4 @@
-"""Reductions over axes: sum, mean, max (NumPy's ``axis`` / ``keepdims`` arguments).
+"""Reductions over axes: sum, mean, max (NumPy's ``axis`` / ``keepdims``, or torch's ``dim`` / ``keepdim``).
 
 Backward spreads the output gradient back over the reduced axes: :func:`_expand` re-inserts the
 axes that ``keepdims=False`` removed, and broadcasting copies the gradient along them.
@@ -6,9 +6,11 @@ axes that ``keepdims=False`` removed, and broadcasting copies the gradient along
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from minidist.autograd import Function
+import numpy as np
+
+from minidist.autograd import Function, Tensor
 from minidist.backend import array_module as _xp
 
 
@@ -39,6 +41,8 @@ def _expand(grad: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
 class Sum(Function):
     """y = sum_i x_i over ``axis``;  dy/dx_i = 1."""
 
+    saved_inputs = ()
+
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.keepdims = x.shape, keepdims
         self.axes = _normalize_axes(axis, x.ndim)
@@ -53,6 +57,8 @@ class Sum(Function):
 
 class Mean(Function):
     """y = (1/n) sum_i x_i over ``axis`` (n = number of elements reduced);  dy/dx_i = 1/n."""
+
+    saved_inputs = ()
 
     def forward(self, x, axis=None, keepdims=False):
         self.shape, self.keepdims = x.shape, keepdims
@@ -76,6 +82,8 @@ class Max(Function):
     gradient equal to the output gradient.
     """
 
+    saved_inputs = ()  # the tie weights are a new array
+
     def forward(self, x, axis=None, keepdims=False):
         self.keepdims = keepdims
         self.axes = _normalize_axes(axis, x.ndim)
@@ -90,13 +98,59 @@ class Max(Function):
         return (_expand(grad, self.axes, self.keepdims) * self.weights,)
 
 
-def sum(x, axis=None, keepdims: bool = False):  # noqa: A001  (mirrors Tensor.sum)
+def _axis_of(name: str, axis: Any, keepdims: bool, dim: Any, keepdim: bool | None) -> tuple[Any, bool]:
+    """Merge NumPy's (``axis``, ``keepdims``) and torch's (``dim``, ``keepdim``) spellings; not both."""
+    if dim is not None:
+        if axis is not None:
+            raise TypeError(f"{name}() got both axis={axis!r} and dim={dim!r}; they mean the same, give one")
+        axis = tuple(dim) if isinstance(dim, list) else dim
+    if keepdim is not None:
+        keepdims = keepdims or keepdim
+    return axis, bool(keepdims)
+
+
+def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None):  # noqa: A001
+    """Sum over ``axis`` (None: all; int or tuple), as ``x.sum(axis)`` / torch's ``x.sum(dim=...)``."""
+    axis, keepdims = _axis_of("sum", axis, keepdims, dim, keepdim)
     return Sum.apply(x, axis=axis, keepdims=keepdims)
 
 
-def mean(x, axis=None, keepdims: bool = False):
+def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None):
+    """Mean over ``axis`` (None: all; int or tuple), as ``x.mean(axis)`` / torch's ``x.mean(dim=...)``."""
+    axis, keepdims = _axis_of("mean", axis, keepdims, dim, keepdim)
     return Mean.apply(x, axis=axis, keepdims=keepdims)
 
 
-def max(x, axis=None, keepdims: bool = False):  # noqa: A001  (mirrors Tensor.max)
-    return Max.apply(x, axis=axis, keepdims=keepdims)
+class MaxResult(NamedTuple):
+    """What torch's ``x.max(dim=d)`` returns: the maxima and where they are (int64 indices)."""
+
+    values: Tensor
+    indices: Tensor
+
+
+def max(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None):  # noqa: A001
+    """The maximum over ``axis`` (NumPy's ``amax``): a tensor; the gradient is split between ties.
+
+    With torch's ``dim=d`` (one int) it returns ``MaxResult(values, indices)`` as ``torch.max(x, dim)``
+    does, and the gradient goes to the first maximum only (the one ``indices`` names), as in torch.
+    """
+    if dim is None:
+        axis, keepdims = _axis_of("max", axis, keepdims, None, keepdim)
+        return Max.apply(x, axis=axis, keepdims=keepdims)
+    if axis is not None or not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"max(dim=...) takes one int dimension and no axis=, got dim={dim!r}, axis={axis!r}")
+    if x.size == 0:
+        raise ValueError(f"max of an empty tensor of shape {x.shape} is undefined")
+    d = _normalize_axes(dim, x.ndim)[0] if x.ndim else 0
+    xp = _xp(x.data)
+    index = xp.argmax(x.data, axis=d) if x.ndim else xp.zeros((), dtype=np.int64)
+    if x.ndim:  # pick x[i, ..., index[i, ...], ...] with the other axes broadcast around the index
+        grid = list(xp.indices(index.shape, sparse=True))
+        values = x[tuple(grid[:d] + [index] + grid[d:])]
+    else:
+        values = x.reshape(())
+    keep = keepdims or bool(keepdim)
+    if keep and x.ndim:
+        kept = x.shape[:d] + (1,) + x.shape[d + 1 :]
+        values, index = values.reshape(kept), index.reshape(kept)
+    return MaxResult(values, Tensor(index.astype(np.int64)))

@@ -47,7 +47,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
-from minidist.autograd import Tensor
+from minidist.autograd import Tensor, bump_version
 from minidist.optim.optimizer import Optimizer, clear_grads
 from minidist.parallel.zero_checks import check_optimizer_class, check_params, check_stage
 from minidist.parallel.zero_layout import ShardLayout, unique_nbytes
@@ -275,6 +275,7 @@ class ZeroRedundancyOptimizer:
         """Copy consecutive pieces of the P-element ``flat`` into the parameters, in place."""
         for p, offset in zip(self.params, self.layout.offsets):
             p.data[...] = flat[offset : offset + p.size].reshape(p.shape)
+            bump_version(p)  # an optimizer step: a graph built before it must not backward through it
 
     def _flat_buffer(self) -> Any:
         xp = backend.array_module(self.params[0].data)

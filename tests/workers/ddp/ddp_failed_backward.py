@@ -13,7 +13,7 @@ from minidist.parallel import DistributedDataParallel
 world = dist.init()
 md.manual_seed(world.rank)
 model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), bucket_cap_mb=1e-6)
-x = md.tensor(np.ones((2, 4)) * (world.rank + 1))
+x = md.tensor(np.ones((2, 4), dtype=np.float32) * (world.rank + 1))
 fired = []
 model.module[1].bias.register_post_accumulate_grad_hook(lambda p: fired.append(True))
 
@@ -29,7 +29,7 @@ class Boom(md.Function):
 # Backward finishes the most recently readied input first (last in, first out), so the model's branch,
 # the second input of the sum, is differentiated before Boom's branch raises: by then some of DDP's
 # hooks have fired (checked below).
-side = md.tensor(np.ones((2, 2)), requires_grad=True)
+side = md.tensor(np.ones((2, 2), dtype=np.float32), requires_grad=True)
 try:
     (Boom.apply(side) + model(x)).sum().backward()
 except RuntimeError:

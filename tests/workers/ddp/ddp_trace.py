@@ -48,7 +48,7 @@ world.barrier()
 trace.enable()
 for _ in range(3):
     with trace.span("forward", "forward"):
-        loss = nn.functional.cross_entropy(model(md.tensor(x)), y)
+        loss = nn.functional.cross_entropy(model(md.tensor(x, dtype=np.float32)), y)
     opt.zero_grad()
     with trace.span("backward", trace.BACKWARD):
         loss.backward()

@@ -28,7 +28,7 @@ def tp_pair(seed: int = 0):
     """Column(6 -> 8) then Row(8 -> 4) over the world, after one backward: 4 params, 3 of them sharded."""
     md.manual_seed(seed)
     col, row = ColumnParallelLinear(6, 8, group=world), RowParallelLinear(8, 4, group=world)
-    x = md.tensor(np.random.default_rng(seed).random((3, 6)))
+    x = md.tensor(np.random.default_rng(seed).random((3, 6)), dtype=np.float32)
     row(col(x)).sum().backward()
     return col, row
 
@@ -69,7 +69,7 @@ def other_max_norm():
 def other_norm_type_over_pp():
     md.manual_seed(0)
     layer = ColumnParallelLinear(4, 4, group=alone)  # tp = 1: only the pp group compares anything
-    layer(md.tensor(np.ones((2, 4)))).sum().backward()
+    layer(md.tensor(np.ones((2, 4), dtype=np.float32))).sum().backward()
     return clip(list(layer.parameters()), 1.0, norm_type=2.0 if rank == 0 else math.inf, pp_group=world)
 
 

@@ -64,7 +64,7 @@ def test_backward_accumulates():
     """Leaves accumulate into .grad (torch semantics); a tensor used twice by one op counts twice."""
     x = leaf([2.0, 5.0])
     y = Mult.apply(x, x)  # y = x^2, dy/dx = 2x: x is both inputs of the same op
-    y.backward(np.ones(2))
+    y.backward(np.ones(2), retain_graph=True)  # keep the graph for a second pass, as in torch
     assert np.allclose(x.grad, 2 * x.data), f"y = x * x: x.grad = {x.grad}, expected 2x = {2 * x.data}"
     y.backward(np.ones(2))
     assert np.allclose(x.grad, 4 * x.data), (
