@@ -81,5 +81,5 @@ for name, case in cases.items():
         results[name] = [None, "no error"]
     except (TypeError, ValueError) as error:
         results[name] = [type(error).__name__, str(error)]
-results["after"] = float(RowParallelLinear(8, 4)(md.tensor(np.ones((2, 4)))).sum().item())
+results["after"] = float(RowParallelLinear(8, 4)(md.tensor(np.ones((2, 4)), dtype=np.float32)).sum().item())
 (out / f"rank{rank}.json").write_text(json.dumps(results))
