@@ -51,6 +51,8 @@ import functools
 import hashlib
 import inspect
 import os
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -58,10 +60,11 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed import comm
+from minidist.distributed import comm, liveness
 from minidist.distributed.arrivals import ranks as describe_ranks
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
+from minidist.distributed.tags import identity
 from minidist.distributed.watchdog import CallInfo, abort_job, timeout_seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,36 +81,72 @@ def debug_enabled() -> bool:
 
 
 def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
-    """Decorator for a public collective: number every call and run the checks the environment asks for.
+    """Decorator for a public collective: number every call, tag its messages, run the checks asked for.
 
-    With ``MINIDIST_DEBUG`` and ``MINIDIST_TIMEOUT`` both off it calls the function at once (the cost:
-    two cached function calls, ~0.1 us). Otherwise it runs the call inside :func:`collective_scope`,
-    describing it by the function's first parameter (the array; none if that parameter is ``group``)
-    and by its parameters named ``op``, ``src``, ``dst`` and ``algorithm``; ``group`` (``None`` = the
-    world) says which ranks compare. ``same_shape=False`` for collectives whose ranks may pass arrays of
-    different shapes (``all_gather``): then only the dtype must agree.
+    Always: it marks the call's start and end for the liveness watchdog and sets the tag of the call's
+    messages from its name, ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``,
+    ``tags.py``); about 1 us per call (benchmarks/README.md). With ``MINIDIST_DEBUG`` or
+    ``MINIDIST_TIMEOUT`` set it also runs the call inside :func:`collective_scope`, described by the
+    function's first parameter (the array; none if that parameter is ``group``), its parameters named
+    ``op``, ``src``, ``dst`` and ``algorithm``, and (debug mode) the user's line that made the call
+    (:func:`call_site`); ``group`` (``None`` = the world) says which ranks compare. ``same_shape=False``
+    for collectives whose ranks may pass arrays of different shapes (``all_gather``): then only the
+    dtype must agree.
     """
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
-        first = next(iter(signature.parameters), "group")
+        params = list(signature.parameters)
+        first = params[0] if params else "group"
+        root = "src" if "src" in params else "dst"
+        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call).
+        index = {key: params.index(key) if key in params else None for key in ("group", "op", root)}
+        default = {key: p.default for key, p in signature.parameters.items()}
+
+        def argument(args: tuple, kwargs: dict, key: str) -> Any:
+            if key in kwargs:
+                return kwargs[key]
+            i = index.get(key)
+            return args[i] if i is not None and i < len(args) else default.get(key)
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
-            if not checks_enabled():
-                return fn(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            given = bound.arguments
-            array = None if first == "group" else given.get(first)
-            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
-            group = group_or_world(given.get("group"))
-            with collective_scope(group, name, array, same_shape=same_shape, **described):
-                return fn(*args, **kwargs)
+            group = group_or_world(argument(args, kwargs, "group"))
+            array = None if first == "group" else (args[0] if args else kwargs.get(first))
+            op, at = argument(args, kwargs, "op"), argument(args, kwargs, root)
+            link = group.collective_channel
+            previous = liveness.enter(link, identity(name, op, at, getattr(array, "dtype", None)))
+            try:
+                if not checks_enabled():
+                    return fn(*args, **kwargs)
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                given = bound.arguments
+                described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
+                site = call_site() if debug_enabled() else None
+                with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
+                    return fn(*args, **kwargs)
+            finally:
+                liveness.leave(link, previous)
 
         return checked  # type: ignore[return-value]
 
     return decorate
+
+
+# Frames in these folders are not "the user's code": minidist itself, and the standard library
+# (contextlib's `with`, threading's run() of DDP's communication thread).
+_NOT_USER = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sysconfig.get_paths()["stdlib"])
+
+
+def call_site() -> str:
+    """``"train.py:42"``: the file (its last two path parts) and line of the first frame outside
+    minidist and the standard library, i.e. the line of the user's program that made this call."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_NOT_USER):
+        frame = frame.f_back
+    parts = frame.f_code.co_filename.replace(os.sep, "/").split("/")
+    return f"{'/'.join(parts[-2:])}:{frame.f_lineno}"
 
 
 @collective_call("barrier")
@@ -125,12 +164,16 @@ def checks_enabled() -> bool:
     return debug_enabled() or timeout_seconds() is not None
 
 
-def describe_call(name: str, array: Any = None, *, same_shape: bool = True, **args: Any) -> str:
-    """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32)``.
+def describe_call(
+    name: str, array: Any = None, *, same_shape: bool = True, site: str | None = None, **args: Any
+) -> str:
+    """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32) at
+    train.py:42``.
 
     ``args`` (``op``, ``src``, ``dst``, ``algorithm``) are shown in that order; ``algorithm`` only when
     it is not ``"auto"``. ``array`` contributes its shape (unless ``same_shape`` is False) and dtype;
     something that is not an array contributes its type name (the collective will reject it anyway).
+    ``site`` (:func:`call_site`) is where the user's program made the call.
     """
     if name == EXIT:
         return "the end of the program"
@@ -143,7 +186,7 @@ def describe_call(name: str, array: Any = None, *, same_shape: bool = True, **ar
         parts.append(f"array={type(array).__name__}")
     if algorithm != "auto":
         parts.append(f"algorithm={algorithm}")
-    return f"{name}({', '.join(parts)})"
+    return f"{name}({', '.join(parts)})" + (f" at {site}" if site else "")
 
 
 def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
@@ -161,7 +204,13 @@ def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
 
 @contextmanager
 def collective_scope(
-    group: Communicator, name: str, array: Any = None, *, same_shape: bool = True, **args: Any
+    group: Communicator,
+    name: str,
+    array: Any = None,
+    *,
+    same_shape: bool = True,
+    site: str | None = None,
+    **args: Any,
 ) -> Iterator[None]:
     """Run the ``with`` block as collective ``name`` on ``group``, with the checks the environment asks for.
 
@@ -177,7 +226,8 @@ def collective_scope(
         return
     with group.calls.call(name) as info:
         if debug:
-            check_fingerprints(group, info, describe_call(name, array, same_shape=same_shape, **args))
+            text = describe_call(name, array, same_shape=same_shape, site=site, **args)
+            check_fingerprints(group, info, text)
         yield
 
 
