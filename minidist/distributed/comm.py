@@ -13,9 +13,12 @@ from them:
 * ``sendrecv(x, dst, y, src)``: send ``x`` to ``dst`` *and* receive ``y`` from ``src`` at the same time,
   the step of a ring algorithm.
 
-Every receive checks the length of the message, always. With ``MINIDIST_TIMEOUT`` set, each blocking
-call becomes a non-blocking one plus a wait with a deadline (``watchdog.py``), and ``init()`` makes an
-uncaught exception on any rank end the whole job (``MPI_Abort``) instead of leaving the others waiting.
+Every receive checks the length of the message, always. On a channel, every tag is offset by the
+running collective's ``tag_base`` (``tags.py``), so a message of one call never matches a receive of
+another. With ``MINIDIST_TIMEOUT`` set, each blocking call becomes a non-blocking one plus a wait with
+a deadline (``watchdog.py``). ``init()`` makes an uncaught exception on any rank end the whole job
+(``MPI_Abort``) instead of leaving the others waiting, and starts the liveness watchdog
+(``liveness.py``), which ends the job when a rank left or the ranks' calls do not match.
 
 Importing this module imports ``mpi4py.MPI``, which initialises MPI (``MPI_Init``). A process started
 without ``mpiexec`` becomes a world of size 1.
@@ -273,8 +276,9 @@ def init() -> Communicator:
     rank among the processes sharing its machine, via ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) and
     pins the process to GPU ``local_rank % n_gpus`` through ``minidist.backend.use_local_rank``
     (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
-    uncaught exception abort every rank (``watchdog.install_excepthook``). Raises ``ValueError`` for a
-    malformed ``MINIDIST_TIMEOUT`` or ``MINIDIST_ABORT_GRACE``.
+    uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
+    watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
+    ``MINIDIST_ABORT_GRACE`` or ``MINIDIST_WATCHDOG``.
     """
     global _world, _local_rank
     if _world is None:

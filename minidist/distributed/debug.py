@@ -8,9 +8,17 @@ and the program computes wrong numbers or hangs, far from the mistake.
 In debug mode every collective first builds a *fingerprint* of the call on this rank: its sequence
 number on the communicator (the k-th collective called on it), its name, its arguments that must agree
 (``op``, ``src``/``dst``, the array's shape and dtype, and the algorithm when not ``"auto"``) and the
-identity of the group (its size and the world ranks of its members)::
+identity of the group (its size and the world ranks of its members), and the *call site*: the file and
+line of the user's program that made the call (:func:`call_site`, the first frame outside minidist and
+the standard library)::
 
-    #17 all_reduce(op=sum, shape=(100,), float32)
+    #17 all_reduce(op=sum, shape=(100,), float32) at train.py:42
+
+The call site is what tells apart two same-shape calls made in a different order (``all_reduce(loss)``
+then ``all_reduce(acc)`` on rank 0, the other way round on rank 1). It cannot tell apart calls made
+from the *same* line in a different order (a loop over a set of metric names, whose order differs per
+process): those fingerprints are identical, and the numbers come out swapped. The price of comparing
+sites: in debug mode every rank must make a collective from the same line.
 
 The ranks of the group then gather everyone's fingerprint with MPI's own ``MPI_Iallgather`` (debugging
 infrastructure, not an algorithm we teach) over the group's ``collective_channel``. MPI never matches a
@@ -19,7 +27,7 @@ user's messages. Each rank now holds all the fingerprints, so if they differ *ev
 ``CollectiveMismatchError``::
 
     collective #17 mismatch on a group of 4 ranks: ranks [0, 1, 3] called all_reduce(op=sum,
-    shape=(100,), float32); rank 2 called all_gather(float32)
+    shape=(100,), float32) at train.py:42; rank 2 called all_gather(float32) at train.py:40
 
 ``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
 
@@ -287,6 +295,9 @@ def check_at_exit() -> None:
     world = comm.init()
     if world.size == 1:
         return
+    # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
+    # below on the world, and without the notice both would wait forever.
+    liveness.announce_departure()
     try:
         with world.calls.call(EXIT, timed=False) as info:
             check_fingerprints(world, info, describe_call(EXIT))

@@ -212,9 +212,9 @@ def _them(channel: Any, peer: int) -> str:
 def announce_departure() -> None:
     """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left.
 
-    Registered when ``comm.py`` is imported: after ``arrivals.free_records`` (so it runs before that
-    collective clean-up, which would wait for the others) and before ``debug.check_at_exit`` (which
-    runs first and, in debug mode, reports a rank that ended early with a fuller message).
+    Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
+    collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
+    first, before its own exchange on the world. Runs once (the second call returns at once).
     """
     global _thread
     if _thread is None or MPI.Is_finalized():
