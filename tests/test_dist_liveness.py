@@ -121,3 +121,59 @@ def test_a_tag_names_its_call():
     assert identity("all_reduce", "bogus", "x", None) == identity("all_reduce")  # never raises
     assert tag < 1 << 28  # below the departure notice's tag
     assert seq_offset(1, 4095) == 2 and seq_offset(4095, 1) == -2
+
+
+@pytest.mark.mpi
+def test_a_rank_stuck_in_a_computation_is_named_after_the_watchdog_deadline(tmp_path):
+    # dist_checks.py "late": rank 3 sleeps 60 s instead of joining a ring all-reduce; rank 0 receives
+    # from rank 3 in the ring. Without MINIDIST_TIMEOUT, the default watchdog's deadline applies.
+    start = time.monotonic()
+    env = {"MINIDIST_WATCHDOG": "2"}
+    result = run_mpi(4, "distributed/dist_checks.py", "late", tmp_path, timeout=120, env=env, check=False)
+    output, seconds = result.stdout + result.stderr, time.monotonic() - start
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    assert (
+        "[rank 0] rank 0: #2 all_reduce(op=sum, float32) has not finished after MINIDIST_WATCHDOG=2 s; "
+        "it was last waiting for rank 3."
+    ) in output, output
+
+
+def test_watchdog_setting_is_parsed_strictly():
+    from minidist.distributed import liveness
+
+    cases = {"": 300.0, "off": None, "0": None, "12.5": 12.5}
+    for value, expected in cases.items():
+        liveness.deadline_seconds.cache_clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("MINIDIST_WATCHDOG", value)
+            assert liveness.deadline_seconds() == expected, value
+    for bad in ("ten", "-1", "inf"):
+        liveness.deadline_seconds.cache_clear()
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(ValueError, match="MINIDIST_WATCHDOG"):
+            patch.setenv("MINIDIST_WATCHDOG", bad)
+            liveness.deadline_seconds()
+    liveness.deadline_seconds.cache_clear()
+
+
+def test_a_message_is_judged_by_how_far_its_call_lies_from_this_ranks_calls():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from minidist.distributed.liveness import STALE_WINDOW, _stray
+    from minidist.distributed.tags import call_tag, identity
+
+    f32 = np.dtype(np.float32)
+    channel = SimpleNamespace(rank=0, calls=SimpleNamespace(world_ranks=[0, 1]))
+    reduce_sum = identity("all_reduce", "sum", None, f32)
+    mine = call_tag(5, reduce_sum)
+    # Finished call #5, idle: a message of #5 was never received (stale); one of #6 is early (fine).
+    assert "never received" in _stray(channel, 1, call_tag(5, reduce_sum), 5, None, mine)
+    assert _stray(channel, 1, call_tag(6, reduce_sum), 5, None, mine) is None
+    # Far "behind" modulo 4096 is more likely far ahead: not called stale.
+    assert _stray(channel, 1, call_tag(5 - STALE_WINDOW - 1, reduce_sum), 5, None, mine) is None
+    # Running #5: a message of #5 with another op is a mismatch; one of #5 with the same identity is ours.
+    other = call_tag(5, identity("all_reduce", "max", None, f32))
+    assert "while this rank is in #5 all_reduce(op=sum, float32)" in _stray(channel, 1, other, 5, 5, mine)
+    assert _stray(channel, 1, mine, 5, 5, mine) is None

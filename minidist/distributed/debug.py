@@ -107,29 +107,39 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
         params = list(signature.parameters)
         first = params[0] if params else "group"
         root = "src" if "src" in params else "dst"
-        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call).
-        index = {key: params.index(key) if key in params else None for key in ("group", "op", root)}
+        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call);
+        # a parameter the function lacks sits "after the end" and reads as its default, None.
+        where = {key: params.index(key) if key in params else sys.maxsize for key in ("group", "op", root)}
         default = {key: p.default for key, p in signature.parameters.items()}
-
-        def argument(args: tuple, kwargs: dict, key: str) -> Any:
-            if key in kwargs:
-                return kwargs[key]
-            i = index.get(key)
-            return args[i] if i is not None and i < len(args) else default.get(key)
+        at_group, at_op, at_root = where["group"], where["op"], where[root]
+        op_default, root_default = default.get("op"), default.get(root)
+        idents: dict[tuple, int] = {}  # (op, src/dst, dtype) -> the tag bits identity() computes
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
-            group = group_or_world(argument(args, kwargs, "group"))
-            array = None if first == "group" else (args[0] if args else kwargs.get(first))
-            op, at = argument(args, kwargs, "op"), argument(args, kwargs, root)
+            n = len(args)
+            group = group_or_world(args[at_group] if at_group < n else kwargs.get("group"))
+            array = args[0] if n and first != "group" else kwargs.get(first)
+            key = (
+                args[at_op] if at_op < n else kwargs.get("op", op_default),
+                args[at_root] if at_root < n else kwargs.get(root, root_default),
+                array.dtype.num if hasattr(array, "dtype") else 0,  # a number hashes faster than a dtype
+            )
+            try:
+                ident = idents[key]
+            except KeyError:
+                ident = idents[key] = identity(name, key[0], key[1], array.dtype if key[2] else None)
+            except TypeError:  # an unhashable argument: the collective will reject it
+                ident = identity(name)
             link = group.collective_channel
-            previous = liveness.enter(link, identity(name, op, at, getattr(array, "dtype", None)))
+            previous = liveness.enter(link, ident)
             try:
                 if not checks_enabled():
                     return fn(*args, **kwargs)
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
                 given = bound.arguments
+                array = None if first == "group" else given.get(first)
                 described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
                 site = call_site() if debug_enabled() else None
                 with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):

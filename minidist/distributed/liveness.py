@@ -51,6 +51,7 @@ from minidist.distributed.watchdog import abort_job
 WATCHDOG_ENV = "MINIDIST_WATCHDOG"
 DEFAULT_DEADLINE = 300.0  # seconds one collective may wait; PyTorch's NCCL default is 600
 TICK = 0.1  # seconds between two looks: the delay before a departure or a stray message is noticed
+STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stray
 
 _channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
 _thread: threading.Thread | None = None
@@ -74,11 +75,13 @@ def deadline_seconds() -> float | None:
 
 def watch(channel: Any) -> None:
     """Start tracking a new collective channel (called by ``Communicator.__init__``)."""
-    # phase = (seq, outer, started, tag): the last call's number; the outermost running call's number
-    # (None when no call runs); when the running call began; the running (or last) call's tag. One
-    # tuple, replaced whole, so the thread never reads half of an update.
+    # phase = (seq, outer, tag): the last call's number; the outermost running call's number (None
+    # when no call runs); the running (or last) call's tag. One tuple, replaced whole, so the thread
+    # never reads half of an update. No clock is read per call: the thread notes when it first saw a
+    # call running (`seen`), which is at most one tick late.
     channel.calls_started = 0
-    channel.phase = (0, None, 0.0, 0)
+    channel.phase = (0, None, 0)
+    channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
     channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
     channel.use_tags = tags_supported()
@@ -88,12 +91,14 @@ def watch(channel: Any) -> None:
 def enter(channel: Any, ident: int) -> tuple:
     """Mark the start of a collective with identity ``ident`` (``tags.identity``); return the old phase.
 
-    Sets ``channel.tag_base``, which ``comm.py`` adds to every message tag of the call.
+    Sets ``channel.tag_base``, which ``comm.py`` adds to every message tag of the call. This and
+    :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
+    benchmarks/README.md).
     """
     seq = channel.calls_started = channel.calls_started + 1
     tag = ((seq % SEQ_WINDOW) << 16 | ident) if channel.use_tags else 0
     previous = channel.phase
-    channel.phase = (seq, seq if previous[1] is None else previous[1], time.monotonic(), tag)
+    channel.phase = (seq, seq if previous[1] is None else previous[1], tag)
     channel.tag_base = tag
     return previous
 
@@ -101,11 +106,11 @@ def enter(channel: Any, ident: int) -> tuple:
 def leave(channel: Any, previous: tuple) -> None:
     """Mark the end of the collective :func:`enter` started; ``previous`` is what it returned."""
     if previous[1] is None:  # the outermost call ended: nothing runs on this channel now
-        channel.phase = (channel.calls_started, None, 0.0, channel.phase[3])
+        channel.phase = (channel.calls_started, None, channel.tag_base)
         channel.tag_base = 0
     else:  # a collective called inside another (rare): the outer one runs on
-        channel.phase = (channel.calls_started, *previous[1:])
-        channel.tag_base = previous[3]
+        channel.phase = (channel.calls_started, previous[1], previous[2])
+        channel.tag_base = previous[2]
 
 
 def start() -> None:
@@ -130,7 +135,7 @@ def _live_channels() -> list[Any]:
 
 def inspect_channel(channel: Any, deadline: float | None) -> str | None:
     """One look at ``channel``: the text of the problem found (see the module doc), or None."""
-    seq, outer, started, tag = channel.phase  # read first: every later message is judged against it
+    seq, outer, tag = channel.phase  # read first: every later message is judged against it
     for peer in range(channel.size):
         if peer == channel.rank:
             continue
@@ -152,7 +157,9 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
                 f"it never called. Every rank must make the same collective calls: look for a `return`, "
                 f"`break` or `sys.exit` that only some ranks take, or a loop that is shorter on rank {peer}."
             )
-    if deadline is not None and time.monotonic() - started > deadline:
+    if channel.seen[0] != seq:
+        channel.seen = (seq, time.monotonic())
+    if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
         peer = channel.peer
         last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
         return (
@@ -170,10 +177,11 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
     if message_tag == DEPARTURE_TAG:
         return None
     theirs = message_tag >> 16
-    if outer is None:
-        stale = seq_offset(theirs, seq % SEQ_WINDOW) <= 0  # a call this rank has finished
-    else:
-        stale = seq_offset(theirs, outer % SEQ_WINDOW) < 0
+    # How far the message's call lies before this rank's first unfinished call: 1 = the last one
+    # finished. Numbers are modulo 4096, so "far behind" could also be "far ahead" (a root that runs
+    # ahead through many broadcasts); only calls up to STALE_WINDOW behind count as finished.
+    behind = -seq_offset(theirs, (seq + 1 if outer is None else outer) % SEQ_WINDOW)
+    stale = 0 < behind <= STALE_WINDOW
     if stale:
         return (
             f"{_me(channel)}: {_them(channel, peer)} sent this rank a message of its call "

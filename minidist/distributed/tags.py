@@ -21,9 +21,11 @@ never consumed: it waits in MPI's queue, where the liveness watchdog (``liveness
 nothing per message (the channel adds the same ``tag_base`` to every message of the call).
 
 What the tag cannot tell apart: two calls with the same name, op, src/dst and dtype issued in a
-different order (the lengths may differ: then the receive's length check fails instead), and a src or
-dtype that differs by a multiple of 32 or 64. Debug mode (``MINIDIST_DEBUG=1``) compares full
-fingerprints, call sites included. MPI's built-in collectives (``algorithm="mpi"``) carry no tags of ours.
+different order (the lengths may differ: then the receive's length check fails instead), a src or
+dtype that differs by a multiple of 32 or 64, and calls 4096 apart (a rank would have to run that far
+ahead of another; the watchdog judges only messages at most ``liveness.STALE_WINDOW`` calls old).
+Debug mode (``MINIDIST_DEBUG=1``) compares full fingerprints, call sites included. MPI's built-in
+collectives (``algorithm="mpi"``) carry no tags of ours.
 
 MPI guarantees tags only up to 32767; MPICH allows 2^29 - 1. On an MPI whose ``MPI_TAG_UB`` is below
 :data:`DEPARTURE_TAG`, tags are not used (``tags_supported`` is False) and these checks are off.
@@ -48,17 +50,21 @@ def tags_supported() -> bool:
     return upper is not None and upper >= DEPARTURE_TAG
 
 
+def name_code(name: str) -> int:
+    """The bits 13..15 of the tags of collective ``name`` (0 for a name not in :data:`NAMES`)."""
+    return (NAMES.index(name) if name in NAMES else 0) << 13
+
+
 def identity(name: str, op: Any = None, root: Any = None, dtype: Any = None) -> int:
     """The low 16 bits of a call's tags: which collective, op, src/dst and dtype (see the module doc).
 
     Never raises: arguments the collective will reject (an unknown op, a non-int src) count as 0, so the
     collective itself reports them.
     """
-    code = NAMES.index(name) if name in NAMES else 0
-    op_code = OPS.index(op) if op in OPS else 0
+    op_code = OPS.index(op) if type(op) is str and op in OPS else 0
     root_code = root % 32 if type(root) is int else 0
     dtype_code = getattr(dtype, "num", 0) % 64
-    return code << 13 | op_code << 11 | root_code << 6 | dtype_code
+    return name_code(name) | op_code << 11 | root_code << 6 | dtype_code
 
 
 def call_tag(seq: int, ident: int) -> int:
