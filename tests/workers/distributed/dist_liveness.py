@@ -6,6 +6,9 @@ only where the test sets it). MODE is one of
 * ``exit`` (3 ranks): rank 1 calls ``sys.exit(0)`` in the middle of a loop of ``all_reduce``;
 * ``return-subgroup`` (4 ranks): on the sub-groups {0, 2} and {1, 3} (like a data-parallel group), rank 3
   returns out of its training loop one step early, while rank 1 still all-reduces;
+* ``ddp-short`` (4 ranks): DistributedDataParallel on the data-parallel groups {0, 2} and {1, 3};
+  rank 3's data runs out one step early, so it leaves the training loop while rank 1 waits in the
+  gradient all-reduce of its backward pass (run by DDP's communication thread);
 * ``broadcast-src`` (2 ranks): each rank thinks it is the ``src`` of a broadcast, then all ranks
   all-reduce (the stale broadcast message used to be taken by the all-reduce: wrong numbers, exit 0);
 * ``op`` (2 ranks): rank 1 all-reduces with ``op="max"``, rank 0 with ``"sum"``;
@@ -42,6 +45,23 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
             if rank == 3 and step == 3:
                 return {"left": True}  # out of the loop: the program ends
             dist.all_reduce(x, op="avg", group=dp)
+    elif mode == "ddp-short":
+        from ddp_common import make_model
+
+        import minidist as md
+        from minidist import nn, optim
+        from minidist.parallel import DistributedDataParallel
+
+        dp = world.split(rank % 2)
+        ddp = DistributedDataParallel(make_model(0, np.float64), group=dp, overlap=True)
+        opt = optim.SGD(ddp.parameters(), lr=0.1)
+        rng = np.random.default_rng(rank)
+        for _step in range(3 if rank == 3 else 4):  # rank 3's shard of the data is one batch shorter
+            x, y = md.tensor(rng.standard_normal((4, 6))), rng.integers(0, 4, 4)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return {"steps": _step + 1}
     elif mode == "broadcast-src":
         dist.broadcast(x, src=rank)  # every rank thinks it is the source
         dist.all_reduce(x)
