@@ -60,7 +60,6 @@ import hashlib
 import inspect
 import os
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -70,6 +69,7 @@ from mpi4py import MPI
 
 from minidist.distributed import comm, liveness
 from minidist.distributed.arrivals import ranks as describe_ranks
+from minidist.distributed.call_site import call_site
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
 from minidist.distributed.tags import identity
@@ -150,21 +150,6 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
         return checked  # type: ignore[return-value]
 
     return decorate
-
-
-# Frames in these folders are not "the user's code": minidist itself, and the standard library
-# (contextlib's `with`, threading's run() of DDP's communication thread).
-_NOT_USER = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sysconfig.get_paths()["stdlib"])
-
-
-def call_site() -> str:
-    """``"train.py:42"``: the file (its last two path parts) and line of the first frame outside
-    minidist and the standard library, i.e. the line of the user's program that made this call."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_NOT_USER):
-        frame = frame.f_back
-    parts = frame.f_code.co_filename.replace(os.sep, "/").split("/")
-    return f"{'/'.join(parts[-2:])}:{frame.f_lineno}"
 
 
 @collective_call("barrier")
