@@ -122,7 +122,7 @@ def start() -> None:
 
 
 def _run() -> None:
-    while not _stop.wait(TICK):
+    while not _stop.wait(TICK) and not MPI.Is_finalized():  # (a program may finalize MPI itself)
         for channel in _live_channels():
             problem = inspect_channel(channel, deadline_seconds())
             if problem:
