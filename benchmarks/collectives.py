@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cost_model import fit_alpha_beta, predict  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
+from minidist.distributed import liveness  # noqa: E402
+from minidist.distributed.tags import identity  # noqa: E402
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -124,6 +126,29 @@ def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, floa
     return alpha, beta, t_add / big.nbytes, big.nbytes / t_copy
 
 
+def check_costs(world: dist.Communicator, repeats: int = 20_000) -> tuple[float, float]:
+    """(seconds per collective, seconds per look) of the checks that are on by default (``liveness.py``).
+
+    Per collective: the marks every call makes for the liveness watchdog and for its messages' tags
+    (``tags.identity``, ``liveness.enter``/``leave``, what ``debug.collective_call`` adds to each
+    call). Per look: one :func:`~minidist.distributed.liveness.inspect_channel` of the world's channel
+    (one ``MPI_Iprobe`` per peer), which the watchdog thread does every ``liveness.TICK`` seconds per
+    communicator: the CPU it takes from the ranks is this divided by the tick.
+    """
+    # A spare communicator: marking calls that send nothing on the world's channel would put its
+    # numbering out of step with the other ranks', which the watchdog rightly reports.
+    link, dtype = dist.Communicator(world.mpi).collective_channel, np.dtype(np.float32)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        previous = liveness.enter(link, identity("all_reduce", "sum", None, dtype))
+        liveness.leave(link, previous)
+    per_call = (time.perf_counter() - start) / repeats
+    start = time.perf_counter()
+    for _ in range(repeats // 10):
+        liveness.inspect_channel(link, None)
+    return per_call, (time.perf_counter() - start) / (repeats // 10)
+
+
 def _clock(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -155,6 +180,7 @@ def main() -> None:
     collectives = [c for c in args.collectives.split(",") if c in dist.ALGORITHMS]
 
     alpha, beta, gamma, memcpy_bw = measure_constants(world, args.iters)
+    per_call, per_look = check_costs(world)
     if rank == 0:
         print(
             f"# minidist collectives benchmark: n={n} ranks, dtype={dtype}, {args.iters} iterations (median)"
@@ -162,6 +188,9 @@ def main() -> None:
         print(f"# fitted: alpha = {alpha * 1e6:.2f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s, "
               f"1/gamma = {1 / gamma / 1e9:.2f} GB/s; "
               f"single-core memcpy {memcpy_bw / 1e9:.2f} GB/s")  # fmt: skip
+        print(f"# default checks: {per_call * 1e6:.2f} us per collective (tags, watchdog marks); "
+              f"watchdog look {per_look * 1e6:.1f} us every {liveness.TICK:g} s per communicator "
+              f"({per_look / liveness.TICK:.2%} of a core)")  # fmt: skip
 
     rows = []
     for collective in collectives:

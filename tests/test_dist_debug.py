@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from mpi_utils import run_mpi
+from mpi_utils import WORKERS, run_mpi
 
 from minidist.distributed.debug import EXIT, FINGERPRINT_BYTES, describe_call, fingerprint, mismatch_message
 
@@ -25,6 +25,17 @@ def run_checks(mode: str, out_dir, env: dict[str, str], check: bool = False):
     start = time.monotonic()
     result = run_mpi(4, "distributed/dist_checks.py", mode, out_dir, timeout=60, env=env, check=check)
     return result, time.monotonic() - start
+
+
+def at(code: str) -> str:
+    """`` at distributed/dist_checks.py:LINE``: the call site debug mode reports for the worker's ``code``."""
+    lines = (WORKERS / "distributed" / "dist_checks.py").read_text().splitlines()
+    line = next(i + 1 for i, text in enumerate(lines) if text.strip() == code)  # the first such line
+    return f" at distributed/dist_checks.py:{line}"
+
+
+SAME_LINE = at("dist.all_reduce(np.ones(99 if rank == 1 else 100, dtype=np.float32))")
+SKIPPED = at("dist.all_reduce(np.ones(4))")  # skip-last's `if rank != 3:` call, the first bare one
 
 
 def reports(out_dir, ranks) -> dict[int, dict]:
@@ -38,12 +49,14 @@ def reports(out_dir, ranks) -> dict[int, dict]:
         (
             "other-collective",
             "collective #2 mismatch on a group of 4 ranks: ranks [0, 1, 3] called all_reduce(op=sum, "
-            "shape=(100,), float32); rank 2 called all_gather(float32).",
+            f"shape=(100,), float32){at('dist.all_reduce(np.ones(100, dtype=np.float32))')}; rank 2 called "
+            f"all_gather(float32){at('dist.all_gather(np.ones(50, dtype=np.float32))')}.",
         ),
         (
             "other-length",
             "collective #2 mismatch on a group of 4 ranks: ranks [0, 2, 3] called all_reduce(op=sum, "
-            "shape=(100,), float32); rank 1 called all_reduce(op=sum, shape=(99,), float32).",
+            f"shape=(100,), float32){SAME_LINE}; rank 1 called all_reduce(op=sum, shape=(99,), "
+            f"float32){SAME_LINE}.",
         ),
     ],
 )
@@ -69,7 +82,7 @@ def test_a_rank_that_skips_the_last_collective_and_exits_is_named(tmp_path):
     assert seconds < 30, f"took {seconds:.0f} s: the job should abort at once"
     expected = (
         "collective #2 mismatch on a group of 4 ranks: ranks [0, 1, 2] called all_reduce(op=sum, shape=(4,), "
-        "float64); rank 3 reached the end of the program."
+        f"float64){SKIPPED}; rank 3 reached the end of the program."
     )
     for rank, report in reports(tmp_path, range(3)).items():
         assert report["message"].startswith(expected), (rank, report["message"])

@@ -31,7 +31,8 @@ def run_checks(mode: str, out_dir, env: dict[str, str]):
     ("mode", "expected"),
     [
         ("late", "not yet arrived: rank 3 (last entered #1 all_reduce)"),
-        ("barrier-instead", "in a different collective: rank 3 (in #2 barrier)"),
+        # ("barrier-instead" used to time out here too: now the liveness watchdog catches it at once,
+        # see the next test.)
     ],
 )
 def test_a_rank_that_does_not_arrive_is_named_after_the_timeout(tmp_path, mode, expected):
@@ -53,6 +54,20 @@ def test_a_rank_that_does_not_arrive_is_named_after_the_timeout(tmp_path, mode, 
             f"[rank {rank}] minidist.distributed.errors.CollectiveTimeoutError: rank {rank}: all_reduce"
             in output
         )
+
+
+@pytest.mark.mpi
+def test_a_rank_in_another_collective_is_named_at_once_without_waiting_for_the_timeout(tmp_path):
+    # Rank 3 calls barrier while the others all-reduce: the others' all-reduce messages, tagged with
+    # their call, wait unreceived at rank 3, whose liveness watchdog (liveness.py) names them.
+    result, seconds = run_checks("barrier-instead", tmp_path, {"MINIDIST_TIMEOUT": "30"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert seconds < 25, f"the job took {seconds:.0f} s, as if it waited for the 30 s timeout"
+    assert "[rank 3] rank 3: rank " in output, output
+    assert (
+        "is in #2 all_reduce(op=sum, float32) while this rank is in #2 barrier() on the same group" in output
+    )
 
 
 @pytest.mark.mpi

@@ -13,8 +13,11 @@ reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions
 ``agreement.py`` makes every rank raise the same error when any rank sees a problem (used by every
 layer above).
 
-When things go wrong: ``debug.py`` (``MINIDIST_DEBUG=1``: ranks compare each collective call before
-running it; also home of the ``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
+When things go wrong: ``tags.py`` (every message of a collective names its call) -> ``liveness.py``
+(on by default: a watchdog thread names a rank that left, a message of another call, a collective
+stuck for ``MINIDIST_WATCHDOG`` seconds, and ends the job) -> ``debug.py`` (``MINIDIST_DEBUG=1``:
+ranks compare each collective call, call site (``call_site.py``) included, before running it; also home of the
+``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
 (``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the whole job,
 after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last).
 

@@ -13,9 +13,12 @@ from them:
 * ``sendrecv(x, dst, y, src)``: send ``x`` to ``dst`` *and* receive ``y`` from ``src`` at the same time,
   the step of a ring algorithm.
 
-Every receive checks the length of the message, always. With ``MINIDIST_TIMEOUT`` set, each blocking
-call becomes a non-blocking one plus a wait with a deadline (``watchdog.py``), and ``init()`` makes an
-uncaught exception on any rank end the whole job (``MPI_Abort``) instead of leaving the others waiting.
+Every receive checks the length of the message, always. On a channel, every tag is offset by the
+running collective's ``tag_base`` (``tags.py``), so a message of one call never matches a receive of
+another. With ``MINIDIST_TIMEOUT`` set, each blocking call becomes a non-blocking one plus a wait with
+a deadline (``watchdog.py``). ``init()`` makes an uncaught exception on any rank end the whole job
+(``MPI_Abort``) instead of leaving the others waiting, and starts the liveness watchdog
+(``liveness.py``), which ends the job when a rank left or the ranks' calls do not match.
 
 Importing this module imports ``mpi4py.MPI``, which initialises MPI (``MPI_Init``). A process started
 without ``mpiexec`` becomes a world of size 1.
@@ -29,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import backend
+from minidist.distributed import liveness
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
 from minidist.distributed.validate import check_array, check_rank, check_tag
@@ -58,9 +62,13 @@ class Communicator:
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
         self._scratch = np.empty(0, dtype=np.uint8)  # see scratch()
+        # Added to the tag of every message this communicator sends or receives: 0 on a user's
+        # communicator; on a channel, the tag of the collective being run (tags.py, liveness.enter).
+        self.tag_base = 0
         if _is_channel:  # this *is* a collective channel; it needs no channel of its own
             self.collective_channel = self
             self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)
+            liveness.watch(self)
         else:
             self.collective_channel = Communicator(mpi_comm.Dup(), _is_channel=True)
             self.calls = self.collective_channel.calls
@@ -149,7 +157,7 @@ class Communicator:
 
     def host_send(self, host: np.ndarray, dst: int, tag: int = 0) -> None:
         """:meth:`send` without argument checks: ``host`` must be a C-contiguous NumPy array."""
-        buffer = [host, mpi_datatype(host.dtype)]
+        buffer, tag = [host, mpi_datatype(host.dtype)], tag + self.tag_base
         if not self.calls.timed():
             self.mpi.Send(buffer, dest=dst, tag=tag)
         else:
@@ -159,7 +167,8 @@ class Communicator:
         """:meth:`recv` without argument checks; raises ``DistributedError`` unless exactly ``host.size``
         elements arrive."""
         status = MPI.Status()
-        buffer = [host, mpi_datatype(host.dtype)]
+        buffer, tag = [host, mpi_datatype(host.dtype)], tag + self.tag_base
+        self.peer = src  # for the liveness watchdog's message, should this wait never end
         try:
             if not self.calls.timed():
                 self.mpi.Recv(buffer, source=src, tag=tag, status=status)
@@ -183,6 +192,8 @@ class Communicator:
         datatype = mpi_datatype(out.dtype)
         recv_type = datatype if into.dtype == out.dtype else mpi_datatype(into.dtype)
         send_buffer, recv_buffer = [out, datatype], [into, recv_type]
+        sendtag, recvtag = sendtag + self.tag_base, recvtag + self.tag_base
+        self.peer = src  # for the liveness watchdog's message, should this wait never end
         try:
             if not self.calls.timed():
                 self.mpi.Sendrecv(
@@ -265,8 +276,9 @@ def init() -> Communicator:
     rank among the processes sharing its machine, via ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) and
     pins the process to GPU ``local_rank % n_gpus`` through ``minidist.backend.use_local_rank``
     (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
-    uncaught exception abort every rank (``watchdog.install_excepthook``). Raises ``ValueError`` for a
-    malformed ``MINIDIST_TIMEOUT`` or ``MINIDIST_ABORT_GRACE``.
+    uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
+    watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
+    ``MINIDIST_ABORT_GRACE`` or ``MINIDIST_WATCHDOG``.
     """
     global _world, _local_rank
     if _world is None:
@@ -278,6 +290,7 @@ def init() -> Communicator:
         _world = Communicator(world)
         if world.Get_size() > 1:
             install_excepthook(world)
+            liveness.start()
     return _world
 
 

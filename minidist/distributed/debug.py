@@ -8,9 +8,17 @@ and the program computes wrong numbers or hangs, far from the mistake.
 In debug mode every collective first builds a *fingerprint* of the call on this rank: its sequence
 number on the communicator (the k-th collective called on it), its name, its arguments that must agree
 (``op``, ``src``/``dst``, the array's shape and dtype, and the algorithm when not ``"auto"``) and the
-identity of the group (its size and the world ranks of its members)::
+identity of the group (its size and the world ranks of its members), and the *call site*: the file and
+line of the user's program that made the call (:func:`call_site`, the first frame outside minidist and
+the standard library)::
 
-    #17 all_reduce(op=sum, shape=(100,), float32)
+    #17 all_reduce(op=sum, shape=(100,), float32) at train.py:42
+
+The call site is what tells apart two same-shape calls made in a different order (``all_reduce(loss)``
+then ``all_reduce(acc)`` on rank 0, the other way round on rank 1). It cannot tell apart calls made
+from the *same* line in a different order (a loop over a set of metric names, whose order differs per
+process): those fingerprints are identical, and the numbers come out swapped. The price of comparing
+sites: in debug mode every rank must make a collective from the same line.
 
 The ranks of the group then gather everyone's fingerprint with MPI's own ``MPI_Iallgather`` (debugging
 infrastructure, not an algorithm we teach) over the group's ``collective_channel``. MPI never matches a
@@ -19,7 +27,7 @@ user's messages. Each rank now holds all the fingerprints, so if they differ *ev
 ``CollectiveMismatchError``::
 
     collective #17 mismatch on a group of 4 ranks: ranks [0, 1, 3] called all_reduce(op=sum,
-    shape=(100,), float32); rank 2 called all_gather(float32)
+    shape=(100,), float32) at train.py:42; rank 2 called all_gather(float32) at train.py:40
 
 ``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
 
@@ -51,6 +59,7 @@ import functools
 import hashlib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -58,10 +67,12 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed import comm
+from minidist.distributed import comm, liveness
 from minidist.distributed.arrivals import ranks as describe_ranks
+from minidist.distributed.call_site import call_site
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
+from minidist.distributed.tags import identity
 from minidist.distributed.watchdog import CallInfo, abort_job, timeout_seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,32 +89,63 @@ def debug_enabled() -> bool:
 
 
 def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
-    """Decorator for a public collective: number every call and run the checks the environment asks for.
+    """Decorator for a public collective: number every call, tag its messages, run the checks asked for.
 
-    With ``MINIDIST_DEBUG`` and ``MINIDIST_TIMEOUT`` both off it calls the function at once (the cost:
-    two cached function calls, ~0.1 us). Otherwise it runs the call inside :func:`collective_scope`,
-    describing it by the function's first parameter (the array; none if that parameter is ``group``)
-    and by its parameters named ``op``, ``src``, ``dst`` and ``algorithm``; ``group`` (``None`` = the
-    world) says which ranks compare. ``same_shape=False`` for collectives whose ranks may pass arrays of
-    different shapes (``all_gather``): then only the dtype must agree.
+    Always: it marks the call's start and end for the liveness watchdog and sets the tag of the call's
+    messages from its name, ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``,
+    ``tags.py``); about 1 us per call (benchmarks/README.md). With ``MINIDIST_DEBUG`` or
+    ``MINIDIST_TIMEOUT`` set it also runs the call inside :func:`collective_scope`, described by the
+    function's first parameter (the array; none if that parameter is ``group``), its parameters named
+    ``op``, ``src``, ``dst`` and ``algorithm``, and (debug mode) the user's line that made the call
+    (:func:`call_site`); ``group`` (``None`` = the world) says which ranks compare. ``same_shape=False``
+    for collectives whose ranks may pass arrays of different shapes (``all_gather``): then only the
+    dtype must agree.
     """
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
-        first = next(iter(signature.parameters), "group")
+        params = list(signature.parameters)
+        first = params[0] if params else "group"
+        root = "src" if "src" in params else "dst"
+        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call);
+        # a parameter the function lacks sits "after the end" and reads as its default, None.
+        where = {key: params.index(key) if key in params else sys.maxsize for key in ("group", "op", root)}
+        default = {key: p.default for key, p in signature.parameters.items()}
+        at_group, at_op, at_root = where["group"], where["op"], where[root]
+        op_default, root_default = default.get("op"), default.get(root)
+        idents: dict[tuple, int] = {}  # (op, src/dst, dtype) -> the tag bits identity() computes
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
-            if not checks_enabled():
-                return fn(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            given = bound.arguments
-            array = None if first == "group" else given.get(first)
-            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
-            group = group_or_world(given.get("group"))
-            with collective_scope(group, name, array, same_shape=same_shape, **described):
-                return fn(*args, **kwargs)
+            n = len(args)
+            group = group_or_world(args[at_group] if at_group < n else kwargs.get("group"))
+            array = args[0] if n and first != "group" else kwargs.get(first)
+            key = (
+                args[at_op] if at_op < n else kwargs.get("op", op_default),
+                args[at_root] if at_root < n else kwargs.get(root, root_default),
+                array.dtype.num if hasattr(array, "dtype") else 0,  # a number hashes faster than a dtype
+            )
+            try:
+                ident = idents[key]
+            except KeyError:
+                ident = idents[key] = identity(name, key[0], key[1], array.dtype if key[2] else None)
+            except TypeError:  # an unhashable argument: the collective will reject it
+                ident = identity(name)
+            link = group.collective_channel
+            previous = liveness.enter(link, ident)
+            try:
+                if not checks_enabled():
+                    return fn(*args, **kwargs)
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                given = bound.arguments
+                array = None if first == "group" else given.get(first)
+                described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
+                site = call_site() if debug_enabled() else None
+                with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
+                    return fn(*args, **kwargs)
+            finally:
+                liveness.leave(link, previous)
 
         return checked  # type: ignore[return-value]
 
@@ -125,12 +167,16 @@ def checks_enabled() -> bool:
     return debug_enabled() or timeout_seconds() is not None
 
 
-def describe_call(name: str, array: Any = None, *, same_shape: bool = True, **args: Any) -> str:
-    """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32)``.
+def describe_call(
+    name: str, array: Any = None, *, same_shape: bool = True, site: str | None = None, **args: Any
+) -> str:
+    """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32) at
+    train.py:42``.
 
     ``args`` (``op``, ``src``, ``dst``, ``algorithm``) are shown in that order; ``algorithm`` only when
     it is not ``"auto"``. ``array`` contributes its shape (unless ``same_shape`` is False) and dtype;
     something that is not an array contributes its type name (the collective will reject it anyway).
+    ``site`` (:func:`call_site`) is where the user's program made the call.
     """
     if name == EXIT:
         return "the end of the program"
@@ -143,7 +189,7 @@ def describe_call(name: str, array: Any = None, *, same_shape: bool = True, **ar
         parts.append(f"array={type(array).__name__}")
     if algorithm != "auto":
         parts.append(f"algorithm={algorithm}")
-    return f"{name}({', '.join(parts)})"
+    return f"{name}({', '.join(parts)})" + (f" at {site}" if site else "")
 
 
 def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
@@ -161,7 +207,13 @@ def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
 
 @contextmanager
 def collective_scope(
-    group: Communicator, name: str, array: Any = None, *, same_shape: bool = True, **args: Any
+    group: Communicator,
+    name: str,
+    array: Any = None,
+    *,
+    same_shape: bool = True,
+    site: str | None = None,
+    **args: Any,
 ) -> Iterator[None]:
     """Run the ``with`` block as collective ``name`` on ``group``, with the checks the environment asks for.
 
@@ -177,7 +229,8 @@ def collective_scope(
         return
     with group.calls.call(name) as info:
         if debug:
-            check_fingerprints(group, info, describe_call(name, array, same_shape=same_shape, **args))
+            text = describe_call(name, array, same_shape=same_shape, site=site, **args)
+            check_fingerprints(group, info, text)
         yield
 
 
@@ -237,6 +290,9 @@ def check_at_exit() -> None:
     world = comm.init()
     if world.size == 1:
         return
+    # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
+    # below on the world, and without the notice both would wait forever.
+    liveness.announce_departure()
     try:
         with world.calls.call(EXIT, timed=False) as info:
             check_fingerprints(world, info, describe_call(EXIT))

@@ -19,7 +19,8 @@ class CollectiveMismatchError(DistributedError):
     For example one rank calls ``all_reduce`` while another calls ``broadcast``, or the ranks pass arrays
     of different lengths or dtypes. MPI itself cannot always tell; unchecked, such a mismatch gives wrong
     numbers or a hang. Raised on every rank of the group, with the same message, in debug mode
-    (``MINIDIST_DEBUG=1``, see ``debug.py``).
+    (``MINIDIST_DEBUG=1``, see ``debug.py``). Without debug mode, the liveness watchdog (``liveness.py``)
+    reports a different collective, ``src``/``dst``, ``op`` or dtype and ends the job instead.
     """
 
 

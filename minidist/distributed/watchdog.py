@@ -2,7 +2,8 @@
 
 A distributed program that goes wrong rarely crashes: it *hangs*. One rank raises and exits, or skips a
 collective, and the others wait forever for a message that will never come. This module turns those
-hangs into errors.
+hangs into errors. (The checks that are on by default, a rank that left and calls that do not match,
+live in ``liveness.py``; this module is the opt-in timeout and the abort on an uncaught exception.)
 
 **Timeouts** (``MINIDIST_TIMEOUT=seconds``; unset, empty or ``0`` means off, the default). With a
 timeout, ``comm.py`` replaces each blocking MPI call (``Send``, ``Recv``, ``Sendrecv``, ``Barrier``) by

@@ -1,0 +1,244 @@
+"""The liveness watchdog: by default, no rank waits forever for a rank that left, fell behind or disagrees.
+
+Without help, a rank that leaves the program (``sys.exit``, a ``return`` out of the training loop) while
+the others wait in a collective hangs the whole job forever, with no output. So does a rank whose
+collectives do not match the others'. ``dist.init()`` therefore starts, on every rank of a job with
+more than one rank, a daemon thread that wakes every :data:`TICK` seconds and looks at each
+communicator's ``collective_channel`` (the same idea as PyTorch's NCCL watchdog, which by default
+fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_job``: every line of the
+message prefixed ``[rank r]``, after the grace period) when it sees one of:
+
+* **A rank that left.** At interpreter exit every rank sends each member of each of its groups a
+  *departure notice* on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`,
+  payload: how many collectives it called on the group). A rank waiting in collective #k on a group
+  that receives a notice saying "I called k-1" knows #k can never finish. Detected within a tick.
+* **A message of another call.** Every message of a collective carries the call's sequence number and
+  identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
+  queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
+  src/dst or dtype, or one of a call this rank has already finished (a *stale* message: this rank
+  never received it, so the two ranks disagreed about that call).
+* **A call that takes too long** (``MINIDIST_WATCHDOG`` seconds, default :data:`DEFAULT_DEADLINE`):
+  some rank is stuck in a computation, in a collective on another group, or in a loop that will not
+  end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
+  ``0``) stops the thread, and with it these three checks; tags stay on.
+
+Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
+every wait costs latency on every message; the thread costs nothing per message: the collectives keep
+MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a few attribute stores).
+The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
+the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
+
+Not covered: a point-to-point ``recv`` from a rank that left (only collectives are tracked; use
+``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.distributed.tags import DEPARTURE_TAG, SEQ_WINDOW, describe, seq_offset, tags_supported
+from minidist.distributed.watchdog import abort_job
+
+WATCHDOG_ENV = "MINIDIST_WATCHDOG"
+DEFAULT_DEADLINE = 300.0  # seconds one collective may wait; PyTorch's NCCL default is 600
+TICK = 0.1  # seconds between two looks: the delay before a departure or a stray message is noticed
+STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stray
+
+_channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+
+
+@functools.cache
+def deadline_seconds() -> float | None:
+    """``MINIDIST_WATCHDOG`` in seconds (default 300), or None for ``off``/``0``. Raises ``ValueError``."""
+    value = os.environ.get(WATCHDOG_ENV, "").strip().lower()
+    if value in ("off", "false", "no"):
+        return None
+    try:
+        seconds = float(value) if value else DEFAULT_DEADLINE
+    except ValueError:
+        raise ValueError(f"{WATCHDOG_ENV}={value!r} is not a number of seconds or 'off'") from None
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{WATCHDOG_ENV}={value!r} must be a finite number of seconds >= 0, or 'off'")
+    return seconds or None
+
+
+def watch(channel: Any) -> None:
+    """Start tracking a new collective channel (called by ``Communicator.__init__``)."""
+    # phase = (seq, outer, tag): the last call's number; the outermost running call's number (None
+    # when no call runs); the running (or last) call's tag. One tuple, replaced whole, so the thread
+    # never reads half of an update. No clock is read per call: the thread notes when it first saw a
+    # call running (`seen`), which is at most one tick late.
+    channel.calls_started = 0
+    channel.phase = (0, None, 0)
+    channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
+    channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
+    channel.departed = {}  # group rank -> number of collectives it called before it left
+    channel.use_tags = tags_supported()
+    _channels.append(weakref.ref(channel))
+
+
+def enter(channel: Any, ident: int) -> tuple:
+    """Mark the start of a collective with identity ``ident`` (``tags.identity``); return the old phase.
+
+    Sets ``channel.tag_base``, which ``comm.py`` adds to every message tag of the call. This and
+    :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
+    benchmarks/README.md).
+    """
+    seq = channel.calls_started = channel.calls_started + 1
+    tag = ((seq % SEQ_WINDOW) << 16 | ident) if channel.use_tags else 0
+    previous = channel.phase
+    channel.phase = (seq, seq if previous[1] is None else previous[1], tag)
+    channel.tag_base = tag
+    return previous
+
+
+def leave(channel: Any, previous: tuple) -> None:
+    """Mark the end of the collective :func:`enter` started; ``previous`` is what it returned."""
+    if previous[1] is None:  # the outermost call ended: nothing runs on this channel now
+        channel.phase = (channel.calls_started, None, channel.tag_base)
+        channel.tag_base = 0
+    else:  # a collective called inside another (rare): the outer one runs on
+        channel.phase = (channel.calls_started, previous[1], previous[2])
+        channel.tag_base = previous[2]
+
+
+def start() -> None:
+    """Start the watchdog thread (``dist.init()``, more than one rank); idempotent, off if disabled."""
+    global _thread
+    if _thread is None and deadline_seconds() is not None:
+        _thread = threading.Thread(target=_run, name="minidist-watchdog", daemon=True)
+        _thread.start()
+
+
+def _run() -> None:
+    while not _stop.wait(TICK) and not MPI.Is_finalized():  # (a program may finalize MPI itself)
+        for channel in _live_channels():
+            problem = inspect_channel(channel, deadline_seconds())
+            if problem:
+                abort_job(MPI.COMM_WORLD, problem + "\n")
+
+
+def _live_channels() -> list[Any]:
+    return [c for c in (ref() for ref in _channels) if c is not None and c.size > 1]
+
+
+def inspect_channel(channel: Any, deadline: float | None) -> str | None:
+    """One look at ``channel``: the text of the problem found (see the module doc), or None."""
+    seq, outer, tag = channel.phase  # read first: every later message is judged against it
+    for peer in range(channel.size):
+        if peer == channel.rank:
+            continue
+        note, status = np.zeros(1, dtype=np.int64), MPI.Status()
+        while channel.mpi.Iprobe(source=peer, tag=DEPARTURE_TAG):
+            channel.mpi.Recv([note, MPI.INT64_T], source=peer, tag=DEPARTURE_TAG)
+            channel.departed[peer] = int(note[0])
+        if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
+            problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
+            if problem:
+                return problem
+    if outer is None:
+        return None
+    for peer, called in channel.departed.items():
+        if called < seq:
+            return (
+                f"{_me(channel)}: {_them(channel, peer)} left the program (it exited) after calling "
+                f"{called} collectives on this group, while this rank waits in {describe(tag, seq)}, which "
+                f"it never called. Every rank must make the same collective calls: look for a `return`, "
+                f"`break` or `sys.exit` that only some ranks take, or a loop that is shorter on rank {peer}."
+            )
+    if channel.seen[0] != seq:
+        channel.seen = (seq, time.monotonic())
+    if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
+        peer = channel.peer
+        last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
+        return (
+            f"{_me(channel)}: {describe(tag, seq)} has not finished after "
+            f"{WATCHDOG_ENV}={deadline:g} s{last}. "
+            "That rank (or one it waits for) is stuck in a long computation, waits in a collective on "
+            "another group, or took a code path without this call. If a wait this long is legitimate "
+            f"(rank 0 writing a large checkpoint), set {WATCHDOG_ENV} to more seconds, or to off."
+        )
+    return None
+
+
+def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
+    """The problem a waiting message from ``peer`` reveals, if any (see the module doc)."""
+    if message_tag == DEPARTURE_TAG:
+        return None
+    theirs = message_tag >> 16
+    # How far the message's call lies before this rank's first unfinished call: 1 = the last one
+    # finished. Numbers are modulo 4096, so "far behind" could also be "far ahead" (a root that runs
+    # ahead through many broadcasts); only calls up to STALE_WINDOW behind count as finished.
+    behind = -seq_offset(theirs, (seq + 1 if outer is None else outer) % SEQ_WINDOW)
+    stale = 0 < behind <= STALE_WINDOW
+    if stale:
+        return (
+            f"{_me(channel)}: {_them(channel, peer)} sent this rank a message of its call "
+            f"{describe(message_tag)} on this group, which this rank never received: this rank's call with "
+            f"that number was different (its last call: {describe(tag, seq)}). " + _ADVICE
+        )
+    if outer is not None and theirs == seq % SEQ_WINDOW and message_tag != tag:
+        return (
+            f"{_me(channel)}: {_them(channel, peer)} is in {describe(message_tag)} while this rank is in "
+            f"{describe(tag, seq)} on the same group. " + _ADVICE
+        )
+    return None
+
+
+_ADVICE = (
+    "Every rank of a group must call the same collectives in the same order, with the same src/dst, op "
+    "and dtype; MINIDIST_DEBUG=1 shows where each rank made its call."
+)
+
+
+def _me(channel: Any) -> str:
+    world = channel.calls.world_ranks
+    if world == list(range(MPI.COMM_WORLD.Get_size())):
+        return f"rank {channel.rank}"
+    return f"rank {channel.rank} of the group of world ranks {world} (ranks named are group ranks)"
+
+
+def _them(channel: Any, peer: int) -> str:
+    world = channel.calls.world_ranks
+    if world == list(range(MPI.COMM_WORLD.Get_size())):
+        return f"rank {peer}"
+    return f"rank {peer} (world rank {world[peer]})"
+
+
+@atexit.register
+def announce_departure() -> None:
+    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left.
+
+    Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
+    collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
+    first, before its own exchange on the world. Runs once (the second call returns at once).
+    """
+    global _thread
+    if _thread is None or MPI.Is_finalized():
+        return
+    _stop.set()
+    _thread.join(timeout=10)
+    _thread = None
+    channels = _live_channels()
+    for channel in channels:  # a stale message that arrived since the last tick
+        problem = inspect_channel(channel, None)
+        if problem:
+            abort_job(MPI.COMM_WORLD, problem + "\n")
+    requests = []
+    for channel in channels:
+        note = np.array([channel.calls_started], dtype=np.int64)
+        for peer in range(channel.size):
+            if peer != channel.rank:
+                requests.append(channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG))
+    MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete

@@ -1,0 +1,96 @@
+"""Message tags that name the collective a message belongs to, so that mismatched calls never pair up.
+
+Every hand-written collective moves its data with point-to-point messages on the group's
+``collective_channel``. MPI matches a receive with a message by (source, tag, communicator) only, so if
+every collective used tag 0, the messages of two *different* calls could match each other: rank 0 in a
+``broadcast(src=0)`` and rank 1 in a ``broadcast(src=1)`` each send the other their array, both calls
+"succeed", and the stale message is then received by the next ``all_reduce``, which returns wrong
+numbers with no error at all.
+
+So the tag of every message on a channel says which call it belongs to::
+
+    bits 16..27   the call's sequence number on the group, modulo 4096 (the k-th collective called on it)
+    bits 13..15   which collective (all_reduce, reduce_scatter, all_gather, broadcast, reduce, barrier)
+    bits 11..12   op (sum, avg, max, min)
+    bits  6..10   src / dst, modulo 32
+    bits  0..5    the dtype (NumPy's type number, modulo 64)
+
+A receive now matches only a message of the same call with the same arguments. A mismatched message is
+never consumed: it waits in MPI's queue, where the liveness watchdog (``liveness.py``) finds it with
+``MPI_Iprobe`` and names both calls. Building the tag costs a few integer operations per collective,
+nothing per message (the channel adds the same ``tag_base`` to every message of the call).
+
+What the tag cannot tell apart: two calls with the same name, op, src/dst and dtype issued in a
+different order (the lengths may differ: then the receive's length check fails instead), a src or
+dtype that differs by a multiple of 32 or 64, and calls 4096 apart (a rank would have to run that far
+ahead of another; the watchdog judges only messages at most ``liveness.STALE_WINDOW`` calls old).
+Debug mode (``MINIDIST_DEBUG=1``) compares full fingerprints, call sites included. MPI's built-in
+collectives (``algorithm="mpi"``) carry no tags of ours.
+
+MPI guarantees tags only up to 32767; MPICH allows 2^29 - 1. On an MPI whose ``MPI_TAG_UB`` is below
+:data:`DEPARTURE_TAG`, tags are not used (``tags_supported`` is False) and these checks are off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+NAMES = ("?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier")
+OPS = ("sum", "avg", "max", "min")
+SEQ_BITS = 12
+SEQ_WINDOW = 1 << SEQ_BITS  # sequence numbers are compared modulo this
+DEPARTURE_TAG = 1 << 28  # above every collective tag: "this rank has left the program" (liveness.py)
+
+
+def tags_supported() -> bool:
+    """True if this MPI allows tags up to :data:`DEPARTURE_TAG` (MPICH and Open MPI do)."""
+    upper = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return upper is not None and upper >= DEPARTURE_TAG
+
+
+def name_code(name: str) -> int:
+    """The bits 13..15 of the tags of collective ``name`` (0 for a name not in :data:`NAMES`)."""
+    return (NAMES.index(name) if name in NAMES else 0) << 13
+
+
+def identity(name: str, op: Any = None, root: Any = None, dtype: Any = None) -> int:
+    """The low 16 bits of a call's tags: which collective, op, src/dst and dtype (see the module doc).
+
+    Never raises: arguments the collective will reject (an unknown op, a non-int src) count as 0, so the
+    collective itself reports them.
+    """
+    op_code = OPS.index(op) if type(op) is str and op in OPS else 0
+    root_code = root % 32 if type(root) is int else 0
+    dtype_code = getattr(dtype, "num", 0) % 64
+    return name_code(name) | op_code << 11 | root_code << 6 | dtype_code
+
+
+def call_tag(seq: int, ident: int) -> int:
+    """The tag of every message of call number ``seq`` with identity ``ident``."""
+    return (seq % SEQ_WINDOW) << 16 | ident
+
+
+def describe(tag: int, seq: int | None = None) -> str:
+    """A tag in words: ``"#7 broadcast(src=1, float32)"``: the call's number, or ``seq`` when given
+    (a tag holds only the number modulo 4096)."""
+    import numpy as np  # local: only error messages need it
+
+    seq, ident = (tag >> 16) if seq is None else seq, tag & 0xFFFF
+    name = NAMES[ident >> 13] if ident >> 13 < len(NAMES) else "?"
+    parts = []
+    if name in ("all_reduce", "reduce_scatter", "reduce"):
+        parts.append(f"op={OPS[(ident >> 11) & 3]}")
+    if name in ("broadcast", "reduce"):
+        parts.append(f"{'src' if name == 'broadcast' else 'dst'}={(ident >> 6) & 31}")
+    dtype_num = ident & 63
+    known = [t for t in np.sctypeDict.values() if np.dtype(t).num == dtype_num]
+    if name != "barrier" and known:
+        parts.append(str(np.dtype(known[0])))
+    return f"#{seq} {name}({', '.join(parts)})"
+
+
+def seq_offset(seq: int, current: int) -> int:
+    """How far ``seq`` (a tag's 12-bit sequence number) lies after ``current``, in ``-2048..2047``."""
+    return (seq - current + SEQ_WINDOW // 2) % SEQ_WINDOW - SEQ_WINDOW // 2

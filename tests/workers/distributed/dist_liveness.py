@@ -1,0 +1,100 @@
+"""MPI worker for the default liveness checks and debug-mode call sites: ranks misbehave the way users do.
+
+Usage: ``mpiexec -n N python dist_liveness.py MODE OUT_DIR`` (no ``MINIDIST_TIMEOUT``; ``MINIDIST_DEBUG``
+only where the test sets it). MODE is one of
+
+* ``exit`` (3 ranks): rank 1 calls ``sys.exit(0)`` in the middle of a loop of ``all_reduce``;
+* ``return-subgroup`` (4 ranks): on the sub-groups {0, 2} and {1, 3} (like a data-parallel group), rank 3
+  returns out of its training loop one step early, while rank 1 still all-reduces;
+* ``ddp-short`` (4 ranks): DistributedDataParallel on the data-parallel groups {0, 2} and {1, 3};
+  rank 3's data runs out one step early, so it leaves the training loop while rank 1 waits in the
+  gradient all-reduce of its backward pass (run by DDP's communication thread);
+* ``broadcast-src`` (2 ranks): each rank thinks it is the ``src`` of a broadcast, then all ranks
+  all-reduce (the stale broadcast message used to be taken by the all-reduce: wrong numbers, exit 0);
+* ``op`` (2 ranks): rank 1 all-reduces with ``op="max"``, rank 0 with ``"sum"``;
+* ``dtype`` (2 ranks): rank 1 all-reduces int32, rank 0 float32 (the same number of bytes);
+* ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
+  different lines (wrong numbers, exit 0, even in debug mode, before call sites were compared).
+
+A rank that finishes writes ``rank<r>.json`` with its results; a rank that gets a ``DistributedError``
+writes it with the error, then re-raises it (the abort hook ends the job).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from dist_worker_utils import write_json
+
+import minidist.distributed as dist
+
+
+def misbehave(mode: str, world: dist.Communicator) -> dict:
+    rank = world.rank
+    x = np.full(8, rank + 1, dtype=np.float32)
+    if mode == "exit":
+        for step in range(4):
+            if rank == 1 and step == 2:
+                sys.exit(0)
+            dist.all_reduce(x)
+    elif mode == "return-subgroup":
+        dp = world.split(rank % 2)  # {0, 2} and {1, 3}
+        for step in range(4):
+            if rank == 3 and step == 3:
+                return {"left": True}  # out of the loop: the program ends
+            dist.all_reduce(x, op="avg", group=dp)
+    elif mode == "ddp-short":
+        from ddp_common import make_model
+
+        import minidist as md
+        from minidist import nn, optim
+        from minidist.parallel import DistributedDataParallel
+
+        dp = world.split(rank % 2)
+        ddp = DistributedDataParallel(make_model(0, np.float64), group=dp, overlap=True)
+        opt = optim.SGD(ddp.parameters(), lr=0.1)
+        rng = np.random.default_rng(rank)
+        for _step in range(3 if rank == 3 else 4):  # rank 3's shard of the data is one batch shorter
+            x, y = md.tensor(rng.standard_normal((4, 6))), rng.integers(0, 4, 4)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return {"steps": _step + 1}
+    elif mode == "broadcast-src":
+        dist.broadcast(x, src=rank)  # every rank thinks it is the source
+        dist.all_reduce(x)
+        time.sleep(1)  # a little more work before the end
+    elif mode == "op":
+        dist.all_reduce(x, op="max" if rank == 1 else "sum")
+    elif mode == "dtype":
+        dist.all_reduce(x.astype(np.int32) if rank == 1 else x)
+    elif mode == "order":
+        loss, acc = np.full(4, 1.0 + rank), np.full(4, 10.0 + rank)
+        if rank == 0:
+            dist.all_reduce(loss)
+            dist.all_reduce(acc)
+        else:
+            dist.all_reduce(acc)
+            dist.all_reduce(loss)
+        return {"loss": loss.tolist(), "acc": acc.tolist()}
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return {"x": x.tolist()}
+
+
+def main(mode: str, out_dir: str) -> None:
+    world = dist.init()
+    start = time.monotonic()
+    try:
+        result = misbehave(mode, world)
+    except dist.DistributedError as error:
+        report = {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+        write_json(out_dir, f"rank{world.rank}.json", report)
+        raise
+    write_json(out_dir, f"rank{world.rank}.json", result)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
