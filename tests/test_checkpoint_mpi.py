@@ -166,3 +166,23 @@ def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ran
         got = dict(np.load(tmp_path / f"{case}.npz"))
         for name in full:
             assert np.array_equal(got[name], full[name]), f"resumed at '{case}': {name} differs"
+
+
+@pytest.mark.parametrize("mode", ["strided", "global"])
+def test_a_save_between_epochs_resumes_on_another_number_of_ranks_at_the_next_epoch(tmp_path, mode):
+    """Saved after epoch 0's inner loop on 2 ranks, loaded on 3 (in global-batch mode with another
+    global batch size too): the finished epoch stays finished, and epoch 1 reads every sample once.
+    A position saved mid-epoch cannot carry over in these cases, but a finished epoch can, as the
+    error for the mid-epoch case itself advises ("resume at an epoch boundary")."""
+    root, first, second = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    run_mpi(2, "checkpoint/ckpt_boundary_reshard.py", mode, root, first, timeout=120)
+    saved = [json.loads((first / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(s["error"] is None for s in saved), saved
+    assert sorted(saved[0]["seen"]["0"] + saved[1]["seen"]["0"]) == list(range(20))
+    run_mpi(3, "checkpoint/ckpt_boundary_reshard.py", mode, root, second, timeout=120)
+    resumed = [json.loads((second / f"rank{r}.json").read_text()) for r in range(3)]
+    for r in resumed:
+        assert r["error"] is None, r["error"]
+        assert set(r["seen"]) == {"1"}, "epoch 0 was finished when saved: nothing of it is read again"
+    assert sorted(sum((r["seen"]["1"] for r in resumed), [])) == list(range(20))
