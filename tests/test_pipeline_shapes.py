@@ -50,6 +50,16 @@ FAILED = {
         r"rank 1 of the pipeline group: pipeline stage 1 \(model chunk 0, virtual stage 1\) failed in "
         r"forward on microbatch 0: KeyError",
     ),
+    "predict_too_wide": (
+        "ValueError",
+        r"rank 1 of the pipeline group: pipeline stage 1 failed in forward in predict: ValueError: "
+        r"Linear\(12, 4\) got input of shape \(8, 16\).* \(its input, from stage 0, has shape \(8, 16\)",
+    ),
+    "predict_interleaved_first_failure_wins": (
+        "RuntimeError",
+        r"rank 1 of the pipeline group: pipeline stage 1 \(model chunk 0, virtual stage 1\) failed in "
+        r"forward in predict: KeyError",
+    ),
 }
 
 

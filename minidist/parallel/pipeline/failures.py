@@ -25,10 +25,10 @@ from minidist.nn.module import Module
 
 
 def run_chunk(
-    chunk: Module, x: Any, stage: int, c: int, g: int, i: int, v: int
+    chunk: Module, x: Any, stage: int, c: int, g: int, i: int | None, v: int
 ) -> tuple[Any, Exception | None]:
     """``(chunk(x), None)``, or ``(None, error)`` if chunk ``c`` (virtual stage ``g``, of ``v`` per rank)
-    of ``stage`` raises on microbatch ``i``: a ``ValueError``/``TypeError`` (the
+    of ``stage`` raises on microbatch ``i`` (None: in ``predict``): a ``ValueError``/``TypeError`` (the
     original's class; any other becomes a ``RuntimeError``) naming the stage, the microbatch, the input's
     shape and where it came from, e.g. a stage whose output does not fit the next stage's first layer."""
     try:
@@ -40,7 +40,8 @@ def run_chunk(
         source = "the batch" if g == 0 else f"{'virtual stage' if v > 1 else 'stage'} {g - 1}"
         cls = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
         return None, cls(
-            f"{where} failed in forward on microbatch {i}: {type(e).__name__}: {e} (its input, from "
+            f"{where} failed in forward {'in predict' if i is None else f'on microbatch {i}'}: "
+            f"{type(e).__name__}: {e} (its input, from "
             f"{source}, has shape {tuple(x.shape)} and dtype {x.dtype}); "
             + ("check the batch and this stage's layers" if g == 0 else f"check that {source}'s output "
                "fits this stage's first layer")

@@ -102,6 +102,9 @@ cases = {
     "rows_interleaved": lambda: step(pipe_with(DropRowsOnSecondCall(), "interleaved", 2, [2, 4, 6])),
     # virtual stage 1 (rank 1's first chunk) changes shape; its output goes to rank 0's second chunk
     "rows_interleaved_rank_1": lambda: step(pipe_with(DropRowsOnSecondCall(), "interleaved", 2, [1, 4, 6])),
+    # forward only: rank 1's layer raised there alone and rank 0 waited forever for the output
+    "predict_too_wide": lambda: too_wide_for_stage_1().predict(md.tensor(x, dtype=np.float64)),
+    "predict_interleaved_first_failure_wins": lambda: interleaved_failing_on_rank_1().predict(x),
 }
 results = {}
 for name, case in cases.items():
