@@ -36,7 +36,7 @@ def run_chunk(
     except DistributedError:
         raise  # communication failed: the job ends (module docstring)
     except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
-        where = f"pipeline stage {stage}" + (f" (model chunk {c}, virtual stage {g})" if v > 1 else "")
+        where = _where(stage, c, g, v)
         source = "the batch" if g == 0 else f"{'virtual stage' if v > 1 else 'stage'} {g - 1}"
         cls = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
         return None, cls(
@@ -46,6 +46,28 @@ def run_chunk(
             + ("check the batch and this stage's layers" if g == 0 else f"check that {source}'s output "
                "fits this stage's first layer")
         )  # fmt: skip
+
+
+def run_backward(out: Tensor, grad: Any, stage: int, c: int, g: int, i: int, v: int) -> Exception | None:
+    """None, or the error if ``out.backward(grad)`` raises in chunk ``c`` (virtual stage ``g``) of ``stage``
+    on microbatch ``i`` (e.g. a custom ``Function`` whose backward fails): of the original's class for
+    ``ValueError``/``TypeError``, else ``RuntimeError``, naming the stage, the microbatch and the output's
+    shape. The gradients this rank then sends back are zeros where none was computed."""
+    try:
+        out.backward(grad)
+        return None
+    except DistributedError:
+        raise  # communication failed: the job ends (module docstring)
+    except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
+        cls = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
+        return cls(
+            f"{_where(stage, c, g, v)} failed in backward on microbatch {i}: {type(e).__name__}: {e} (its "
+            f"output has shape {tuple(out.shape)}); check the backward of this stage's layers"
+        )
+
+
+def _where(stage: int, c: int, g: int, v: int) -> str:
+    return f"pipeline stage {stage}" + (f" (model chunk {c}, virtual stage {g})" if v > 1 else "")
 
 
 def stand_in_spec(x: Any) -> tuple[tuple[int, ...], Any]:
