@@ -85,8 +85,9 @@ class DistributedSampler:
     batches yielded so far (this one included) times the batch size: what ``checkpoint.save(...,
     sampler=sampler)`` must record. An epoch iterated to its end leaves ``position == len(self)``
     ("this epoch is done"), so a checkpoint saved between two epochs resumes at the next one, not at
-    the start of the same one. Iterating the same epoch again in the same process (no ``set_epoch``)
-    starts it over, as in PyTorch; ``set_epoch`` to another epoch starts it at 0. ``state_dict()`` /
+    the start of the same one. A new iteration in the same process (no ``set_epoch``; also after a
+    ``break`` out of the loop) starts the epoch over, as in PyTorch: only a position restored by
+    ``load_state_dict`` is resumed; ``set_epoch`` to another epoch starts it at 0. ``state_dict()`` /
     ``load_state_dict()`` carry epoch and position, and the seed, shuffle setting and data set
     length, which must match on resume.
 
@@ -139,16 +140,16 @@ class DistributedSampler:
             )
         self.epoch = 0
         self.position = 0
-        # True once this process iterated the epoch to its end: iterating again starts it over. A
-        # position of len(self) restored by load_state_dict is not "over": it resumes as finished.
-        self._exhausted = False
+        # True from load_state_dict to the next iter(): only a restored position is resumed; any other
+        # new iteration starts the epoch over (as in PyTorch), also one after a `break` out of the loop.
+        self._restored = False
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0); a new epoch starts
         at position 0."""
         epoch = check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.position, self._exhausted = 0, False
+            self.position, self._restored = 0, False
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -170,7 +171,7 @@ class DistributedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the saved epoch and position (checked by :meth:`resume_point`)."""
         self.epoch, self.position = self.resume_point(state)
-        self._exhausted = False  # position == len(self): the saved epoch was done; iterating yields nothing
+        self._restored = True  # position == len(self): the saved epoch was done; iterating yields nothing
 
     def resume_point(self, state: dict[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` that ``load_state_dict(state)`` sets; changes nothing.
@@ -289,12 +290,9 @@ class DistributedSampler:
         return n_full * self.local_batch_size + tail_piece
 
     def __iter__(self) -> Iterator[int]:
-        if self._exhausted:  # this process already ran this epoch to its end: run it again from 0
-            self.position, self._exhausted = 0, False
-        start = self.position
+        start, self._restored = (self.position if self._restored else 0), False
         # Advance the position as each index is handed out (not when the epoch is drawn): a DataLoader
         # pulling batch by batch then leaves the true progress here for a checkpoint to save.
         for k, index in enumerate(self.indices()[start:].tolist()):  # tolist(): Python ints
             self.position = start + k + 1
-            yield index
-        self._exhausted = True  # position stays len(self): a checkpoint saved now resumes at the next epoch
+            yield index  # at the end position stays len(self): a save now resumes at the next epoch
