@@ -166,3 +166,49 @@ def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ran
         got = dict(np.load(tmp_path / f"{case}.npz"))
         for name in full:
             assert np.array_equal(got[name], full[name]), f"resumed at '{case}': {name} differs"
+
+
+@pytest.mark.parametrize("mode", ["strided", "global"])
+def test_a_save_between_epochs_resumes_on_another_number_of_ranks_at_the_next_epoch(tmp_path, mode):
+    """Saved after epoch 0's inner loop on 2 ranks, loaded on 3 (in global-batch mode with another
+    global batch size too): the finished epoch stays finished, and epoch 1 reads every sample once.
+    A position saved mid-epoch cannot carry over in these cases, but a finished epoch can, as the
+    error for the mid-epoch case itself advises ("resume at an epoch boundary")."""
+    root, first, second = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    run_mpi(2, "checkpoint/ckpt_boundary_reshard.py", mode, root, first, timeout=120)
+    saved = [json.loads((first / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(s["error"] is None for s in saved), saved
+    assert sorted(saved[0]["seen"]["0"] + saved[1]["seen"]["0"]) == list(range(20))
+    run_mpi(3, "checkpoint/ckpt_boundary_reshard.py", mode, root, second, timeout=120)
+    resumed = [json.loads((second / f"rank{r}.json").read_text()) for r in range(3)]
+    for r in resumed:
+        assert r["error"] is None, r["error"]
+        assert set(r["seen"]) == {"1"}, "epoch 0 was finished when saved: nothing of it is read again"
+    assert sorted(sum((r["seen"]["1"] for r in resumed), [])) == list(range(20))
+
+
+def test_a_damaged_folder_newer_than_latest_resumes_from_latest_without_fallback(tmp_path):
+    """Killed after step 6's rename, before 'latest' moved on from step 3; then step 6's folder is damaged
+    (a disk fault): ``load_latest`` without ``fallback`` resumes from step 3, which 'latest' still
+    names, instead of failing on step 6 at every restart. The run saves step 6 anew (the damaged
+    folder is moved aside) and ends bit-exact with the uninterrupted run."""
+    args = ("--steps", "8", "--every", "3")
+    train(tmp_path / "ref", tmp_path / "ref_ckpt", "2,1,1", *args, "--optims", "sgd")
+    killed = train(
+        tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--optims", "sgd",
+        env={"CKPT_KILL": "0:6:latest"}, check=False,
+    )  # fmt: skip
+    assert killed.returncode != 0
+    newer = tmp_path / "ckpt" / "sgd" / "step_000000006"
+    shard = sorted(newer.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-8])  # truncated
+    resumed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--optims", "sgd", "--resume")
+    assert "skipping a checkpoint that does not load" in resumed.stdout and "truncated" in resumed.stdout
+    assert [p.name[:24] for p in newer.parent.iterdir() if p.name.startswith(".corrupt")] == [
+        ".corrupt-step_000000006-"
+    ]
+    a, b = dict(np.load(tmp_path / "run" / "sgd.npz")), dict(np.load(tmp_path / "ref" / "sgd.npz"))
+    assert a.keys() == b.keys()
+    for name in b:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

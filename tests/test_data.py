@@ -497,6 +497,27 @@ def test_loader_resumes_at_the_next_batch_and_hands_over_its_state():
         DataLoader((np.arange(20),), batch_size=4, shuffle=True).state_dict()
 
 
+def test_a_new_iteration_after_a_break_starts_the_epoch_over_as_in_pytorch():
+    """``for x in loader: ... break`` (a few evaluation batches, a step limit), then the same loop again
+    in the same epoch: PyTorch starts the epoch over, and so does a loader over a DistributedSampler (it
+    went on after the batches broken off). Only a position restored from a checkpoint is resumed."""
+    sampler = DistributedSampler(24, num_replicas=2, rank=1, batch_size=6, seed=3)
+    loader = DataLoader((np.arange(24),), batch_size=sampler.local_batch_size, sampler=sampler)
+    whole = [b.tolist() for (b,) in loader]
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    state = sampler.state_dict()
+    assert state["position"] == 2 * sampler.local_batch_size  # what a save inside the loop records
+    assert [b.tolist() for (b,) in loader] == whole
+    assert [b.tolist() for (b,) in loader] == whole  # and again
+    resumed = DistributedSampler(24, num_replicas=2, rank=1, batch_size=6, seed=3)
+    resumed.load_state_dict(state)
+    again = DataLoader((np.arange(24),), batch_size=resumed.local_batch_size, sampler=resumed)
+    assert [b.tolist() for (b,) in again] == whole[2:]
+    assert [b.tolist() for (b,) in again] == whole  # a second pass in the resumed process: from the start
+
+
 def test_a_finished_epoch_stays_finished_on_another_number_of_ranks():
     """Saved after the last (partial) global batch on 2 ranks, resumed on 3: nothing of the epoch is left
     (rounding the position down to whole global batches would redo the partial one)."""

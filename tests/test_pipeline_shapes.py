@@ -50,6 +50,30 @@ FAILED = {
         r"rank 1 of the pipeline group: pipeline stage 1 \(model chunk 0, virtual stage 1\) failed in "
         r"forward on microbatch 0: KeyError",
     ),
+    "backward_fails_stage_0": (
+        "RuntimeError",
+        r"rank 0 of the pipeline group: pipeline stage 0 failed in backward on microbatch 0: "
+        r"ArithmeticError: derivative not implemented \(its output has shape \(4, 16\)\)",
+    ),
+    "backward_fails_last_stage_gpipe": (
+        "RuntimeError",
+        r"rank 1 of the pipeline group: pipeline stage 1 failed in backward on microbatch 0: ArithmeticError",
+    ),
+    "backward_fails_interleaved": (
+        "RuntimeError",
+        r"pipeline stage 0 \(model chunk 0, virtual stage 0\) failed in backward on microbatch 0: "
+        r"ArithmeticError",
+    ),
+    "predict_too_wide": (
+        "ValueError",
+        r"rank 1 of the pipeline group: pipeline stage 1 failed in forward in predict: ValueError: "
+        r"Linear\(12, 4\) got input of shape \(8, 16\).* \(its input, from stage 0, has shape \(8, 16\)",
+    ),
+    "predict_interleaved_first_failure_wins": (
+        "RuntimeError",
+        r"rank 1 of the pipeline group: pipeline stage 1 \(model chunk 0, virtual stage 1\) failed in "
+        r"forward in predict: KeyError",
+    ),
 }
 
 

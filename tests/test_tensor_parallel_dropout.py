@@ -26,7 +26,7 @@ def run(tmp_path_factory):
     return ranks, errors
 
 
-@pytest.mark.parametrize("name", ["shard", "shard_after_tanh"])
+@pytest.mark.parametrize("name", ["shard", "shard_after_tanh", "shard_in_recompute"])
 def test_dropout_masks_on_shards_differ_between_ranks(run, name):
     ranks, _ = run
     a, b = ranks[0][name], ranks[1][name]
@@ -36,7 +36,7 @@ def test_dropout_masks_on_shards_differ_between_ranks(run, name):
     assert 0.3 < (a == b).mean() < 0.7  # independent masks agree on about half of the elements
 
 
-@pytest.mark.parametrize("name", ["replicated_input", "replicated_output"])
+@pytest.mark.parametrize("name", ["replicated_input", "replicated_output", "replicated_after_recompute"])
 def test_dropout_masks_on_replicated_activations_are_the_same_on_every_rank(run, name):
     ranks, _ = run
     np.testing.assert_array_equal(ranks[0][name], ranks[1][name])

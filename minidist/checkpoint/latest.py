@@ -36,7 +36,9 @@ def load_latest(
     """Collective: load the newest checkpoint of ``directory``: the committed ``step_<n>`` folder with
     the highest step, even if a save was killed before it replaced ``latest`` (``atomic.resolve``).
 
-    With ``fallback``, a checkpoint that fails to load is skipped (a warning is printed on rank 0)
+    If that folder is newer than the one ``latest`` names (a save was stopped between the two) and
+    does not load, the one ``latest`` names is tried next, also without ``fallback``. With
+    ``fallback``, a checkpoint that fails to load is skipped (a warning is printed on rank 0)
     and the committed ``step_<n>`` folders are tried newest first, until one loads. A skipped folder
     is left as it is; when the resumed run saves that step again, ``save`` moves the damaged one aside
     to ``.corrupt-step_<n>-<time>``. With ``missing_ok``, a directory holding no checkpoint at all
@@ -61,15 +63,21 @@ def load_latest(
     # ``root`` itself goes through resolve(), which checks the pointer's contents.
     candidates = [str(root)] if pointer is not None else []
     skip = {found["resolved"]} if found["resolved"] is not None else set()
+    # A folder newer than 'latest' was never confirmed by it: if it does not load, 'latest' still
+    # stands, so it is tried next even without fallback (a restart must not stop at that folder).
+    hinted = pointer not in (None, "?") and found["resolved"] != str(root / pointer)
     if fallback or pointer is None:
         candidates += [path for path in committed if path not in skip]
+    elif hinted:
+        candidates.append(str(root / pointer))
+    tries = len(candidates) if fallback else min(len(candidates), 2 if hinted else 1)
     problems = []
-    for candidate in candidates:
+    for candidate in candidates[:tries]:
         try:
             return load(candidate, model, optimizer, mesh=mesh, sampler=sampler)
         except CheckpointError as err:  # raised identically on every rank, so all move on together
             problems.append(str(err))
-            if not fallback:
+            if tries == 1 and not fallback:
                 raise
             if comm.rank == 0:
                 print(

@@ -85,8 +85,9 @@ class DistributedSampler:
     batches yielded so far (this one included) times the batch size: what ``checkpoint.save(...,
     sampler=sampler)`` must record. An epoch iterated to its end leaves ``position == len(self)``
     ("this epoch is done"), so a checkpoint saved between two epochs resumes at the next one, not at
-    the start of the same one. Iterating the same epoch again in the same process (no ``set_epoch``)
-    starts it over, as in PyTorch; ``set_epoch`` to another epoch starts it at 0. ``state_dict()`` /
+    the start of the same one. A new iteration in the same process (no ``set_epoch``; also after a
+    ``break`` out of the loop) starts the epoch over, as in PyTorch: only a position restored by
+    ``load_state_dict`` is resumed; ``set_epoch`` to another epoch starts it at 0. ``state_dict()`` /
     ``load_state_dict()`` carry epoch and position, and the seed, shuffle setting and data set
     length, which must match on resume.
 
@@ -139,22 +140,22 @@ class DistributedSampler:
             )
         self.epoch = 0
         self.position = 0
-        # True once this process iterated the epoch to its end: iterating again starts it over. A
-        # position of len(self) restored by load_state_dict is not "over": it resumes as finished.
-        self._exhausted = False
+        # True from load_state_dict to the next iter(): only a restored position is resumed; any other
+        # new iteration starts the epoch over (as in PyTorch), also one after a `break` out of the loop.
+        self._restored = False
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose permutation the next ``iter()`` uses (an int >= 0); a new epoch starts
         at position 0."""
         epoch = check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.position, self._exhausted = 0, False
+            self.position, self._restored = 0, False
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "position", "num_replicas", "rank", "batch_size", "seed", "shuffle",
-        "dataset_len"}`` (JSON-serialisable). The last three fix the permutation: a resumed sampler
-        must have the same ones (``load_state_dict`` checks)."""
+        "dataset_len", "drop_last"}`` (JSON-serialisable). Seed, shuffle and dataset_len fix the
+        permutation: a resumed sampler must have the same ones (``load_state_dict`` checks)."""
         return {
             "epoch": self.epoch,
             "position": self.position,
@@ -164,23 +165,25 @@ class DistributedSampler:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "dataset_len": self.dataset_len,
+            "drop_last": self.drop_last,  # with the layout, says how long the saved rank's epoch was
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the saved epoch and position (checked by :meth:`resume_point`)."""
         self.epoch, self.position = self.resume_point(state)
-        self._exhausted = False  # position == len(self): the saved epoch was done; iterating yields nothing
+        self._restored = True  # position == len(self): the saved epoch was done; iterating yields nothing
 
     def resume_point(self, state: dict[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` that ``load_state_dict(state)`` sets; changes nothing.
 
-        Saved by another number of replicas, the position carries over in global-batch mode (as the
-        number of whole global batches consumed, which every rank agrees on); in strided mode it cannot.
+        Saved by another number of replicas or global batch, a finished epoch carries over in every mode;
+        a position inside an epoch only in global-batch mode with the same global batch size (as the
+        number of whole global batches consumed, which every rank agrees on).
 
         Raises ``ValueError`` if the state was saved with another ``seed``, ``shuffle`` or data set
         length (the permutation would differ: samples repeated or skipped; states saved before these
-        were recorded are not checked), for a position beyond this rank's share, or for a
-        strided-mode state saved with another ``num_replicas`` and a non-zero position.
+        were recorded are not checked), for a position beyond this rank's share, or for a position
+        inside an epoch saved with another ``num_replicas`` in strided mode or another global batch size.
         """
         for field, mine in (
             ("seed", self.seed),
@@ -198,23 +201,25 @@ class DistributedSampler:
         saved_r = check_int("num_replicas", state.get("num_replicas", self.num_replicas), 1)
         saved_b = None if state.get("batch_size") is None else check_int("batch_size", state["batch_size"], 1)
         if position and (saved_r, saved_b) != (self.num_replicas, self.batch_size):
-            if self.batch_size is None or saved_b != self.batch_size:
+            if saved_b is not None and saved_b < saved_r:
+                raise ValueError(
+                    f"the saved state has batch_size={saved_b} < num_replicas={saved_r} (corrupt?)."
+                )
+            drop, saved_rank = bool(state.get("drop_last", self.drop_last)), state.get("rank", 0)
+            saved = DistributedSampler(
+                self.dataset_len, saved_r, saved_rank, drop_last=drop, batch_size=saved_b
+            )
+            # A finished epoch (its partial last batch too; a save after the inner loop) carries over in
+            # every mode: the next epoch starts at 0 whatever the layout.
+            if position == len(saved):
+                position = len(self)
+            elif self.batch_size is None or saved_b != self.batch_size:
                 raise ValueError(
                     f"cannot carry a sampler position saved with num_replicas={saved_r}, "
                     f"batch_size={saved_b} over to num_replicas={self.num_replicas}, "
                     f"batch_size={self.batch_size}; "
                     "use global-batch mode with the same global batch size, or resume at an epoch boundary."
                 )
-            if saved_b < saved_r:
-                raise ValueError(
-                    f"the saved state has batch_size={saved_b} < num_replicas={saved_r} (corrupt?)."
-                )
-            saved_rank = check_int("rank", state.get("rank", 0), 0)
-            saved = DistributedSampler(
-                self.dataset_len, saved_r, saved_rank, drop_last=self.drop_last, batch_size=saved_b
-            )
-            if position == len(saved):  # the saved epoch was finished (its partial last batch too)
-                position = len(self)
             else:
                 position = position // saved.local_batch_size * self.local_batch_size
         if position > len(self):
@@ -285,12 +290,9 @@ class DistributedSampler:
         return n_full * self.local_batch_size + tail_piece
 
     def __iter__(self) -> Iterator[int]:
-        if self._exhausted:  # this process already ran this epoch to its end: run it again from 0
-            self.position, self._exhausted = 0, False
-        start = self.position
+        start, self._restored = (self.position if self._restored else 0), False
         # Advance the position as each index is handed out (not when the epoch is drawn): a DataLoader
         # pulling batch by batch then leaves the true progress here for a checkpoint to save.
         for k, index in enumerate(self.indices()[start:].tolist()):  # tolist(): Python ints
             self.position = start + k + 1
-            yield index
-        self._exhausted = True  # position stays len(self): a checkpoint saved now resumes at the next epoch
+            yield index  # at the end position stays len(self): a save now resumes at the next epoch

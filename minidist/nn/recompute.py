@@ -60,10 +60,17 @@ def recompute(fn: Callable[..., Tensor], *args: Any) -> Tensor:
 
     tensors = [args[i] for i in positions]
     flags = tuple(t.requires_grad for t in tensors)
+    # Both runs of fn see the inputs' tensor-parallel shard tags (Tensor.sharded_over), so dropout on
+    # a shard draws per-rank masks inside a segment exactly as outside it.
+    tags = tuple(t.sharded_over for t in tensors)
     # The output must require grad even when no input does (e.g. the first layer's input), since
     # parameters inside fn do: a constant "anchor" input that requires grad guarantees it.
     anchor = Tensor(backend.xp().zeros(()), requires_grad=True)
-    return _Recompute.apply(*tensors, anchor, body=body, flags=flags)
+    out = _Recompute.apply(*tensors, anchor, body=body, flags=flags, tags=tags)
+    # The tag is fn's output's, not the inputs' (apply's guess): a segment ending in the g operator
+    # (RowParallelLinear) returns the same tensor on every rank even from a shard.
+    out.sharded_over = out._ctx.out_tag
+    return out
 
 
 def _checked(out: Any) -> Tensor:
@@ -72,21 +79,31 @@ def _checked(out: Any) -> Tensor:
     return out
 
 
+def _tagged(t: Tensor, tag: Any) -> Tensor:
+    t.sharded_over = tag
+    return t
+
+
 class _Recompute(Function):
     """y = fn(x...) computed without a graph;  dL/dx = backward through a recomputed fn(x...)."""
 
-    def forward(self, *arrays: Any, body: Callable[..., Tensor], flags: tuple[bool, ...]) -> Any:
-        self.body, self.flags = body, flags
+    def forward(
+        self, *arrays: Any, body: Callable[..., Tensor], flags: tuple[bool, ...], tags: tuple[Any, ...]
+    ) -> Any:
+        self.body, self.flags, self.tags = body, flags, tags
         self.inputs_data = arrays[: len(flags)]  # the only activations kept: the segment's inputs
         self.rng = md_random.get_all_rng_states()
         with no_grad():
-            out = body(*(Tensor(a) for a in self.inputs_data))
-        self.out_shape = out.shape
+            out = body(*(_tagged(Tensor(a), tag) for a, tag in zip(self.inputs_data, tags)))
+        self.out_shape, self.out_tag = out.shape, out.sharded_over
         return out.data
 
     def backward(self, grad: Any) -> tuple[Any, ...]:
         # Fresh leaves for the segment's inputs: the walk below accumulates their gradients in .grad.
-        leaves = [Tensor(a, requires_grad=f) for a, f in zip(self.inputs_data, self.flags)]
+        leaves = [
+            _tagged(Tensor(a, requires_grad=f), tag)
+            for a, f, tag in zip(self.inputs_data, self.flags, self.tags)
+        ]
         current = md_random.get_all_rng_states()
         md_random.set_all_rng_states(self.rng)  # replay the forward's random draws (dropout masks)
         try:

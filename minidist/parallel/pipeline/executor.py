@@ -22,7 +22,7 @@ the other ranks wait for its gradients. If ``loss_fn`` raises or returns somethi
 one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
 computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
 reports the error on every rank (the step's gradients are incomplete and must be discarded). The
-same holds for a chunk whose forward raises, and for a microbatch whose activation leaves a stage
+same holds for a chunk whose forward or backward raises, and for a microbatch whose activation leaves a stage
 with another shape or dtype than the step's first one did (:meth:`StageExecutor.outgoing`): the
 error names the stage, the microbatch and the shapes (``failures.py``).
 
@@ -44,7 +44,7 @@ from minidist.distributed import Communicator
 from minidist.nn.module import Module
 from minidist.parallel.pipeline import messages
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
-from minidist.parallel.pipeline.failures import apply_loss, run_chunk, stand_in_spec
+from minidist.parallel.pipeline.failures import apply_loss, run_backward, run_chunk, stand_in_spec
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -161,7 +161,7 @@ class StageExecutor:
 
     def _backward(self, i: int, c: int) -> None:
         g = c * self.p + self.stage
-        out = self._outputs.pop((i, c))
+        out, error = self._outputs.pop((i, c)), None
         start = time.perf_counter()
         with trace.span(_name(BACKWARD, i, c), BACKWARD):
             if g == self.last:
@@ -169,11 +169,13 @@ class StageExecutor:
                     # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
                     self._loss += out.item() / self.m
                     if out.requires_grad:
-                        (out * (1.0 / self.m)).backward()
+                        error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
             else:
                 grad = self._grads.pop((i, c))
                 if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
-                    out.backward(grad)
+                    error = run_backward(out, grad, self.stage, c, g, i, self.v)
+            if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
+                self._fail(error, i, g)
         self.stats.busy_s += time.perf_counter() - start
         self._live -= 1
         if self.p == 1 and g > 0:

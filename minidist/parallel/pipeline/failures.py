@@ -25,10 +25,10 @@ from minidist.nn.module import Module
 
 
 def run_chunk(
-    chunk: Module, x: Any, stage: int, c: int, g: int, i: int, v: int
+    chunk: Module, x: Any, stage: int, c: int, g: int, i: int | None, v: int
 ) -> tuple[Any, Exception | None]:
     """``(chunk(x), None)``, or ``(None, error)`` if chunk ``c`` (virtual stage ``g``, of ``v`` per rank)
-    of ``stage`` raises on microbatch ``i``: a ``ValueError``/``TypeError`` (the
+    of ``stage`` raises on microbatch ``i`` (None: in ``predict``): a ``ValueError``/``TypeError`` (the
     original's class; any other becomes a ``RuntimeError``) naming the stage, the microbatch, the input's
     shape and where it came from, e.g. a stage whose output does not fit the next stage's first layer."""
     try:
@@ -36,15 +36,38 @@ def run_chunk(
     except DistributedError:
         raise  # communication failed: the job ends (module docstring)
     except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
-        where = f"pipeline stage {stage}" + (f" (model chunk {c}, virtual stage {g})" if v > 1 else "")
+        where = _where(stage, c, g, v)
         source = "the batch" if g == 0 else f"{'virtual stage' if v > 1 else 'stage'} {g - 1}"
         cls = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
         return None, cls(
-            f"{where} failed in forward on microbatch {i}: {type(e).__name__}: {e} (its input, from "
+            f"{where} failed in forward {'in predict' if i is None else f'on microbatch {i}'}: "
+            f"{type(e).__name__}: {e} (its input, from "
             f"{source}, has shape {tuple(x.shape)} and dtype {x.dtype}); "
             + ("check the batch and this stage's layers" if g == 0 else f"check that {source}'s output "
                "fits this stage's first layer")
         )  # fmt: skip
+
+
+def run_backward(out: Tensor, grad: Any, stage: int, c: int, g: int, i: int, v: int) -> Exception | None:
+    """None, or the error if ``out.backward(grad)`` raises in chunk ``c`` (virtual stage ``g``) of ``stage``
+    on microbatch ``i`` (e.g. a custom ``Function`` whose backward fails): of the original's class for
+    ``ValueError``/``TypeError``, else ``RuntimeError``, naming the stage, the microbatch and the output's
+    shape. The gradients this rank then sends back are zeros where none was computed."""
+    try:
+        out.backward(grad)
+        return None
+    except DistributedError:
+        raise  # communication failed: the job ends (module docstring)
+    except Exception as e:  # any failure of user code: reported on every rank by PipelineParallel
+        cls = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
+        return cls(
+            f"{_where(stage, c, g, v)} failed in backward on microbatch {i}: {type(e).__name__}: {e} (its "
+            f"output has shape {tuple(out.shape)}); check the backward of this stage's layers"
+        )
+
+
+def _where(stage: int, c: int, g: int, v: int) -> str:
+    return f"pipeline stage {stage}" + (f" (model chunk {c}, virtual stage {g})" if v > 1 else "")
 
 
 def stand_in_spec(x: Any) -> tuple[tuple[int, ...], Any]:

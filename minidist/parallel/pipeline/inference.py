@@ -19,11 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 import minidist.distributed as dist
 from minidist import autograd, backend
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
+from minidist.parallel.pipeline.failures import run_chunk, stand_in_spec
 from minidist.parallel.pipeline.groups import gather_step
 from minidist.parallel.pipeline.messages import (
     TAG_PREDICT,
@@ -46,7 +49,9 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
     Returns the last chunk's output as a backend array, shape ``(B, ...)``, on every rank of ``group``.
     Runs under ``no_grad``, with the chunks in eval mode (restored afterwards). Raises ``ValueError`` on
     every rank if rank 0 has no inputs, or if some ranks called ``train_step`` instead
-    (``groups.gather_step``).
+    (``groups.gather_step``). If a chunk raises (e.g. its input does not fit its first layer), it sends
+    zeros on instead and every rank raises the first failure along the chain, naming the stage and
+    the input's shape (``failures.run_chunk``: a ``ValueError``/``TypeError``, else ``RuntimeError``).
     """
     p, rank = group.size, group.rank
     has_inputs, mismatch = gather_step(group, "predict", [inputs is not None])
@@ -59,21 +64,32 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
     modes = [c.training for c in chunks]
     for c in chunks:
         c.eval()
+    total, error, failed_at = p * len(chunks), None, p * len(chunks)
     try:
         with autograd.no_grad():
             x = inputs
-            total = p * len(chunks)
             for g in range(total):
                 if g % p != rank:
                     continue
                 if g > 0 and p > 1:  # the previous chunk lives on the previous rank (round the ring)
                     x = _recv(group, (g - 1) % p)
-                x = chunks[g // p](Tensor(x)).data
+                if error is None:
+                    out, error = run_chunk(chunks[g // p], Tensor(x), rank, g // p, g, None, len(chunks))
+                    failed_at = g if error is not None else failed_at
+                # A failed chunk still sends (zeros shaped like its input), or the ranks after it
+                # would wait forever; the error is raised on every rank below.
+                x = out.data if error is None else backend.xp().zeros(*stand_in_spec(x))
                 if g < total - 1 and p > 1:
                     _send(group, x, (g + 1) % p)
     finally:
         for c, mode in zip(chunks, modes):
             c.train(mode)
+    if p > 1:  # the first failure in the data flow (the zeros sent on may make later chunks fail too)
+        where = dist.all_gather(np.array([failed_at], np.int64), group=group)
+        if where.min() < total:
+            dist.raise_if_any(error if where.argmin() == rank else None, group, label="pipeline group")
+    elif error is not None:
+        raise error
     last = (total - 1) % p
     if p == 1:
         return x

@@ -17,6 +17,7 @@ import pp_common
 import minidist as md
 import minidist.distributed as dist
 from minidist import nn
+from minidist.autograd import Function
 from minidist.parallel.pipeline import PipelineParallel
 
 out = Path(sys.argv[1])
@@ -65,6 +66,21 @@ class FailOnFirstCall(DropRowsOnSecondCall):
         return h
 
 
+class _RaiseInBackward(Function):
+    """The identity in forward; its backward raises, as a custom op with a bug in its derivative would."""
+
+    def forward(self, h):
+        return h
+
+    def backward(self, grad):
+        raise ArithmeticError("derivative not implemented")
+
+
+class FailInBackward(nn.Module):
+    def forward(self, h):
+        return _RaiseInBackward.apply(h)
+
+
 def too_wide_for_stage_1(schedule: str = "1f1b") -> PipelineParallel:
     """Stage 0 ends in Linear(6, 16) but stage 1 begins with Linear(12, 4)."""
     md.manual_seed(0)
@@ -102,6 +118,13 @@ cases = {
     "rows_interleaved": lambda: step(pipe_with(DropRowsOnSecondCall(), "interleaved", 2, [2, 4, 6])),
     # virtual stage 1 (rank 1's first chunk) changes shape; its output goes to rank 0's second chunk
     "rows_interleaved_rank_1": lambda: step(pipe_with(DropRowsOnSecondCall(), "interleaved", 2, [1, 4, 6])),
+    # a layer whose backward raises, on stage 0 (cuts=[3]: after the Tanh) or on the last stage
+    "backward_fails_stage_0": lambda: step(pipe_with(FailInBackward(), cuts=(3,))),
+    "backward_fails_last_stage_gpipe": lambda: step(pipe_with(FailInBackward(), "gpipe", cuts=(1,))),
+    "backward_fails_interleaved": lambda: step(pipe_with(FailInBackward(), "interleaved", 2, [2, 4, 6])),
+    # forward only: rank 1's layer raised there alone and rank 0 waited forever for the output
+    "predict_too_wide": lambda: too_wide_for_stage_1().predict(md.tensor(x, dtype=np.float64)),
+    "predict_interleaved_first_failure_wins": lambda: interleaved_failing_on_rank_1().predict(x),
 }
 results = {}
 for name, case in cases.items():

@@ -16,6 +16,7 @@ import numpy as np
 import minidist as md
 import minidist.distributed as dist
 from minidist import nn
+from minidist.nn.recompute import recompute
 from minidist.parallel import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel import get_rng_tracker, model_parallel_manual_seed
 
@@ -51,6 +52,10 @@ masks["shard"] = kept(drop(h))  # the column layer's output
 masks["shard_after_tanh"] = kept(drop(h.tanh() + 3.0))  # computed from a shard: still a shard
 y = row(h.tanh() + 3.0)  # the g operator: replicated again
 masks["replicated_output"] = kept(drop(y + 100.0))  # (+100: no exact zeros before the dropout)
+# inside an activation-recomputation segment: the segment's input is a shard, so is what fn sees
+masks["shard_in_recompute"] = kept(recompute(lambda t: drop(t.tanh() + 3.0), h))
+# a segment ending in the row layer (the g operator) returns a replicated tensor, dropped alike everywhere
+masks["replicated_after_recompute"] = kept(drop(recompute(lambda t: row(t.tanh() + 3.0), h) + 100.0))
 # a model as a user writes it: the sharded dropout sits between the two layers
 model = nn.Sequential(col, nn.Tanh(), nn.Dropout(0.5), row)
 masks["sequential_output"] = model(x).data
