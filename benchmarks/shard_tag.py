@@ -18,7 +18,7 @@ import numpy as np
 
 import minidist as md
 from minidist import autograd, nn
-from minidist.autograd import Function, Tensor
+from minidist.autograd import Function, Tensor, grad_mode
 
 
 def untagged_apply(cls, *inputs, **options):
@@ -30,7 +30,7 @@ def untagged_apply(cls, *inputs, **options):
     if isinstance(result, np.generic):
         result = autograd._asarray_like(result, tensors)
     out = Tensor(result)
-    if autograd._grad_enabled and any(t.requires_grad for t in tensors):
+    if grad_mode._grad_enabled and any(t.requires_grad for t in tensors):
         out.requires_grad = True
         out._ctx = fn
         fn.inputs = tensors

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist.autograd import DEFAULT_DTYPE, Function, Tensor
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import DEFAULT_DTYPE, Tensor
 from minidist.ops.dtypes import promote, to
 
 
