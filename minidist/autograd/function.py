@@ -63,56 +63,74 @@ class Function:
 
         Without it, ``w.data *= 10`` (or ``optimizer.step()``) between forward and backward would
         give gradients computed from the new values silently. Torch's version counters, same texts.
+        The graph walk calls it before every op's backward, so the common case (nothing changed) is
+        one integer compare per saved tensor; the error message is built only when one differs.
         """
-        name = type(self).__name__
         if self._released:
             raise RuntimeError(
                 f"Trying to backward through the graph a second time (or directly access saved tensors "
-                f"after they have already been freed): the values {name} saved were freed by the first "
-                "backward(). Specify retain_graph=True in the first backward() if you need to backward "
-                "through the graph a second time, or compute the forward again."
+                f"after they have already been freed): the values {type(self).__name__} saved were freed "
+                "by the first backward(). Specify retain_graph=True in the first backward() if you need "
+                "to backward through the graph a second time, or compute the forward again."
             )
-        saved = range(len(self.inputs)) if self.saved_inputs is None else self.saved_inputs
-        changed = [(f"its input {i}", self.inputs[i], self._versions[i]) for i in saved
-                   if self.inputs[i]._version_counter[0] != self._versions[i]]  # fmt: skip
+        saved = self.saved_inputs
+        if saved is None:
+            saved = range(len(self.inputs))
+        for i in saved:  # empty for ops that save no input (then apply recorded no _versions)
+            if self.inputs[i]._version_counter[0] != self._versions[i]:
+                self._raise_modified(f"its input {i}", self.inputs[i], self._versions[i])
         if self.saves_output:
             output = self._output()
             if output is not None and output._version_counter[0] != self._output_version:
-                changed.append(("its output", output, self._output_version))
-        if changed:
-            which, t, expected = changed[0]
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: the {t.dtype} tensor of shape {t.shape} saved by {name} ({which}) is at "
-                f"version {t._version}; expected version {expected} instead. Hint: change tensors in "
-                "place (w.data = ..., +=, optimizer.step()) only after backward(), or compute the "
-                "forward again after the change."
-            )
+                self._raise_modified("its output", output, self._output_version)
+
+    def _raise_modified(self, which: str, t: Tensor, expected: int) -> None:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: the {t.dtype} tensor of shape {t.shape} saved by {type(self).__name__} ({which}) "
+            f"is at version {t._version}; expected version {expected} instead. Hint: change tensors in "
+            "place (w.data = ..., +=, optimizer.step()) only after backward(), or compute the forward "
+            "again after the change."
+        )
 
     @classmethod
     def apply(cls, *inputs: Any, **options: Any) -> Tensor:
-        """Run the op on tensors (Python numbers and arrays are lifted to constant tensors)."""
-        like = next((x for x in inputs if isinstance(x, Tensor)), None)
-        tensors = tuple(_lift(x, like) for x in inputs)
+        """Run the op on tensors (Python numbers and arrays are lifted to constant tensors).
+
+        This runs for every op of every forward, so it avoids work the common case does not need
+        (measured in benchmarks/README.md, "Autograd bookkeeping"): no lifting when all inputs are
+        tensors, versions recorded only for ops that save an input, the view test only for view ops.
+        """
+        tensors = inputs
+        for x in inputs:
+            if not isinstance(x, Tensor):  # a number or an array among them: lift it to a constant
+                like = next((t for t in inputs if isinstance(t, Tensor)), None)
+                tensors = tuple([_lift(t, like) for t in inputs])
+                break
         fn = cls()
         result = fn.forward(*[t._data for t in tensors], **options)
         # Full reductions give NumPy scalars; keep .data a (0-d) backend array so in-place writes work.
         if isinstance(result, np.generic):
             result = _asarray_like(result, tensors)
         out = Tensor(result)
-        for t in tensors:  # computed from a shard: a shard too (Tensor.sharded_over)
-            if t.sharded_over is not None:
-                out.sharded_over = t.sharded_over
-                break
+        records, shard = False, None
+        for t in tensors:  # one loop for both: does any input require grad, is the first one a shard
+            if t.requires_grad:
+                records = True
+            if shard is None:
+                shard = t.sharded_over
+        if shard is not None:  # computed from a shard: a shard too (Tensor.sharded_over)
+            out.sharded_over = shard
         if cls.is_view and backend.array_module(result).may_share_memory(result, tensors[0]._data):
             out._version_counter = tensors[0]._version_counter
-        if grad_mode._grad_enabled and any(t.requires_grad for t in tensors):
+        if records and grad_mode._grad_enabled:
             out.requires_grad = True
             out._ctx = fn
             fn.inputs = tensors
-            fn._versions = tuple([t._version_counter[0] for t in tensors])
-            if fn.saves_output:  # a weak reference: the output holds fn, fn must not keep it alive
-                fn._output, fn._output_version = weakref.ref(out), out._version
+            if cls.saved_inputs != ():  # Add, Sub, Neg save no input: nothing to check in backward
+                fn._versions = [t._version_counter[0] for t in tensors]
+            if cls.saves_output:  # a weak reference: the output holds fn, fn must not keep it alive
+                fn._output, fn._output_version = weakref.ref(out), out._version_counter[0]
         return out
 
 

@@ -77,35 +77,47 @@ def _checked_backward(fn: Function, grad: Any) -> tuple[Any, ...]:
 
     A wrong return value (a bare array instead of a tuple, a missing gradient, a wrong shape) would
     otherwise be zipped against the inputs silently and give wrong gradients: the most common mistake
-    when writing a new op, so the error names the op and what was wrong.
+    when writing a new op, so the error names the op and what was wrong. This runs for every op of
+    every backward: the checks are plain compares, and the messages are built only on an error.
     """
-    name = type(fn).__name__
     fn.check_saved_versions()
     grads = fn.backward(grad)
+    inputs = fn.inputs
+    if not isinstance(grads, tuple) or len(grads) != len(inputs):
+        _raise_bad_return(fn, grads)
+    cast = False
+    for inp, g in zip(inputs, grads):
+        if g is None:
+            continue
+        data = inp._data  # not the property: one attribute lookup fewer, for every input of every op
+        if g.shape != data.shape:
+            _raise_bad_return(fn, grads)
+        # ``is`` first: NumPy shares one dtype object per type, so a match rarely needs the slower ``!=``.
+        if g.dtype is not data.dtype and g.dtype != data.dtype and inp.requires_grad:
+            cast = True
+    if cast:  # a gradient has its input's dtype, as in torch (float32 + float64 -> float64 output)
+        grads = tuple(
+            g if g is None or not t.requires_grad else g.astype(t.dtype, copy=False)
+            for t, g in zip(inputs, grads)
+        )
+    return grads
+
+
+def _raise_bad_return(fn: Function, grads: Any) -> None:
+    """The error for a backward that returned no tuple, the wrong number of gradients or a wrong shape."""
+    name = type(fn).__name__
     if not isinstance(grads, tuple):
         raise TypeError(
             f"{name}.backward must return a tuple (one gradient per input), got {type(grads).__name__}"
         )
     if len(grads) != len(fn.inputs):
         raise ValueError(f"{name}.backward returned {len(grads)} gradients for {len(fn.inputs)} inputs")
-    cast = False
     for i, (inp, g) in enumerate(zip(fn.inputs, grads)):
-        if g is None:
-            continue
-        data = inp._data  # not the property: this loop runs for every op of every backward
-        if tuple(g.shape) != data.shape:
+        if g is not None and tuple(g.shape) != inp.shape:
             raise ValueError(
                 f"{name}.backward returned a gradient of shape {tuple(g.shape)} for input {i} of shape "
                 f"{inp.shape}; each gradient must have its input's shape"
             )
-        if g.dtype != data.dtype and inp.requires_grad:
-            cast = True
-    if cast:  # a gradient has its input's dtype, as in torch (float32 + float64 -> float64 output)
-        grads = tuple(
-            g if g is None or not t.requires_grad else g.astype(t.dtype, copy=False)
-            for t, g in zip(fn.inputs, grads)
-        )
-    return grads
 
 
 def _count_consumers(root: Tensor) -> dict[int, int]:

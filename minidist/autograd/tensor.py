@@ -88,19 +88,19 @@ class Tensor:
     # -- basic properties ------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return tuple(self._data.shape)
 
     @property
     def dtype(self) -> np.dtype:
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def ndim(self) -> int:
-        return self.data.ndim
+        return self._data.ndim
 
     @property
     def size(self) -> int:
-        return int(self.data.size)
+        return int(self._data.size)
 
     @property
     def is_leaf(self) -> bool:

@@ -18,6 +18,8 @@ from minidist.ops.dtypes import promote, to
 def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum ``grad`` over the axes that broadcasting added or stretched, giving an array of ``shape``."""
     # BEGIN SOLUTION A1.1: sum the gradient over the axes that broadcasting added or stretched
+    if grad.shape == shape:  # nothing was broadcast (the common case): skip the search below
+        return grad
     extra = grad.ndim - len(shape)
     if extra > 0:  # leading axes that did not exist in the input
         grad = grad.sum(axis=tuple(range(extra)))
@@ -29,6 +31,8 @@ def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
 
 
 def _check_broadcast(name: str, a: Any, b: Any) -> None:
+    if a.shape == b.shape:  # the common case, and one tuple compare instead of ~10 us of broadcast_shapes
+        return
     try:
         np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
