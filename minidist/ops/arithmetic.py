@@ -31,7 +31,9 @@ def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
 
 
 def _check_broadcast(name: str, a: Any, b: Any) -> None:
-    if a.shape == b.shape:  # the common case, and one tuple compare instead of ~10 us of broadcast_shapes
+    # The common cases (same shapes; a scalar, e.g. a lifted Python number) always broadcast: tuple
+    # compares instead of ~10 us of broadcast_shapes per op.
+    if a.shape == b.shape or not a.shape or not b.shape:
         return
     try:
         np.broadcast_shapes(a.shape, b.shape)
