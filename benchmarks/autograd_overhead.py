@@ -4,7 +4,7 @@ What it measures: with small arrays the arithmetic is cheap, so the time is Pyth
 (``Function.apply``, the graph walk, version counters, dtype promotion, freeing the graph). Two
 workloads:
 
-* ``tiny``: 20 elementwise ops on 8-element tensors, then backward (almost pure overhead);
+* ``tiny``: 25 elementwise ops on 8-element tensors and a sum, then backward (almost pure overhead);
 * ``mlp``: Linear(64, 64) -> tanh -> Linear(64, 64) -> tanh -> Linear(64, 10), batch 32, cross-entropy.
 
 ``--baseline DIR`` also times an older checkout of minidist (e.g. ``git worktree add`` or

@@ -13,27 +13,42 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 
 import numpy as np
 
 import minidist as md
-from minidist import autograd, nn
-from minidist.autograd import Function, Tensor
+from minidist import autograd, backend, nn
+from minidist.autograd import Function, Tensor, grad_mode
 
 
 def untagged_apply(cls, *inputs, **options):
-    """``Function.apply`` without the tag loop (the code before issue 14)."""
-    like = next((x for x in inputs if isinstance(x, Tensor)), None)
-    tensors = tuple(autograd._lift(x, like) for x in inputs)
+    """``Function.apply`` (minidist/autograd/function.py) without the shard tag, line for line."""
+    tensors = inputs
+    for x in inputs:
+        if not isinstance(x, Tensor):
+            like = next((t for t in inputs if isinstance(t, Tensor)), None)
+            tensors = tuple([autograd._lift(t, like) for t in inputs])
+            break
     fn = cls()
-    result = fn.forward(*(t.data for t in tensors), **options)
+    result = fn.forward(*[t._data for t in tensors], **options)
     if isinstance(result, np.generic):
         result = autograd._asarray_like(result, tensors)
     out = Tensor(result)
-    if autograd._grad_enabled and any(t.requires_grad for t in tensors):
+    records = False
+    for t in tensors:
+        if t.requires_grad:
+            records = True
+    if cls.is_view and backend.array_module(result).may_share_memory(result, tensors[0]._data):
+        out._version_counter = tensors[0]._version_counter
+    if records and grad_mode._grad_enabled:
         out.requires_grad = True
         out._ctx = fn
         fn.inputs = tensors
+        if cls.saved_inputs != ():
+            fn._versions = [t._version_counter[0] for t in tensors]
+        if cls.saves_output:
+            fn._output, fn._output_version = weakref.ref(out), out._version_counter[0]
     return out
 
 
@@ -61,7 +76,7 @@ def main() -> None:
     md.manual_seed(0)
     a, b = md.tensor(np.ones(4), requires_grad=True), md.tensor(np.ones(4))
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 10))
-    x, y = md.tensor(np.ones((32, 64))), np.arange(32) % 10
+    x, y = md.tensor(np.ones((32, 64)), dtype=np.float32), np.arange(32) % 10  # the layers are float32
 
     def step():
         nn.functional.cross_entropy(model(x), y).backward()

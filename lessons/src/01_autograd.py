@@ -10,7 +10,7 @@
 # 3. check any gradient against central finite differences, and pick the step size.
 #
 # Everything in minidist's training loop rests on `loss.backward()`. We rebuild its core in 40 lines
-# (a scalar version of `minidist/autograd.py`, in the spirit of micrograd), then check minidist itself.
+# (a scalar version of `minidist/autograd/`, in the spirit of micrograd), then check minidist itself.
 
 # %%
 import math

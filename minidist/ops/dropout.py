@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from minidist import random
-from minidist.autograd import Function
+from minidist.autograd.function import Function
 from minidist.backend import array_module
 
 # () -> a context in which minidist's default generator draws a shard's masks; None: none registered

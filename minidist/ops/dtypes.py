@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
-from minidist.autograd import DEFAULT_DTYPE, Function, Tensor
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import DEFAULT_DTYPE, Tensor
 
 _CATEGORY_OF_KIND = {"b": 0, "i": 1, "u": 1, "f": 2}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from minidist.autograd import Function
+from minidist.autograd.function import Function
 from minidist.backend import array_module as _xp
 from minidist.backend import is_gpu_array
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist import autograd
-from minidist.autograd import Tensor
+from minidist.autograd import grad_mode
+from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module
+from minidist.ops import arithmetic
 
 _UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide"}
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -30,11 +31,11 @@ _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 def _records_graph(x: Tensor, other: Any) -> bool:
     other_grad = isinstance(other, Tensor) and other.requires_grad
-    return autograd.is_grad_enabled() and (x.requires_grad or other_grad)
+    return grad_mode.is_grad_enabled() and (x.requires_grad or other_grad)
 
 
 def _check_leaf(x: Tensor) -> None:
-    if autograd.is_grad_enabled() and x.requires_grad and x.is_leaf:
+    if grad_mode.is_grad_enabled() and x.requires_grad and x.is_leaf:
         raise RuntimeError(
             "a leaf Variable that requires grad is being used in an in-place operation. Update "
             "parameters inside `with md.no_grad():` (as optimizers do), or assign `x.data = ...`."
@@ -70,7 +71,7 @@ def update(x: Tensor, other: Any, op: str) -> Tensor:
     """
     _check_leaf(x)
     if _records_graph(x, other):  # a non-leaf: the graph cannot record in place; rebind the name
-        return getattr(autograd.ops, op)(x, other)
+        return getattr(arithmetic, op)(x, other)
     return _apply(x, other, op)
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist.autograd import Function, Tensor
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.autograd import Function, Tensor
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
 
 
