@@ -285,7 +285,8 @@ MUTANTS = [
     ("A6", "A6.1", "minidist/checkpoint/layout.py", "return np.split(full, tp, axis=tp_dim)[tp_rank]",
      "return np.split(full, tp, axis=0)[tp_rank]", "slice along THIS model's tp_dim", None),
     ("A6", "A6.2", "minidist/checkpoint/save.py",
-     "atomic.commit_dir(tmp, final)\n                atomic.write_latest(root, final.name)",
+     "atomic.commit_dir(tmp, final)\n                doing, path = \"replacing the 'latest' pointer\", "
+     "root / atomic.LATEST\n                atomic.write_latest(root, final.name)",
      "atomic.write_latest(root, final.name)\n                atomic.commit_dir(tmp, final)",
      "switched before the new folder was complete", None),
     ("A6", "A6.2", "minidist/checkpoint/atomic.py", 'write_durable(tmp, (name + "\\n").encode())',

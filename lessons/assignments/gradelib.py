@@ -81,6 +81,30 @@ def explain_crash(stderr: str) -> str:
     return error + (f" (in {' -> '.join(frames)})" if frames else "")
 
 
+def explain_watchdog(stderr: str) -> str:
+    """What minidist's liveness watchdog said when it ended the job, or ``""``.
+
+    The watchdog (``minidist/distributed/liveness.py``) ends a job whose ranks' messages can never pair
+    up (a rank waiting for a neighbour that sends elsewhere, a rank that left) with ``MPI_Abort`` and a
+    message, not a traceback. Without it such a run would hang, so the explanation says so.
+    """
+    first_rank, lines = None, []
+    for raw in stderr.splitlines():
+        match = _PREFIX.match(raw)
+        if not match:
+            continue
+        if first_rank is None:
+            first_rank = match.group(1)
+        if match.group(1) != first_rank:
+            continue
+        line = _PREFIX.sub("", raw)
+        if line.startswith("aborting all"):
+            text = " ".join(lines).strip()
+            return f"the ranks' messages could never pair up (without minidist's watchdog: a hang): {text}"
+        lines.append(line)
+    return ""
+
+
 def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) -> list[dict]:
     """Run ``mpiexec -n n python worker OUT_DIR`` with ``config`` in ``OUT_DIR/config.json``.
 
@@ -112,7 +136,7 @@ def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) 
                 "different orders"
             ) from None
         if proc.returncode != 0:
-            error = explain_crash(err) or explain_crash(out) or err.strip()[-300:]
+            error = explain_crash(err) or explain_crash(out) or explain_watchdog(err) or err.strip()[-300:]
             raise AssertionError(f"a rank crashed (world size {n}): {error}")
         results = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(n)]
     expected = os.environ.get("MINIDIST_GRADE_PATH")

@@ -321,6 +321,7 @@ class PipelineParallel:
 
 
 def _as_float(array: Any) -> Any:
-    """Like ``md.tensor``: floating data becomes float32 unless it already is a Tensor's array."""
+    """A raw array (not a Tensor) of floats becomes float32, the default dtype of minidist's layers, so
+    ``train_step(np_array, ...)`` feeds a default model; pass ``md.tensor(x)`` to keep another dtype."""
     array = backend.asarray(array)
     return array.astype(np.float32) if array.dtype.kind == "f" and array.dtype != np.float32 else array

@@ -124,7 +124,9 @@ cases = {
     "backward_fails_interleaved": lambda: step(pipe_with(FailInBackward(), "interleaved", 2, [2, 4, 6])),
     # forward only: rank 1's layer raised there alone and rank 0 waited forever for the output
     "predict_too_wide": lambda: too_wide_for_stage_1().predict(md.tensor(x, dtype=np.float64)),
-    "predict_interleaved_first_failure_wins": lambda: interleaved_failing_on_rank_1().predict(x),
+    "predict_interleaved_first_failure_wins": lambda: interleaved_failing_on_rank_1().predict(
+        md.tensor(x, dtype=np.float64)
+    ),
 }
 results = {}
 for name, case in cases.items():
