@@ -118,6 +118,21 @@ def _worker_lines(*needles: str) -> list[list[int]]:
     return [[i + 1 for i, line in enumerate(text) if line.strip() == needle] for needle in needles]
 
 
+@pytest.mark.mpi
+def test_a_numpy_integer_src_or_numpy_string_op_on_some_ranks_is_the_same_call(tmp_path):
+    # src = np.argmin(...) passed on as an np.int64 by one rank and as an int by the others names the
+    # same root: a correct program. Its tag used to say src=0 for the NumPy integer, so the watchdog
+    # aborted the job ("rank 1 is in #1 broadcast(src=1) while this rank is in #1 broadcast(src=0)").
+    result, output, _ = run(3, "numpy-src", tmp_path)
+    assert result.returncode == 0, output
+    for rank in range(3):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["x"] == [2.0] * 8  # rank 1's array
+        assert seen["z"] == [3.0] * 4  # max over the ranks
+        if rank == 1:
+            assert seen["y"] == [3.0] * 4  # the reduce's result lands on dst = 1
+
+
 def test_a_tag_names_its_call():
     import numpy as np
 

@@ -13,6 +13,9 @@ only where the test sets it). MODE is one of
   all-reduce (the stale broadcast message used to be taken by the all-reduce: wrong numbers, exit 0);
 * ``op`` (2 ranks): rank 1 all-reduces with ``op="max"``, rank 0 with ``"sum"``;
 * ``dtype`` (2 ranks): rank 1 all-reduces int32, rank 0 float32 (the same number of bytes);
+* ``numpy-src`` (3 ranks, a correct program): the ranks pick the broadcast's ``src`` and the reduce's
+  ``dst`` with ``np.argmin`` (a NumPy integer); rank 0 passes it on as it is, the others as ``int``,
+  and rank 0 reads ``op`` from a NumPy string array (its messages used to carry another tag: abort);
 * ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
   different lines (wrong numbers, exit 0, even in debug mode, before call sites were compared).
 
@@ -70,6 +73,16 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
         dist.all_reduce(x, op="max" if rank == 1 else "sum")
     elif mode == "dtype":
         dist.all_reduce(x.astype(np.int32) if rank == 1 else x)
+    elif mode == "numpy-src":
+        best = np.argmin(np.array([3.0, 1.0, 2.0]))  # rank 1, as an np.int64
+        root = best if rank == 0 else int(best)  # the same rank, as another Python type
+        op = np.array(["max"])[0] if rank == 0 else "max"  # an np.str_ equal to "max"
+        dist.broadcast(x, src=root)
+        y = np.full(4, rank + 1.0)
+        dist.reduce(y, op=op, dst=root)
+        z = np.full(4, rank + 1.0)
+        dist.all_reduce(z, op=op)
+        return {"x": x.tolist(), "y": y.tolist(), "z": z.tolist()}
     elif mode == "order":
         loss, acc = np.full(4, 1.0 + rank), np.full(4, 10.0 + rank)
         if rank == 0:
