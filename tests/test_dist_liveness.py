@@ -54,6 +54,20 @@ def test_a_rank_that_returns_early_on_a_sub_group_is_named(tmp_path, env):
 
 
 @pytest.mark.mpi
+def test_a_rank_that_returns_early_from_a_function_owning_the_sub_group_is_named(tmp_path):
+    # Rank 3 returns from the function that holds its sub-group and works on; once Python collected
+    # that sub-group, its departure notice was never sent, so rank 1 waited for the 300 s deadline.
+    result, output, seconds = run(4, "return-subgroup-gc", tmp_path)
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    assert (
+        "[rank 1] rank 0 of the group of world ranks [1, 3] (ranks named are group ranks): rank 1 (world "
+        "rank 3) left the program (it exited) after calling 3 collectives on this group, while this rank "
+        "waits in #4 all_reduce(op=avg, float32)"
+    ) in output, output
+
+
+@pytest.mark.mpi
 def test_ddp_whose_data_runs_out_early_on_one_rank_names_it(tmp_path):
     result, output, seconds = run(4, "ddp-short", tmp_path)
     assert result.returncode != 0, output

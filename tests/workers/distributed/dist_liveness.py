@@ -6,6 +6,8 @@ only where the test sets it). MODE is one of
 * ``exit`` (3 ranks): rank 1 calls ``sys.exit(0)`` in the middle of a loop of ``all_reduce``;
 * ``return-subgroup`` (4 ranks): on the sub-groups {0, 2} and {1, 3} (like a data-parallel group), rank 3
   returns out of its training loop one step early, while rank 1 still all-reduces;
+* ``return-subgroup-gc`` (4 ranks): the same, but the loop is a function that creates the sub-group,
+  and rank 3 goes on with other work after it returns (Python collects the sub-group meanwhile);
 * ``ddp-short`` (4 ranks): DistributedDataParallel on the data-parallel groups {0, 2} and {1, 3};
   rank 3's data runs out one step early, so it leaves the training loop while rank 1 waits in the
   gradient all-reduce of its backward pass (run by DDP's communication thread);
@@ -25,6 +27,7 @@ writes it with the error, then re-raises it (the abort hook ends the job).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -32,6 +35,15 @@ import numpy as np
 from dist_worker_utils import write_json
 
 import minidist.distributed as dist
+
+
+def train_on_a_subgroup(world: dist.Communicator, x: np.ndarray) -> bool:
+    dp = world.split(world.rank % 2)  # {0, 2} and {1, 3}, local to this function
+    for step in range(4):
+        if world.rank == 3 and step == 3:
+            return True  # rank 3 returns one step early
+        dist.all_reduce(x, op="avg", group=dp)
+    return False
 
 
 def misbehave(mode: str, world: dist.Communicator) -> dict:
@@ -48,6 +60,11 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
             if rank == 3 and step == 3:
                 return {"left": True}  # out of the loop: the program ends
             dist.all_reduce(x, op="avg", group=dp)
+    elif mode == "return-subgroup-gc":
+        left = train_on_a_subgroup(world, x)  # the sub-group is garbage once this returns
+        gc.collect()  # what any later allocation-heavy work (evaluation, saving) would trigger
+        time.sleep(5)  # that work: the waiting rank must not need rank 3 to exit
+        return {"left": left}
     elif mode == "ddp-short":
         from ddp_common import make_model
 
