@@ -8,10 +8,11 @@ communicator's ``collective_channel`` (the same idea as PyTorch's NCCL watchdog,
 fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_job``: every line of the
 message prefixed ``[rank r]``, after the grace period) when it sees one of:
 
-* **A rank that left.** At interpreter exit every rank sends each member of each of its groups a
-  *departure notice* on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`,
-  payload: how many collectives it called on the group). A rank waiting in collective #k on a group
-  that receives a notice saying "I called k-1" knows #k can never finish. Detected within a tick.
+* **A rank that left.** At interpreter exit (or when Python collects a group it dropped, see
+  :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
+  on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`, payload: how many
+  collectives it called on the group). A rank waiting in collective #k on a group that receives a
+  notice saying "I called k-1" knows #k can never finish. Detected within a tick.
 * **A message of another call.** Every message of a collective carries the call's sequence number and
   identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
   queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
