@@ -245,6 +245,19 @@ def test_integer_tensor_plus_float_scalar_is_not_truncated():
     np.testing.assert_allclose(out.numpy(), [1.5, 2.5])
 
 
+@pytest.mark.parametrize("name", ["exp", "log", "tanh", "sigmoid"])
+def test_float_function_of_an_integer_tensor_is_float32_and_feeds_a_linear_layer(name):
+    # torch: torch.tensor([1, 3]).log() is float32. A user log-scales integer counts and feeds them
+    # to a float32 layer; NumPy's float64 made Linear raise "mat1 and mat2 must have the same dtype".
+    counts = md.tensor(np.array([[1, 3, 7]]))
+    features = getattr(counts, name)()
+    assert features.dtype == np.float32, f"{name}: {features.dtype}"
+    assert md.nn.Linear(3, 2)(features).dtype == np.float32
+    torch = pytest.importorskip("torch")
+    expected = getattr(torch.tensor([[1, 3, 7]]), name)()
+    np.testing.assert_allclose(features.numpy(), expected.numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "reduce",
     [

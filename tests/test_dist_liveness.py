@@ -54,6 +54,20 @@ def test_a_rank_that_returns_early_on_a_sub_group_is_named(tmp_path, env):
 
 
 @pytest.mark.mpi
+def test_a_rank_that_returns_early_from_a_function_owning_the_sub_group_is_named(tmp_path):
+    # Rank 3 returns from the function that holds its sub-group and works on; once Python collected
+    # that sub-group, its departure notice was never sent, so rank 1 waited for the 300 s deadline.
+    result, output, seconds = run(4, "return-subgroup-gc", tmp_path)
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    assert (
+        "[rank 1] rank 0 of the group of world ranks [1, 3] (ranks named are group ranks): rank 1 (world "
+        "rank 3) left the program (it exited) after calling 3 collectives on this group, while this rank "
+        "waits in #4 all_reduce(op=avg, float32)"
+    ) in output, output
+
+
+@pytest.mark.mpi
 def test_ddp_whose_data_runs_out_early_on_one_rank_names_it(tmp_path):
     result, output, seconds = run(4, "ddp-short", tmp_path)
     assert result.returncode != 0, output
@@ -116,6 +130,21 @@ def _worker_lines(*needles: str) -> list[list[int]]:
 
     text = (WORKERS / "distributed" / "dist_liveness.py").read_text().splitlines()
     return [[i + 1 for i, line in enumerate(text) if line.strip() == needle] for needle in needles]
+
+
+@pytest.mark.mpi
+def test_a_numpy_integer_src_or_numpy_string_op_on_some_ranks_is_the_same_call(tmp_path):
+    # src = np.argmin(...) passed on as an np.int64 by one rank and as an int by the others names the
+    # same root: a correct program. Its tag used to say src=0 for the NumPy integer, so the watchdog
+    # aborted the job ("rank 1 is in #1 broadcast(src=1) while this rank is in #1 broadcast(src=0)").
+    result, output, _ = run(3, "numpy-src", tmp_path)
+    assert result.returncode == 0, output
+    for rank in range(3):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["x"] == [2.0] * 8  # rank 1's array
+        assert seen["z"] == [3.0] * 4  # max over the ranks
+        if rank == 1:
+            assert seen["y"] == [3.0] * 4  # the reduce's result lands on dst = 1
 
 
 def test_a_tag_names_its_call():

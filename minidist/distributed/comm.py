@@ -76,6 +76,12 @@ class Communicator:
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size})"
 
+    def __del__(self) -> None:
+        # A channel collected before exit: its peers must learn that this rank left the group
+        # (liveness.announce_drop); a user's communicator has nothing to announce.
+        if getattr(self, "collective_channel", None) is self:
+            liveness.announce_drop(self)
+
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """Split into sub-groups: ranks passing the same ``color`` form one new Communicator.
 

@@ -8,10 +8,11 @@ communicator's ``collective_channel`` (the same idea as PyTorch's NCCL watchdog,
 fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_job``: every line of the
 message prefixed ``[rank r]``, after the grace period) when it sees one of:
 
-* **A rank that left.** At interpreter exit every rank sends each member of each of its groups a
-  *departure notice* on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`,
-  payload: how many collectives it called on the group). A rank waiting in collective #k on a group
-  that receives a notice saying "I called k-1" knows #k can never finish. Detected within a tick.
+* **A rank that left.** At interpreter exit (or when Python collects a group it dropped, see
+  :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
+  on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`, payload: how many
+  collectives it called on the group). A rank waiting in collective #k on a group that receives a
+  notice saying "I called k-1" knows #k can never finish. Detected within a tick.
 * **A message of another call.** Every message of a collective carries the call's sequence number and
   identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
   queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
@@ -235,10 +236,31 @@ def announce_departure() -> None:
         problem = inspect_channel(channel, None)
         if problem:
             abort_job(MPI.COMM_WORLD, problem + "\n")
-    requests = []
-    for channel in channels:
-        note = np.array([channel.calls_started], dtype=np.int64)
-        for peer in range(channel.size):
-            if peer != channel.rank:
-                requests.append(channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG))
+    requests = [request for channel in channels for request in _departure_notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
+
+
+def announce_drop(channel: Any) -> None:
+    """A channel garbage-collected before exit (``Communicator.__del__``): tell its peers we left it.
+
+    A rank whose group object is gone can never call a collective on that group again, so for the
+    group it has left, just as at exit. Without this, a rank that ``return``s early out of a function
+    holding its sub-group (``dp = world.split(...)``) lost its notice as soon as Python collected the
+    group, and the ranks still waiting on that group hung until the deadline instead of a tick.
+    """
+    if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
+        return
+    try:
+        MPI.Request.Waitall(_departure_notices(channel))
+    except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
+        pass
+
+
+def _departure_notices(channel: Any) -> list[Any]:
+    """Start sending every peer of ``channel`` how many collectives this rank called on it."""
+    note = np.array([channel.calls_started], dtype=np.int64)
+    return [
+        channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG)
+        for peer in range(channel.size)
+        if peer != channel.rank
+    ]

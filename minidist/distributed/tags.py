@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 NAMES = ("?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier")
@@ -61,8 +62,12 @@ def identity(name: str, op: Any = None, root: Any = None, dtype: Any = None) -> 
     Never raises: arguments the collective will reject (an unknown op, a non-int src) count as 0, so the
     collective itself reports them.
     """
-    op_code = OPS.index(op) if type(op) is str and op in OPS else 0
-    root_code = root % 32 if type(root) is int else 0
+    # isinstance, not `type(x) is`: ranks may pass the same root as an int and as a NumPy integer
+    # (``src=np.argmax(...)`` on one rank, ``int(...)`` on another), or the op as a ``np.str_``; the
+    # collective accepts both spellings, so their tags must be equal. (Runs once per distinct
+    # argument tuple: debug.collective_call caches identities.)
+    op_code = OPS.index(op) if isinstance(op, str) and op in OPS else 0
+    root_code = int(root) % 32 if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else 0
     dtype_code = getattr(dtype, "num", 0) % 64
     return name_code(name) | op_code << 11 | root_code << 6 | dtype_code
 
@@ -75,8 +80,6 @@ def call_tag(seq: int, ident: int) -> int:
 def describe(tag: int, seq: int | None = None) -> str:
     """A tag in words: ``"#7 broadcast(src=1, float32)"``: the call's number, or ``seq`` when given
     (a tag holds only the number modulo 4096)."""
-    import numpy as np  # local: only error messages need it
-
     seq, ident = (tag >> 16) if seq is None else seq, tag & 0xFFFF
     name = NAMES[ident >> 13] if ident >> 13 < len(NAMES) else "?"
     parts = []

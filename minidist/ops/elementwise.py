@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 
 from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
 from minidist.backend import is_gpu_array
+from minidist.ops.dtypes import DEFAULT_DTYPE, to
 
 
 class Exp(Function):
@@ -141,20 +143,28 @@ class GELUTanh(Function):
         return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du_dx),)
 
 
+def _floating(x):
+    """An integer or bool tensor as float32 first, as PyTorch (``exp`` of an int64 tensor is float32;
+    NumPy's ``exp`` would give float64, which then fails in ``matmul`` against float32 weights)."""
+    if isinstance(x, Tensor) and x._data.dtype.kind in "biu":
+        return to(x, DEFAULT_DTYPE)
+    return x
+
+
 def exp(x):
-    return Exp.apply(x)
+    return Exp.apply(_floating(x))
 
 
 def log(x):
-    return Log.apply(x)
+    return Log.apply(_floating(x))
 
 
 def tanh(x):
-    return Tanh.apply(x)
+    return Tanh.apply(_floating(x))
 
 
 def sigmoid(x):
-    return Sigmoid.apply(x)
+    return Sigmoid.apply(_floating(x))
 
 
 def relu(x):

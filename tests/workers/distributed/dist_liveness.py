@@ -6,6 +6,8 @@ only where the test sets it). MODE is one of
 * ``exit`` (3 ranks): rank 1 calls ``sys.exit(0)`` in the middle of a loop of ``all_reduce``;
 * ``return-subgroup`` (4 ranks): on the sub-groups {0, 2} and {1, 3} (like a data-parallel group), rank 3
   returns out of its training loop one step early, while rank 1 still all-reduces;
+* ``return-subgroup-gc`` (4 ranks): the same, but the loop is a function that creates the sub-group,
+  and rank 3 goes on with other work after it returns (Python collects the sub-group meanwhile);
 * ``ddp-short`` (4 ranks): DistributedDataParallel on the data-parallel groups {0, 2} and {1, 3};
   rank 3's data runs out one step early, so it leaves the training loop while rank 1 waits in the
   gradient all-reduce of its backward pass (run by DDP's communication thread);
@@ -13,6 +15,9 @@ only where the test sets it). MODE is one of
   all-reduce (the stale broadcast message used to be taken by the all-reduce: wrong numbers, exit 0);
 * ``op`` (2 ranks): rank 1 all-reduces with ``op="max"``, rank 0 with ``"sum"``;
 * ``dtype`` (2 ranks): rank 1 all-reduces int32, rank 0 float32 (the same number of bytes);
+* ``numpy-src`` (3 ranks, a correct program): the ranks pick the broadcast's ``src`` and the reduce's
+  ``dst`` with ``np.argmin`` (a NumPy integer); rank 0 passes it on as it is, the others as ``int``,
+  and rank 0 reads ``op`` from a NumPy string array (its messages used to carry another tag: abort);
 * ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
   different lines (wrong numbers, exit 0, even in debug mode, before call sites were compared).
 
@@ -22,6 +27,7 @@ writes it with the error, then re-raises it (the abort hook ends the job).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -29,6 +35,15 @@ import numpy as np
 from dist_worker_utils import write_json
 
 import minidist.distributed as dist
+
+
+def train_on_a_subgroup(world: dist.Communicator, x: np.ndarray) -> bool:
+    dp = world.split(world.rank % 2)  # {0, 2} and {1, 3}, local to this function
+    for step in range(4):
+        if world.rank == 3 and step == 3:
+            return True  # rank 3 returns one step early
+        dist.all_reduce(x, op="avg", group=dp)
+    return False
 
 
 def misbehave(mode: str, world: dist.Communicator) -> dict:
@@ -45,6 +60,11 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
             if rank == 3 and step == 3:
                 return {"left": True}  # out of the loop: the program ends
             dist.all_reduce(x, op="avg", group=dp)
+    elif mode == "return-subgroup-gc":
+        left = train_on_a_subgroup(world, x)  # the sub-group is garbage once this returns
+        gc.collect()  # what any later allocation-heavy work (evaluation, saving) would trigger
+        time.sleep(5)  # that work: the waiting rank must not need rank 3 to exit
+        return {"left": left}
     elif mode == "ddp-short":
         from ddp_common import make_model
 
@@ -70,6 +90,16 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
         dist.all_reduce(x, op="max" if rank == 1 else "sum")
     elif mode == "dtype":
         dist.all_reduce(x.astype(np.int32) if rank == 1 else x)
+    elif mode == "numpy-src":
+        best = np.argmin(np.array([3.0, 1.0, 2.0]))  # rank 1, as an np.int64
+        root = best if rank == 0 else int(best)  # the same rank, as another Python type
+        op = np.array(["max"])[0] if rank == 0 else "max"  # an np.str_ equal to "max"
+        dist.broadcast(x, src=root)
+        y = np.full(4, rank + 1.0)
+        dist.reduce(y, op=op, dst=root)
+        z = np.full(4, rank + 1.0)
+        dist.all_reduce(z, op=op)
+        return {"x": x.tolist(), "y": y.tolist(), "z": z.tolist()}
     elif mode == "order":
         loss, acc = np.full(4, 1.0 + rank), np.full(4, 10.0 + rank)
         if rank == 0:
