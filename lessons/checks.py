@@ -129,15 +129,16 @@ def ring_pass(received: list[Any]) -> None:
 
 @_exercise
 def reduce_scatter_send_chunk(fn: Callable[[int, int, int], int]) -> None:
-    """in reduce-scatter step s, rank r sends chunk (r - s) % n to its right neighbour."""
+    """in reduce-scatter step s, rank r sends chunk (r - s - 1) % n to its right neighbour (as ring.py)."""
     for n in (2, 3, 4, 7):
         for s in range(n - 1):
             for r in range(n):
                 got = _call(fn, r, s, n)
-                want = (r - s) % n
+                want = (r - s - 1) % n
                 assert got == want, (
                     f"send_chunk(rank={r}, step={s}, n={n}) = {got}, expected {want}. Hint: at step 0 every "
-                    "rank sends its own-numbered chunk; each step the index moves one to the left."
+                    "rank sends the chunk numbered one below its own rank (rank 0 the last one); each step "
+                    "the index moves one further to the left."
                 )
 
 

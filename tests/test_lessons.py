@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("nbclient", reason='needs the notebook tools: pip install -e ".[dev]"')
@@ -197,3 +198,37 @@ def test_notebook_helper_imports_without_ipyparallel_and_says_how_to_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert 'pip install -e ".[lessons]"' in out, out
+
+
+class _RecordingChannel:
+    """Stands in for a group's collective channel on one rank: records the first value of every buffer
+    sent and delivers zeros, so a chunk's contents (its own index) say which chunk went out."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def scratch(self, size: int, dtype) -> np.ndarray:
+        return np.zeros(size, dtype)
+
+    def host_sendrecv(self, send, dest, recv, source) -> None:
+        self.sent.append(int(send[0]))
+        recv[...] = 0
+
+
+def test_lesson_03_send_chunk_is_the_schedule_ring_py_runs():
+    """The lesson's reference answer must be what the library does, so that a student who reads
+    ``ring.py`` is marked right and one who carries the lesson into A2 keeps the points."""
+    from types import SimpleNamespace
+
+    from minidist.distributed.ring import ring_reduce_scatter
+
+    namespace: dict = {}
+    exec(build.solution_cells("03_ring_allreduce")["sendchunk"]["solution"][0], namespace)
+    send_chunk = namespace["send_chunk"]
+    for n in (2, 3, 4, 7):
+        for r in range(n):
+            channel = _RecordingChannel()
+            group = SimpleNamespace(size=n, rank=r, collective_channel=channel)
+            flat = np.repeat(np.arange(n, dtype=np.float64), 3)  # chunk c holds the value c
+            ring_reduce_scatter(group, flat, "sum")
+            assert channel.sent == [send_chunk(r, s, n) for s in range(n - 1)], (n, r)

@@ -4,12 +4,12 @@
 
 # %% [solution sendchunk]
 def send_chunk(rank, step, n):
-    return (rank - step) % n
+    return (rank - step - 1) % n  # as minidist/distributed/ring.py
 
 
 # %% [wrong sendchunk]
 def send_chunk(rank, step, n):
-    return (rank + step) % n  # moves the wrong way round the ring
+    return (rank - step) % n  # one chunk off: then rank r would end with chunk r + 1, not r
 
 
 # %% [solution ringtime]

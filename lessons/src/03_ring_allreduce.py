@@ -31,8 +31,10 @@ from minidist.notebook import start_cluster, stop_cluster
 # complete chunks travel around the ring, overwriting instead of adding.
 #
 # We simulate it with plain NumPy: `count[r][c]` = how many ranks' contributions chunk c on rank r
-# already contains. The rule each rank follows is simple: in the first step send chunk `rank`; after
-# that, always pass on the chunk you have just received (added to your own copy).
+# already contains. The rule each rank follows is simple: in the first step send chunk `rank - 1`
+# (mod n: rank 0 sends the last chunk); after that, always pass on the chunk you have just received
+# (added to your own copy). This is the schedule of `minidist/distributed/ring.py`, and it ends with
+# rank r holding the complete chunk r.
 
 
 # %%
@@ -40,7 +42,7 @@ def simulate_ring(n):
     """Run the ring on n virtual ranks; return (title, count matrix) after every step."""
     count = np.ones((n, n), dtype=int)  # every rank starts with its own contribution to every chunk
     history = [("start", count.copy())]
-    outgoing = list(range(n))  # the chunk each rank sends next
+    outgoing = [(r - 1) % n for r in range(n)]  # the chunk each rank sends next
     for phase in ("reduce-scatter", "all-gather"):
         for s in range(n - 1):
             new = count.copy()
@@ -72,7 +74,7 @@ draw_ring(simulate_ring(4), 4)
 
 # %% [markdown]
 # Read the picture column by column: after reduce-scatter step 3, rank r holds the complete chunk
-# `(r + 1) % n` (the dark cell of each row); the all-gather steps then spread those complete chunks
+# `r` (the dark cell of each row); the all-gather steps then spread those complete chunks
 # until every cell is dark.
 #
 # ## 2. Your turn: which chunk does rank r send at step s?
