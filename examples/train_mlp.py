@@ -77,8 +77,8 @@ def evaluate(predict: Callable[[np.ndarray], Any], x: np.ndarray, y: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> float:
-    # Line-buffered: under mpirun stdout is a pipe, which Python fills in 8 KiB blocks, so the epoch
-    # lines would appear at exit, after the progress bar (stderr, unbuffered) had finished.
+    # Line-buffered: under mpirun stdout is a pipe, which Python would fill in 8 KiB blocks (a line
+    # printed now would show at exit).
     sys.stdout.reconfigure(line_buffering=True)
     args = parse_args(argv, description=__doc__.splitlines()[0])  # parsing and checks: train_mlp_args.py
     world = dist.init()
@@ -300,9 +300,7 @@ if __name__ == "__main__":
     try:
         main()
     except (ValueError, OSError, checkpoint.CheckpointError) as error:
-        # Bad input, missing data, no checkpoint that loads: a clean message, not a traceback, printed
-        # once: an error every rank raised as "error on ranks 0-7: ...", one that only some ranks
-        # raised as "[rank r] error: ..." before the job is ended (MPI_Abort) so none waits forever.
-        # Exit code 2, as argparse's. (Any other error ends the job through dist's abort hook, with a
-        # traceback.)
+        # Bad input, missing data, no checkpoint that loads: a message, not a traceback, printed once
+        # ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only some ranks raised it),
+        # exit code 2. (Any other error ends the job through dist's abort hook, with a traceback.)
         dist.exit_with_error(error, code=2)

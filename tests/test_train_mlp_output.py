@@ -73,6 +73,14 @@ def test_an_error_every_rank_raises_is_printed_once_with_the_ranks(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_failed_dist_init_is_printed_once_for_all_ranks():
+    result = terminal(2, extra_env={"MINIDIST_DEVICE": "gpu"})  # dist.init() raises on every rank
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.startswith("error on ranks 0-1: MINIDIST_DEVICE='gpu' is not one of"), result.stdout
+    assert result.stdout.count("MINIDIST_DEVICE") == 1, result.stdout
+
+
+@pytest.mark.mpi
 def test_a_bad_flag_is_printed_once_for_all_ranks():
     # Before: argparse printed its usage and error on every rank.
     result = terminal(2, "--epochs", "many")

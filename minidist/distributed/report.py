@@ -53,8 +53,9 @@ def exit_with_error(error: BaseException, code: int = 2) -> NoReturn:
     ranks fail, rank 0 prints ``error on ranks 0-3: <message>`` (one line per distinct message, ranks
     listed as ranges) and every rank exits with ``code``; when only some fail, each of them prints
     ``[rank r] error: <message>`` and the job ends through ``dist.abort`` (``MPI_Abort``, exit ``code``).
-    Needs only MPI, not ``dist.init()``, so it also reports an ``init`` that failed. Waits at most
-    ``MINIDIST_ERROR_WAIT`` seconds (default 5; the price of an error on some ranks only). Never returns.
+    Needs only MPI, not ``dist.init()``, so it also reports an ``init`` that failed. When every rank
+    fails it returns as soon as the last one arrives; when only some do, the job ends after at most
+    twice ``MINIDIST_ERROR_WAIT`` seconds (default 5) plus the abort grace period. Never returns.
     """
     world = MPI.COMM_WORLD
     own = _own_text(error)
