@@ -202,9 +202,10 @@ def test_pipeline_with_incompatible_flags_is_an_error_on_every_rank():
 
 @pytest.mark.mpi
 def test_pipeline_flags_without_pp_are_an_error_not_ignored():
-    result = run_mpi(
-        2, EXAMPLE, "--schedule", "interleaved", "--virtual-stages", "2", timeout=60, check=False
-    )
+    flags = ("--schedule", "interleaved", "--virtual-stages", "2")
+    # Raised before any collective, where the ranks may arrive seconds apart on a loaded machine: a
+    # generous MINIDIST_ERROR_WAIT (free when every rank fails) keeps the report to one line.
+    result = run_mpi(2, EXAMPLE, *flags, timeout=60, check=False, env={"MINIDIST_ERROR_WAIT": "60"})
     assert result.returncode != 0
     message = "--schedule, --virtual-stages only mean something with pipeline stages: add --pp N"
     assert result.stderr.startswith("error on ranks 0-1: " + message), result.stderr  # once, for both ranks

@@ -22,7 +22,10 @@ EXAMPLE = REPO / "examples" / "train_mlp.py"
 
 def terminal(n: int, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``mpiexec -n n python train_mlp.py args`` with stdout and stderr in one pipe, as in a terminal."""
-    env = mpi_env(extra_env)
+    # MINIDIST_ERROR_WAIT: how long rank 0 waits for the other failing ranks (default 5 s). An error on
+    # every rank is reported as soon as the last one arrives, so a generous wait costs nothing, and a
+    # loaded machine (ranks seconds apart before their first collective) cannot make the test flaky.
+    env = mpi_env({"MINIDIST_ERROR_WAIT": "60", **(extra_env or {})})
     env.pop("PYTHONUNBUFFERED", None)  # a user's shell does not set it: stdout is block-buffered in a pipe
     return subprocess.run(
         [mpiexec_path(), "-n", str(n), sys.executable, str(EXAMPLE), *args],
