@@ -41,14 +41,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from train_mlp_args import build_mesh, check_batch_args, check_pipeline_args, parse_args  # noqa: E402
+from train_mlp_args import build_mesh, check_batch_args, check_pipeline_args, load_data, parse_args  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import backend, checkpoint, nn, optim, trace  # noqa: E402
-from minidist.data import DataLoader, DistributedSampler, load_dataset  # noqa: E402
+from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
@@ -78,6 +77,9 @@ def evaluate(predict: Callable[[np.ndarray], Any], x: np.ndarray, y: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> float:
+    # Line-buffered: under mpirun stdout is a pipe, which Python would fill in 8 KiB blocks (a line
+    # printed now would show at exit).
+    sys.stdout.reconfigure(line_buffering=True)
     args = parse_args(argv, description=__doc__.splitlines()[0])  # parsing and checks: train_mlp_args.py
     world = dist.init()
     rank = world.rank
@@ -87,8 +89,7 @@ def main(argv: list[str] | None = None) -> float:
     dp_size = mesh.dp  # the batch is split over the dp replicas only: a tp group shares its samples
 
     # --- data: every rank reads the (small) data set; the sampler decides who uses which samples.
-    x_train, y_train = load_dataset(args.dataset, "train", args.data_dir)
-    x_test, y_test = load_dataset(args.dataset, "test", args.data_dir)
+    (x_train, y_train), (x_test, y_test) = load_data(args)  # a folder missing on any rank: error on all
     # Global-batch mode: rank r gets its numpy.array_split piece of each global batch, so the
     # global batches are the same for any number of ranks (and the last partial one is dropped).
     sampler = DistributedSampler(
@@ -148,7 +149,13 @@ def main(argv: list[str] | None = None) -> float:
     # --- training loop
     total = args.epochs * len(loader)
     stop = min(total, args.max_steps or total)  # --max-steps: stop early, as a time-limited job would
-    bar = tqdm(total=total, initial=step, disable=rank != 0, desc="train", unit="step")
+    if step >= total and rank == 0:  # resumed a finished run: train nothing (as PyTorch Lightning does)
+        print(f"the run is already complete ({step} of {total} steps); raise --epochs to train further")
+    # One bar, on rank 0, on stdout with the epoch lines: mpirun forwards a rank's stdout and stderr
+    # through separate pipes, so a bar on stderr (tqdm's default) would interleave with the lines in any
+    # order. bar.write clears the bar, prints the line and redraws the bar: one stream, in order.
+    quiet = rank != 0 or step >= total
+    bar = tqdm(total=total, initial=step, disable=quiet, file=sys.stdout, desc="train", unit="step")
     accuracy, evaluated_at = None, None
     for epoch in range(sampler.epoch, args.epochs):  # sampler.epoch: 0, or the epoch we resumed in
         if step >= stop:
@@ -193,8 +200,9 @@ def main(argv: list[str] | None = None) -> float:
         accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace:
         save_trace(args.trace, world, overlap=mesh.pp == 1)
-    if rank == 0:
-        print(f"final test accuracy: {accuracy:.4f}")
+    if rank == 0:  # after --max-steps the model is not the final one: say what was measured
+        done = "final test accuracy" if step >= total else f"test accuracy after {step} steps"
+        print(f"{done}: {accuracy:.4f}")
     return accuracy
 
 
@@ -291,14 +299,8 @@ def save_trace(path: str, world: dist.Communicator, overlap: bool = True) -> Non
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError, checkpoint.CheckpointError) as error:
-        # Bad input, or no checkpoint that loads: print a clean message instead of a traceback. The
-        # error may be on this rank only (the MNIST folder missing on one node), so with several ranks
-        # end the whole job (dist.abort: the message, a short grace period so other failing ranks
-        # print theirs, then MPI_Abort); a plain sys.exit would leave the other ranks waiting forever
-        # in their next collective.
-        # (Any other uncaught error ends the job through dist's abort hook, with a traceback.)
-        if MPI.COMM_WORLD.Get_size() > 1:
-            dist.abort(f"error: {error}", code=2)
-        sys.stderr.write(f"[rank 0] error: {error}\n")  # MPI directly: dist.init() may be what failed
-        sys.exit(2)
+    except (ValueError, OSError, checkpoint.CheckpointError) as error:
+        # Bad input, missing data, no checkpoint that loads: a message, not a traceback, printed once
+        # ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only some ranks raised it),
+        # exit code 2. (Any other error ends the job through dist's abort hook, with a traceback.)
+        dist.exit_with_error(error, code=2)

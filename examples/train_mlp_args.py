@@ -2,9 +2,8 @@
 reads top to bottom without them.
 
 Every check uses only the command line, the world size and the data set's length, which every rank
-has, so every rank raises the same error: argparse's usage message (exit code 2) for what the flags
-alone show, ``ValueError`` (which train_mlp.py prints as ``[rank r] error: ...``, exit code 2) for the
-rest.
+has, so every rank raises the same ``ValueError``; train_mlp.py prints it once, as ``error on ranks
+0-7: ...`` (``dist.exit_with_error``, exit code 2, as argparse's own errors).
 """
 
 from __future__ import annotations
@@ -12,17 +11,40 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from mpi4py import MPI
 
 import minidist.distributed as dist
+from minidist.data import load_dataset
 from minidist.parallel import ProcessMesh
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, adapted to many ranks: ``--help`` printed by rank 0 only, and a bad flag raised as a
+    ``ValueError`` (printed once for all ranks by train_mlp.py) instead of a usage message per rank."""
+
+    def print_help(self, file=None) -> None:  # noqa: ANN001  (argparse's signature)
+        if MPI.COMM_WORLD.Get_rank() == 0:  # before dist.init(): MPI itself knows the rank
+            super().print_help(file)
+
+    def error(self, message: str) -> None:
+        raise ValueError(f"{message} (see {self.prog} --help)")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help once: not to a help text that already states its
+    default (one computed from other flags), nor for ``None`` or ``False`` (flags without a value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
-    """The command line, checked: argparse's usage message and exit code 2 for any bad flag or combination
-    that the flags alone show (the checks below need the world size or the data)."""
-    p = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    """The command line, checked: ``ValueError`` for any bad flag or combination that the flags alone
+    show (the checks below need the world size or the data)."""
+    p = Parser(description=description, formatter_class=HelpFormatter)
     p.add_argument("--epochs", type=int, default=30, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch size, split across all ranks")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
@@ -36,11 +58,14 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (layers cut into consecutive runs)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world/(tp*pp))")
     # (None = not given: with --pp 1 there is no pipeline, so giving these is an error, not ignored)
-    p.add_argument("--microbatches", type=int, default=None, help="with --pp: per replica's batch [4]")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], help="with --pp [1f1b]")
+    p.add_argument("--microbatches", type=int, default=None, help="with --pp: per replica (default: 4)")
+    p.add_argument(
+        "--schedule", choices=["1f1b", "gpipe", "interleaved"], help="with --pp: the schedule (default: 1f1b)"
+    )
     p.add_argument(
         "--virtual-stages", type=int, default=None,
-        help="with --schedule interleaved: model chunks per rank [1] (--microbatches a multiple of --pp)",
+        help="with --schedule interleaved: model chunks per rank (default: 1); "
+        "--microbatches must be a multiple of --pp",
     )  # fmt: skip
     # --- how DDP communicates (the result is the same for every choice, up to float rounding)
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
@@ -85,6 +110,21 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         p.error("--resume and --checkpoint-every need --checkpoint-dir DIR")
     return args
+
+
+def load_data(args: argparse.Namespace) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """((x_train, y_train), (x_test, y_test)) of --dataset, read on every rank (collective).
+
+    The MNIST folder may be missing on one node only: then its ranks raise and the others would wait
+    forever in the first collective. ``dist.raise_if_any`` makes every rank raise the error (each
+    remembers whether it was its own, for the report that names the ranks)."""
+    data, problem = None, None
+    try:
+        data = tuple(load_dataset(args.dataset, split, args.data_dir) for split in ("train", "test"))
+    except (OSError, ValueError) as error:
+        problem = error
+    dist.raise_if_any(problem, label="world", kinds=(FileNotFoundError,))
+    return data
 
 
 def build_mesh(args: argparse.Namespace, world: dist.Communicator) -> ProcessMesh:

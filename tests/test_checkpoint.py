@@ -87,6 +87,22 @@ def test_layout_and_names_on_disk(tmp_path):
         np.testing.assert_array_equal(arrays["optim/0.weight/exp_avg"], opt.state[0]["exp_avg"])
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_file_of_a_checkpoint_has_the_mode_open_gives(tmp_path, umask):
+    # The shards were 0o600 (the safetensors library's temporary file) while manifest.json and latest
+    # were 0o644: another account could list a checkpoint but not load it.
+    model, opt = make()
+    previous = os.umask(umask)
+    try:
+        folder = checkpoint.save(tmp_path, model, opt, step=1)
+    finally:
+        os.umask(previous)
+    files = [tmp_path / "latest", *folder.iterdir()]
+    assert any(f.suffix == ".safetensors" for f in files)
+    modes = {f.name: oct(os.stat(f).st_mode & 0o777) for f in files}
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask)), modes
+
+
 def test_keep_last_and_no_overwrite(tmp_path):
     model, opt = make()
     for step in (1, 2, 3):

@@ -50,6 +50,25 @@ def write_durable(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def new_file_mode() -> int:
+    """The permission bits ``open(path, "w")`` gives a new file: ``0o666`` less the process's umask
+    (``0o644`` under the usual umask ``022``).
+
+    Why: the safetensors library writes a shard to a private temporary file (mode ``0o600``) and renames
+    it, so without a ``chmod`` the shards would be readable by their owner only while ``manifest.json``
+    and ``latest`` (written with ``open``) are readable by all: a checkpoint that another user, or a
+    job running under another account, can list but not load. The umask is read from ``/proc`` on
+    Linux; elsewhere it is set and restored with ``os.umask`` (the only portable way to read it).
+    """
+    try:
+        with open("/proc/self/status") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_shard(path: Path, arrays: dict) -> tuple[str, int]:
     """Write one rank's shard durably (``format.write_shard``); returns (sha256, bytes).
 

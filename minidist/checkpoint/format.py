@@ -45,7 +45,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from minidist.checkpoint.atomic import MANIFEST
+from minidist.checkpoint.atomic import MANIFEST, new_file_mode
 from minidist.checkpoint.errors import CheckpointError, NewerFormatError
 from minidist.checkpoint.schema import validate
 
@@ -200,12 +200,14 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
     Returns ``(sha256 hex digest of the file, its size in bytes)``. The library writes the file
     (``safetensors.numpy.save_file``); then a helper thread hashes it from the page cache through a
     memory map while this thread waits for ``fsync``: the checksum costs no copy and hides behind the
-    disk. Raises ``TypeError`` for a dtype safetensors cannot store (e.g. complex).
+    disk. The file gets the mode ``open()`` would give it (``0o644`` under umask ``022``), as the manifest
+    does. Raises ``TypeError`` for a dtype safetensors cannot store (e.g. complex).
     """
     for key, a in arrays.items():
         if a.dtype.kind not in "biuf":
             raise TypeError(f"checkpoint: cannot store {key!r} of dtype {a.dtype} in safetensors")
     safetensors.numpy.save_file({key: np.ascontiguousarray(a) for key, a in arrays.items()}, str(path))
+    os.chmod(path, new_file_mode())  # the library's temporary file is 0o600: give the manifest's mode
     with open(path, "rb+") as f, ThreadPoolExecutor(max_workers=1) as pool:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
             digest = pool.submit(lambda: hashlib.sha256(pages).hexdigest())

@@ -19,7 +19,8 @@ stuck for ``MINIDIST_WATCHDOG`` seconds, and ends the job) -> ``debug.py`` (``MI
 ranks compare each collective call, call site (``call_site.py``) included, before running it; also home of the
 ``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
 (``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the whole job,
-after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last).
+after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last) ->
+``report.py`` (``exit_with_error``: a script's fatal error printed once, naming the ranks that raised it).
 
 This package uses only ``minidist.backend`` from the rest of minidist: it knows nothing of autograd or
 modules. Importing it initialises MPI.
@@ -47,6 +48,7 @@ from minidist.distributed.comm import (
 from minidist.distributed.debug import barrier, collective_call, debug_enabled
 from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
 from minidist.distributed.reduce_ops import REDUCE_OPS
+from minidist.distributed.report import exit_with_error
 from minidist.distributed.staging import mpi_is_cuda_aware
 from minidist.distributed.watchdog import abort, timeout_seconds
 
@@ -68,6 +70,7 @@ __all__ = [
     "get_world_size",
     "init",
     "abort",
+    "exit_with_error",
     "agree",
     "all_gather_json",
     "raise_if_any",

@@ -95,7 +95,8 @@ def agree(
       error's class (each rank with an error of its own chains it as the cause) with the message
       ``"rank R of the <label>: <message>"``. Classes in ``kinds`` or :data:`REBUILDABLE` are rebuilt
       by name from the error's ``args``; anything else becomes ``RuntimeError("<ClassName>:
-      <message>")`` on every rank, the failing one included, so that all ranks raise alike.
+      <message>")`` on every rank, the failing one included, so that all ranks raise alike. The raised
+      exception's ``own_error`` attribute is this rank's own ``error`` (None on a rank without one).
     - Differing values raise ``ValueError``: ``"<what>: the ranks of the <label> passed different
       values: in_features (8 on ranks 0, 1; 12 on rank 2); <fix>"`` (see :func:`describe_differences`).
 
@@ -120,7 +121,11 @@ def agree(
     records = all_gather_json({"error": _error_record(error), "values": values}, group)
     for rank, record in enumerate(records):
         if record["error"] is not None:
-            raise _rebuild(record["error"], rank, label, kinds) from error
+            agreed = _rebuild(record["error"], rank, label, kinds)
+            # What this rank itself raised (None: it stops for another rank's error), so that a report
+            # at the end (report.exit_with_error) lists each rank under its own message.
+            agreed.own_error = error  # type: ignore[attr-defined]
+            raise agreed from error
     difference = describe_differences([r["values"] for r in records])
     if difference is not None:
         prefix = f"{what}: " if what else ""

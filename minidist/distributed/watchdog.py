@@ -217,6 +217,9 @@ def abort_job(world: MPI.Comm, text: str, code: int = 1) -> None:
     sys.stderr.flush()
     time.sleep(grace)
     world.Abort(code)
+    # MPI_Abort can return on a rank that the launcher is already ending (another rank aborted first):
+    # never fall through into the caller, which would print its error a second time.
+    os._exit(code)
 
 
 def abort(message: str, code: int = 1) -> None:
