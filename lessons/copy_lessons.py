@@ -11,7 +11,9 @@ ever writes to it.
 What is copied: the notebooks ``lessons/NN_*.ipynb`` as they are now (so work already saved in
 ``lessons/`` comes along), ``checks.py`` (the exercise checks, which the notebooks import) and
 ``scripts/`` (the programs the notebooks start with ``mpiexec``): what a notebook needs to run from its
-own folder. Never the reference answers (``lessons/.solutions/``), the sources or the coursework.
+own folder (lesson 09 also runs ``examples/`` and ``benchmarks/``, which it finds in the clone that
+minidist is installed from). Never the reference answers (``lessons/.solutions/``), the sources or the
+coursework.
 
 Rules: the folder must be new or empty, unless ``--force``. With ``--force`` a file that is already there
 and differs is first renamed (``01_autograd.old-1.ipynb``, then ``.old-2``, ...) and the fresh copy is

@@ -80,6 +80,9 @@ def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, student_copy
     build.execute(nb, timeout=MAX_SECONDS, cwd=student_copy)  # raises CellExecutionError at a failing cell
     seconds = time.perf_counter() - start
     assert seconds < MAX_SECONDS, f"{source.stem} took {seconds:.0f} s"
+    # A `!python missing.py` cell does not raise: a path that only resolves in lessons/ shows up here.
+    texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
+    assert not [t for t in texts if "can't open file" in t], f"{source.stem} runs a file its copy lacks"
     results = build.check_results(nb)
     assert {k for k, _ in results} == set(keys), f"every exercise needs a check cell: {results}"
     want = "correct" if solutions else "not done"
