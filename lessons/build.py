@@ -4,7 +4,7 @@
     python lessons/build.py --check              # fail if a committed notebook differs from its source
     python lessons/build.py --execute            # build, then run every notebook top to bottom
     python lessons/build.py --execute --solutions 03   # run lesson 03 with the reference answers
-    python lessons/build.py --execute --save-outputs   # write the executed notebooks (not for commits)
+    python lessons/build.py --execute --save-outputs /tmp/run   # keep the executed notebooks there
 
 Sources are plain Python in the "percent" format: a line ``# %%`` starts a code cell, ``# %% [markdown]``
 a markdown cell (every line prefixed with ``# ``). Two more cell kinds carry the exercises:
@@ -16,9 +16,14 @@ Inside code cells two comment forms keep the sources valid Python (so ruff check
 ``# %%px`` becomes the cell magic ``%%px`` (run the cell on every MPI engine), and a line
 ``# !command`` becomes the shell escape ``!command``.
 
-``lessons/solutions/NN_name.py`` holds, for each KEY, a ``# %% [solution KEY]`` cell (the reference
+``lessons/.solutions/NN_name.py`` (a hidden folder, so that a student browsing the lessons in Jupyter
+does not come across it) holds, for each KEY, a ``# %% [solution KEY]`` cell (the reference
 answer) and one or more ``# %% [wrong KEY]`` cells (wrong answers the check must reject). Executing
 with ``--solutions`` replaces every exercise cell by its solution; the tests do the same.
+
+Students do not work in ``lessons/`` but in a copy of their own (``python lessons/copy_lessons.py DIR``).
+A notebook here that a kernel has touched (outputs, execution counts, the kernel's ``language_info``) is
+someone's work, not a build output: this script never overwrites it, and says how to keep it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 
 LESSONS = Path(__file__).resolve().parent
 SOURCES = LESSONS / "src"
-SOLUTIONS = LESSONS / "solutions"
+SOLUTIONS = LESSONS / ".solutions"
 HEADER = re.compile(r"^# %%(?: \[(\w+)(?: ([\w-]+))?\])?\s*$")
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
@@ -80,7 +85,7 @@ def build_notebook(source: Path):
 
 
 def solution_cells(stem: str) -> dict[str, dict[str, list[str]]]:
-    """``{KEY: {"solution": [code], "wrong": [code, ...]}}`` from ``lessons/solutions/<stem>.py``."""
+    """``{KEY: {"solution": [code], "wrong": [code, ...]}}`` from ``lessons/.solutions/<stem>.py``."""
     path = SOLUTIONS / f"{stem}.py"
     found: dict[str, dict[str, list[str]]] = {}
     for kind, key, text in parse_cells(path.read_text()) if path.exists() else []:
@@ -101,14 +106,15 @@ def with_answers(nb, answers: dict[str, str]):
     return nb
 
 
-def execute(nb, timeout: int = 300):
-    """Run ``nb`` top to bottom in a fresh kernel, in ``lessons/``; return it with outputs.
+def execute(nb, timeout: int = 300, cwd: Path = LESSONS):
+    """Run ``nb`` top to bottom in a fresh kernel whose working folder is ``cwd`` (it must hold
+    ``checks.py`` and ``scripts/``, as ``lessons/`` and a student's copy do); return it with outputs.
 
     Raises ``nbclient.exceptions.CellExecutionError`` at the first failing cell."""
     from nbclient import NotebookClient
 
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}}
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
     )
     client.execute()
     return nb
@@ -129,6 +135,58 @@ def notebook_path(source: Path) -> Path:
     return LESSONS / f"{source.stem}.ipynb"
 
 
+def touched_by_a_kernel(path: Path) -> bool:
+    """True if the notebook at ``path`` holds what only running it writes: an output, an execution
+    count, or a kernel's full ``language_info`` (JupyterLab stores it as soon as a kernel starts, before
+    any cell runs), or if it is not valid JSON any more. A build writes none of these, so such a
+    notebook is someone's work and must not be overwritten."""
+    try:
+        nb = json.loads(path.read_text())
+        if set(nb.get("metadata", {}).get("language_info", {})) - {"name"}:
+            return True
+        return any(c.get("outputs") or c.get("execution_count") is not None for c in nb.get("cells", []))
+    except (ValueError, AttributeError):
+        return True
+
+
+def advice(stale: list[tuple[Path, bool]]) -> str:
+    """What to do about notebooks that differ from their sources, ``stale`` being ``[(notebook,
+    touched_by_a_kernel)]``; worded so that following it never loses a student's work."""
+    lines = []
+    rebuild = [p.name for p, touched in stale if not touched]
+    if rebuild:
+        lines.append(f"out of date: {', '.join(rebuild)}; run `python lessons/build.py` and commit")
+    work = [f"lessons/{p.name}" for p, touched in stale if touched]
+    if work:
+        lines += [
+            f"{', '.join(work)}: saved by Jupyter (outputs, or a kernel's metadata), so this is someone's",
+            "work: build.py leaves it alone. Lessons are worked through in a copy of your own. To keep the",
+            "work, copy the lessons as they are now (an existing folder is never overwritten; add --force",
+            "to refresh one, and your changed files there are kept renamed):",
+            "    python lessons/copy_lessons.py ~/my-lessons && jupyter lab ~/my-lessons",
+            "then give lessons/ back its generated notebooks:",
+            f"    git checkout -- {' '.join(work)} && python lessons/build.py",
+        ]
+    return "\n".join(lines)
+
+
+def differs(target: Path, text: str) -> bool:
+    """True if the notebook file ``target`` is missing, unreadable, or not the notebook JSON ``text``."""
+    try:
+        return json.loads(target.read_text()) != json.loads(text)
+    except (OSError, ValueError):
+        return True
+
+
+def stale_notebooks(sources: list[Path]) -> list[tuple[Path, bool]]:
+    """``[(notebook, touched_by_a_kernel(notebook))]`` for each source whose notebook in ``lessons/``
+    is not its build (``--check``; the test suite asks the same)."""
+    import nbformat
+
+    targets = [(notebook_path(s), nbformat.writes(build_notebook(s)) + "\n") for s in sources]
+    return [(t, t.exists() and touched_by_a_kernel(t)) for t, text in targets if differs(t, text)]
+
+
 def main(argv: list[str] | None = None) -> int:
     import nbformat
 
@@ -139,20 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--execute", action="store_true", help="run each notebook top to bottom")
     p.add_argument("--solutions", action="store_true", help="run with the reference answers filled in")
-    p.add_argument("--save-outputs", action="store_true", help="write the executed notebooks")
+    p.add_argument("--save-outputs", type=Path, metavar="DIR", help="write the executed notebooks to DIR")
     args = p.parse_args(argv)
+    if args.save_outputs and args.save_outputs.resolve() == LESSONS:
+        p.error("--save-outputs: give a folder other than lessons/, whose notebooks ship without outputs")
     sources = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
     if args.lessons:
         sources = [s for s in sources if any(s.stem.startswith(w) for w in args.lessons)]
-    stale = []
-    for source in sources:
+    stale = stale_notebooks(sources) if args.check else []
+    for source in [] if args.check else sources:
         nb, target = build_notebook(source), notebook_path(source)
         text = nbformat.writes(nb) + "\n"
-        if args.check:
-            if not target.exists() or json.loads(target.read_text()) != json.loads(text):
-                stale.append(target.name)
-            continue
-        target.write_text(text)
+        if differs(target, text):
+            if target.exists() and touched_by_a_kernel(target):
+                stale.append((target, True))  # someone's work: never overwritten
+            else:
+                target.write_text(text)
+                print(f"wrote {target.relative_to(LESSONS.parent)}")
         if args.execute:
             if args.solutions:
                 nb = with_answers(nb, {k: v["solution"][0] for k, v in solution_cells(source.stem).items()})
@@ -160,11 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             execute(nb)
             print(f"{target.name}: ran in {time.perf_counter() - start:.1f} s; exercises {check_results(nb)}")
             if args.save_outputs:
-                target.write_text(nbformat.writes(nb) + "\n")
-        else:
-            print(f"wrote {target.relative_to(LESSONS.parent)}")
+                args.save_outputs.mkdir(parents=True, exist_ok=True)
+                (args.save_outputs / target.name).write_text(nbformat.writes(nb) + "\n")
+    if not args.check and not stale:
+        print(f"lessons/: {len(sources)} notebooks match their sources")
     if stale:
-        print(f"out of date: {', '.join(stale)}; run `python lessons/build.py` and commit", file=sys.stderr)
+        print(advice(stale), file=sys.stderr)
         return 1
     return 0
 

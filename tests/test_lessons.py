@@ -1,9 +1,10 @@
 """The lesson notebooks: in sync with their sources, run top to bottom, and their exercises check.
 
 Every notebook is executed twice with nbclient, as a new user gets it (placeholders: each check cell
-prints NOT DONE YET) and with the reference answers of ``lessons/solutions/`` filled in (each check
-prints CORRECT). A failing cell fails the test. The wrong answers of ``lessons/solutions/`` are fed to
-the check functions in this process: each must raise ``AssertionError``.
+prints NOT DONE YET) and with the reference answers of ``lessons/.solutions/`` filled in (each check
+prints CORRECT), both in a student's copy made by ``lessons/copy_lessons.py`` (where students work; it
+holds no solutions). A failing cell fails the test. The wrong answers of ``lessons/.solutions/`` are fed
+to the check functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
 ipyparallel, matplotlib). About 3.5 minutes on 2 cores.
@@ -42,10 +43,22 @@ pytestmark = pytest.mark.lessons
 
 def test_committed_notebooks_match_their_sources():
     assert SOURCES, "no lesson sources found"
-    assert build.main(["--check"]) == 0, "run `python lessons/build.py` to regenerate the notebooks"
+    stale = build.stale_notebooks(SOURCES)
+    # The advice never says "rebuild" for a notebook someone ran and saved here: that would wipe it.
+    assert not stale, build.advice(stale)
     for source in SOURCES:
         nb = build.build_notebook(source)
         assert all(not c.get("outputs") for c in nb.cells), f"{source.name}: notebooks ship without outputs"
+
+
+@pytest.fixture(scope="module")
+def student_copy(tmp_path_factory) -> Path:
+    """The lessons as a student gets them: copied to a folder of their own, without the solutions."""
+    dest = tmp_path_factory.mktemp("student") / "my-lessons"
+    cmd = [sys.executable, str(LESSONS / "copy_lessons.py"), str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return dest
 
 
 def _exercise_keys(nb) -> list[str]:
@@ -54,7 +67,7 @@ def _exercise_keys(nb) -> list[str]:
 
 @pytest.mark.parametrize("solutions", [False, True], ids=["placeholders", "solutions"])
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
-def test_notebook_runs_top_to_bottom(source: Path, solutions: bool):
+def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, student_copy: Path, monkeypatch):
     nb = build.build_notebook(source)
     keys = _exercise_keys(nb)
     if solutions:
@@ -62,9 +75,14 @@ def test_notebook_runs_top_to_bottom(source: Path, solutions: bool):
         assert set(keys) <= set(answers), f"{source.stem}: exercises without a reference solution"
         nb = build.with_answers(nb, {k: answers[k]["solution"][0] for k in keys})
     start = time.perf_counter()
-    build.execute(nb, timeout=MAX_SECONDS)  # raises CellExecutionError at the first failing cell
+    # The kernel (and the ranks it starts) import this checkout's minidist, whatever is installed.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    build.execute(nb, timeout=MAX_SECONDS, cwd=student_copy)  # raises CellExecutionError at a failing cell
     seconds = time.perf_counter() - start
     assert seconds < MAX_SECONDS, f"{source.stem} took {seconds:.0f} s"
+    # A `!python missing.py` cell does not raise: a path that only resolves in lessons/ shows up here.
+    texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
+    assert not [t for t in texts if "can't open file" in t], f"{source.stem} runs a file its copy lacks"
     results = build.check_results(nb)
     assert {k for k, _ in results} == set(keys), f"every exercise needs a check cell: {results}"
     want = "correct" if solutions else "not done"

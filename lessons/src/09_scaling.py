@@ -18,10 +18,12 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import checks
 import matplotlib.pyplot as plt
 
+import minidist
 from minidist import perfmodel
 from minidist.notebook import mpiexec_path
 from minidist.parallel.mesh import draw_grid, mesh_coords
@@ -101,12 +103,17 @@ checks.mesh_rank(mesh_rank)
 
 # %%
 mpiexec, python = mpiexec_path(), sys.executable
+# The clone minidist is installed from (`pip install -e .`), wherever this notebook runs: your copy of
+# the lessons holds the lessons, the repository holds examples/ and benchmarks/.
+REPO = Path(minidist.__file__).resolve().parent.parent
+train_mlp = REPO / "examples" / "train_mlp.py"
+assert train_mlp.exists(), f"no {train_mlp}: install minidist from your clone with pip install -e ."
 flags = "--epochs 3 --hidden 64 64 --batch-size 128"
 mesh = "--dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b"
 no_bars = "2>&1 | tr '\\r' '\\n' | sed 's/train:[^]]*]//g' | grep -v '^ *$'"  # drop progress bars
-# !{mpiexec} -n 8 {python} ../examples/train_mlp.py {mesh} {flags} {no_bars}
+# !{mpiexec} -n 8 {python} {train_mlp} {mesh} {flags} {no_bars}
 print("--- the same training on 1 process:")
-# !{mpiexec} -n 1 {python} ../examples/train_mlp.py {flags} {no_bars}
+# !{mpiexec} -n 1 {python} {train_mlp} {flags} {no_bars}
 
 # %% [markdown]
 # The same model, up to float32 rounding: the accuracies agree (the losses in the last digits at
@@ -148,7 +155,8 @@ print("--- the same training on 1 process:")
 # an MLP (4 x 1024 x 1024, global batch 256) and compares with `perfmodel.predict`.
 
 # %%
-cmd = [sys.executable, "../benchmarks/perfmodel_check.py", "--ranks", "1", "2", "--steps", "3", "--json"]
+check_script = REPO / "benchmarks" / "perfmodel_check.py"
+cmd = [sys.executable, str(check_script), "--ranks", "1", "2", "--steps", "3", "--json"]
 rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout)
 for r in rows:
     print(

@@ -1,0 +1,114 @@
+"""Copy the lessons to a folder of your own, and work through them there.
+
+    python lessons/copy_lessons.py ~/my-lessons           # then: jupyter lab ~/my-lessons
+    python lessons/copy_lessons.py ~/my-lessons --force   # refresh a copy you already have
+
+Why a copy: the notebooks in ``lessons/`` are generated from ``lessons/src/`` by ``build.py`` and
+committed. Running and saving one in place changes a file the repository tracks (the test suite then
+reports it out of date), and a rebuild would replace it. Your copy is yours: nothing in the repository
+ever writes to it.
+
+What is copied: the notebooks ``lessons/NN_*.ipynb`` as they are now (so work already saved in
+``lessons/`` comes along), ``checks.py`` (the exercise checks, which the notebooks import) and
+``scripts/`` (the programs the notebooks start with ``mpiexec``): what a notebook needs to run from its
+own folder (lesson 09 also runs ``examples/`` and ``benchmarks/``, which it finds in the clone that
+minidist is installed from). Never the reference answers (``lessons/.solutions/``), the sources or the
+coursework.
+
+Rules: the folder must be new or empty, unless ``--force``. With ``--force`` a file that is already there
+and differs is first renamed (``01_autograd.old-1.ipynb``, then ``.old-2``, ...) and the fresh copy is
+written beside it: nothing in your folder is ever overwritten or deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+LESSONS = Path(__file__).resolve().parent
+
+
+def lesson_files(lessons: Path = LESSONS) -> list[Path]:
+    """The files a student's copy holds, as paths relative to ``lessons``: the notebooks, ``checks.py``
+    and every file under ``scripts/`` (caches and hidden files left out)."""
+    notebooks = sorted(lessons.glob("[0-9][0-9]_*.ipynb"))
+    folder = lessons / "scripts"
+    scripts = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(folder).parts)
+    )
+    return [p.relative_to(lessons) for p in [*notebooks, lessons / "checks.py", *scripts]]
+
+
+def copy_lessons(dest: Path, force: bool = False, lessons: Path = LESSONS) -> list[str]:
+    """Copy the lessons into ``dest`` (created if missing); return one line per file for the user.
+
+    Raises ``ValueError`` when ``dest`` is a file, lies inside ``lessons`` (a copy there would be
+    tracked, or copied into itself), or is a folder that is not empty and ``force`` is false. With
+    ``force``, an existing file that differs from the lesson's is renamed to ``NAME.old-K.SUFFIX`` (the
+    first free K) before the copy is written; an identical one is left as it is.
+    """
+    dest = dest.expanduser().resolve()
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is a file; give a folder for your copy of the lessons, e.g. ~/my-lessons")
+    if dest == lessons or lessons in dest.parents:
+        raise ValueError(
+            f"{dest} is inside {lessons}, the repository's own lessons; give a folder outside it, "
+            "e.g. ~/my-lessons"
+        )
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise ValueError(
+            f"{dest} is not empty. To refresh a copy you already have, add --force: files you changed "
+            "are kept under a new name (NAME.old-1.ipynb), never overwritten. Or choose a new folder."
+        )
+    report = []
+    for rel in lesson_files(lessons):
+        source, target = lessons / rel, dest / rel
+        if target.exists() and target.read_bytes() == source.read_bytes():
+            report.append(f"unchanged  {rel}")
+            continue
+        if target.exists():
+            kept = _free_name(target)
+            target.rename(kept)
+            report.append(f"yours kept {kept.relative_to(dest)}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # copyfile, not copy2: the copy gets the student's default permissions, so it can be saved even
+        # when the lessons come from a read-only install.
+        shutil.copyfile(source, target)
+        report.append(f"copied     {rel}")
+    return report
+
+
+def _free_name(path: Path) -> Path:
+    """``dir/stem.old-K.suffix`` for the smallest K >= 1 that does not exist yet."""
+    k = 1
+    while (candidate := path.with_name(f"{path.stem}.old-{k}{path.suffix}")).exists():
+        k += 1
+    return candidate
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="your folder for the lessons, e.g. ~/my-lessons")
+    p.add_argument(
+        "--force", action="store_true", help="copy into a non-empty folder; changed files are kept renamed"
+    )
+    args = p.parse_args(argv)
+    try:
+        report = copy_lessons(args.folder, force=args.force)
+    except ValueError as e:
+        print(f"copy_lessons.py: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(report))
+    print(f"\nYour lessons are in {args.folder.expanduser().resolve()}. Start with:")
+    print(f"    jupyter lab {shlex.quote(str(args.folder))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
