@@ -20,7 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minidist.assignments import layout
+import pytest
+
+from minidist.assignments import layout, submission
 from minidist.assignments.tasks import load
 
 try:
@@ -166,3 +168,21 @@ def test_the_documented_class_workflow_runs_as_written(tmp_path):
     )
     assert one.returncode == 4 and "not graded" in one.stdout, one.stdout + one.stderr
     assert json.loads(alone.read_text())["extra_data"]["status"] == "not graded"
+
+
+def test_where_an_upload_goes_is_never_a_guess(tmp_path):
+    # A zipped starter folder: the copy of minidist one folder down is graded as it is.
+    nested = tmp_path / "upload" / "a1-starter"
+    (nested / "minidist").mkdir(parents=True)
+    (nested / "minidist" / "__init__.py").write_text("")
+    assert submission.place("A1", tmp_path / "upload", tmp_path / "work").code == nested.resolve()
+    # Two files of the assignment share a name: a lone upload of that name is refused, not guessed.
+    root = tmp_path / "tree"
+    for sub in ("a", "b"):
+        (root / "minidist" / sub).mkdir(parents=True)
+        (root / "minidist" / sub / "x.py").write_text(
+            "def f():\n    # BEGIN SOLUTION A1.1: f\n    return 1\n    # END SOLUTION\n"
+        )
+    (tmp_path / "x.py").write_text("def f():\n    return 1\n")
+    with pytest.raises(submission.NotPlaceable, match="could be any of minidist/a/x.py, minidist/b/x.py"):
+        submission.place("A1", tmp_path / "x.py", tmp_path / "work2", root)

@@ -104,9 +104,9 @@ def _readme_head(assignment: str) -> str:
     """
     return (
         f"# minidist starter code for {assignment}\n\n"
-        "Install it once, from this folder, in a fresh virtual environment "
-        "(`python3 -m venv .venv && . .venv/bin/activate`); this one command installs minidist and "
-        "everything grading needs:\n\n"
+        "Install it once, from this folder, in a fresh virtual environment\n"
+        "(`python3 -m venv .venv && . .venv/bin/activate`); this one command installs minidist and\n"
+        "everything grading needs (`pip install -e .` alone leaves out pytest):\n\n"
         f'    pip install -e ".[{GRADE_EXTRA}]"\n\n'
         "Then grade your work (public tests) from this folder:\n\n"
         f"    python -m minidist.assignments grade {assignment}\n\n"

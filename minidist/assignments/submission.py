@@ -2,7 +2,8 @@
 
 Three shapes of submission, all graded the same way:
 
-* a folder that contains ``minidist/`` (a student's released copy) or the ``minidist`` folder itself;
+* a folder that contains ``minidist/`` (a student's released copy), possibly a few folders down (an
+  uploaded starter folder), or the ``minidist`` folder itself;
 * one file, e.g. ``ring.py`` for A2 (the usual Gradescope upload: ``/autograder/submission/ring.py``);
 * a folder of such files without a ``minidist`` package.
 
@@ -49,7 +50,12 @@ def place(assignment: str, path: Path | str, workdir: Path, root: Path | None = 
     try:
         return Placed(layout.package_root(path))
     except ValueError:
-        pass  # not a copy of minidist: loose files
+        pass  # not a copy of minidist at the top: maybe one folder down (a zipped starter folder)
+    nested = [p.parent.parent for p in path.rglob("minidist/__init__.py")] if path.is_dir() else []
+    if len(nested) == 1:
+        return Placed(nested[0], f"graded the copy of minidist found in {nested[0]}")
+    if len(nested) > 1:
+        raise NotPlaceable(f"{path} holds {len(nested)} copies of minidist/: keep only the one to grade")
     files = [path] if path.is_file() else sorted(path.rglob("*.py"))
     files = [p for p in files if "__pycache__" not in p.parts]
     if not files:
@@ -85,8 +91,8 @@ def _target_of(file: Path, base: Path, targets: list[str]) -> str:
     relative = file.name if file == base else str(file.relative_to(base))
     parts = Path(relative).parts
     matches = [t for t in targets if Path(t).parts[-len(parts) :] == parts]
-    if len(matches) != 1:  # retry by name alone: an upload folder may nest files differently
-        matches = [t for t in targets if Path(t).name == file.name] if len(matches) == 0 else matches
+    if not matches:  # an upload folder may nest the file differently from the package: by name alone
+        matches = [t for t in targets if Path(t).name == file.name]
     if len(matches) == 1:
         return matches[0]
     if not matches:
