@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minidist.assignments import layout
+from minidist.assignments.environment import GRADE_EXTRA
 from minidist.assignments.markers import assignment_number, blank, regions_in
 
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".hypothesis")
@@ -89,13 +90,28 @@ def release(assignment: str, out: Path | str, root: Path | None = None, force: b
     # The project's README points at tests/ and examples/, which a release leaves out; students get a
     # README that says what this folder is and then the handout (pyproject.toml needs a README.md).
     handout = (source / "README.md").read_text() if (source / "README.md").exists() else ""
-    (out / "README.md").write_text(
-        f"<!-- minidist starter code for {assignment}: install with `pip install -e .`, grade with "
-        f"`python -m minidist.assignments grade {assignment} --path .` -->\n\n{handout}"
-    )
+    (out / "README.md").write_text(_readme_head(assignment) + handout)
     _check_no_solutions_left(out, number)
     (out / RELEASE_MARK).write_text(f"student release of {assignment}; --force may replace this folder\n")
     return report
+
+
+def _readme_head(assignment: str) -> str:
+    """The release README's first lines, visible (not a comment): the ONE install command grading needs.
+
+    ``pip install -e .`` alone leaves out pytest and hypothesis, and grading then cannot run: the
+    ``grade`` extra of pyproject.toml adds them (``environment.GRADE_EXTRA``).
+    """
+    return (
+        f"# minidist starter code for {assignment}\n\n"
+        "Install it once, from this folder, in a fresh virtual environment\n"
+        "(`python3 -m venv .venv && . .venv/bin/activate`); this one command installs minidist and\n"
+        "everything grading needs (`pip install -e .` alone leaves out pytest):\n\n"
+        f'    pip install -e ".[{GRADE_EXTRA}]"\n\n'
+        "Then grade your work (public tests) from this folder:\n\n"
+        f"    python -m minidist.assignments grade {assignment}\n\n"
+        "---\n\n"
+    )
 
 
 def _check_out(out: Path, root: Path, force: bool) -> None:
