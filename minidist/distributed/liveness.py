@@ -46,7 +46,14 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed.tags import DEPARTURE_TAG, SEQ_WINDOW, describe, seq_offset, tags_supported
+from minidist.distributed.tags import (
+    DEPARTURE_TAG,
+    NAME_BITS,
+    SEQ_WINDOW,
+    describe,
+    seq_offset,
+    tags_supported,
+)
 from minidist.distributed.watchdog import abort_job
 
 WATCHDOG_ENV = "MINIDIST_WATCHDOG"
@@ -175,7 +182,11 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
 
 def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
     """The problem a waiting message from ``peer`` reveals, if any (see the module doc)."""
-    if message_tag == DEPARTURE_TAG:
+    if message_tag == DEPARTURE_TAG or message_tag & NAME_BITS == 0:
+        # Name code 0: a message sent on the channel outside any numbered collective (ring.py's
+        # functions called directly, as the lessons and assignments do: tag_base is 0 then). It names
+        # no call, so it cannot be judged; reading it as "call #0" aborted correct programs whenever
+        # the watchdog looked while such a message was in flight.
         return None
     theirs = message_tag >> 16
     # How far the message's call lies before this rank's first unfinished call: 1 = the last one

@@ -42,6 +42,7 @@ NAMES = ("?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce
 OPS = ("sum", "avg", "max", "min")
 SEQ_BITS = 12
 SEQ_WINDOW = 1 << SEQ_BITS  # sequence numbers are compared modulo this
+NAME_BITS = 7 << 13  # the collective's code in a tag; 0 = a message of no numbered collective
 DEPARTURE_TAG = 1 << 28  # above every collective tag: "this rank has left the program" (liveness.py)
 
 
