@@ -232,3 +232,111 @@ def test_lesson_03_send_chunk_is_the_schedule_ring_py_runs():
             flat = np.repeat(np.arange(n, dtype=np.float64), 3)  # chunk c holds the value c
             ring_reduce_scatter(group, flat, "sum")
             assert channel.sent == [send_chunk(r, s, n) for s in range(n - 1)], (n, r)
+
+
+# --- hints escalate and never state the formula (issue 15, item 7) -----------------------------------
+
+# The formula each exercise asks the student to derive, in the spellings a hint or a lesson might use
+# (compared with all whitespace removed, lower case). The solutions' own expressions are added by
+# _solution_expressions, so a hint cannot quote the reference answer either.
+FORMULAS = {
+    "tanh": ["1-out**2", "1-out^2", "1-tanh(x)**2", "1-tanh(x)^2", "1-tanh^2", "1-tanh²", "sech"],
+    "numgrad": ["(f(x+eps)-f(x-eps))/(2*eps)", "/(2eps)", "/(2*eps)"],
+    "ring": ["(rank-1)%size", "(rank+1)%size", "(r-1)%n", "(r+1)%n"],
+    "sendchunk": ["(rank-step-1)%n", "(r-s-1)%n", "r-s-1", "rank-step-1"],
+    "ringtime": ["2*(n-1)*alpha", "2(n-1)", "2*(n-1)", "(n-1)/n", "2(n−1)"],
+    "accum": ["sizes[i]/sum(sizes)", "b_i/b", "b_i/sum", "n*b_i/b"],
+    "zero": ["b*psi/", "k*psi/n", "kψ/n", "(b+k)ψ/n", "(2b+k)", "(b+b+k)", "bψ+bψ+kψ/n"],
+    "shard": ["out_features//tp", "in_features//tp", "out/tp", "in/tp"],
+    "fg": ["sum(grads)"],
+    "bubble": ["(p-1)/(m+p-1)", "m+p-1", "(p-1)/m"],
+    "peak": ["min(p-s,m)", "min(m,p-s)", "mostp-s"],
+    "files": ["step_{step:09d}", ":05d"],
+    "shards": ["max(lo,k*saved)", "k*saved"],
+    "rank": ["pp_rank*dp*tp", "dp_rank*tp+tp_rank", "pp_rank*(dp*tp)"],
+    "speedup": ["one/(one/gpus+comm)", "c/(g*f)", "c/(gf)", "\\frac{c}{gf}", "(g-1)alpha"],
+}
+# The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
+# turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
+TAUGHT_BEFORE_THE_EXERCISE = {"numgrad"}
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split()).lower()
+
+
+def _solution_expressions(code: str) -> list[str]:
+    """Every computed value a reference answer returns or assigns (tuple elements one by one)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, (ast.Return, ast.Assign)) and node.value is not None:
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            found += [ast.unparse(v) for v in values if isinstance(v, (ast.BinOp, ast.Call))]
+    return [_squash(e) for e in found if len(_squash(e)) > 6]  # "g", "[]", "x[i]" say nothing
+
+
+def _exercises() -> list[tuple[str, str, object, list[str]]]:
+    """(lesson, key, check function, wrong answers) for every exercise's check that runs on its answer."""
+    import re
+
+    found = []
+    for source in SOURCES:
+        nb = build.build_notebook(source)
+        answers = build.solution_cells(source.stem)
+        for key in _exercise_keys(nb):
+            for call in _check_calls(nb, key):
+                if _names_available(call, answers[key]["solution"][0]):
+                    check = getattr(checks, re.match(r"checks\.(\w+)\(", call).group(1))
+                    found.append((source.stem, key, call, check, answers[key]))
+    return found
+
+
+def _message(answer_code: str, check_code: str) -> str:
+    with pytest.raises(AssertionError) as wrong:
+        _run_check(answer_code, check_code)
+    return str(wrong.value)
+
+
+def test_a_wrong_answer_gets_a_question_first_and_a_different_nudge_after(capsys):
+    exercises = _exercises()
+    assert len(exercises) >= 15  # every exercise but the ring pass of lesson 02, checked on engines
+    for stem, key, call, check, answers in exercises:
+        question, nudge = check.hints
+        assert question.rstrip().endswith("?"), f"{stem}/{key}: the first hint must be a question"
+        assert _squash(question) != _squash(nudge)
+        for wrong in answers["wrong"]:
+            checks.reset_hints()
+            first, second, third = (_message(wrong, call) for _ in range(3))
+            assert question in first and nudge not in first, f"{stem}/{key}, first miss:\n{first}"
+            assert nudge in second and question not in second, f"{stem}/{key}, second miss:\n{second}"
+            assert nudge in third, f"{stem}/{key}, third miss:\n{third}"
+    checks.reset_hints()
+
+
+def test_no_hint_states_the_formula_of_its_exercise(capsys):
+    for stem, key, call, check, answers in _exercises():
+        formulas = [_squash(f) for f in FORMULAS[key]] + _solution_expressions(answers["solution"][0])
+        texts = list(getattr(check, "hints", ()))
+        for wrong in answers["wrong"]:
+            getattr(checks, "reset_hints", lambda: None)()
+            texts += [_message(wrong, call), _message(wrong, call)]
+        for text in texts:
+            leaked = [f for f in formulas if f in _squash(text)]
+            assert not leaked, f"{stem}/{key}: the hint gives away {leaked}:\n{text}"
+    getattr(checks, "reset_hints", lambda: None)()
+
+
+def test_lesson_text_before_an_exercise_does_not_state_its_formula():
+    """The formula is revealed after the check (or in the line CORRECT prints), never above the exercise."""
+    for source in SOURCES:
+        nb = build.build_notebook(source)
+        above = ""
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                above += _squash(cell.source)
+            key = cell.metadata.get("exercise")
+            if "exercise" in cell.metadata.get("tags", []) and key not in TAUGHT_BEFORE_THE_EXERCISE:
+                leaked = [f for f in map(_squash, FORMULAS[key]) if f in above]
+                assert not leaked, f"{source.stem}: the text above exercise {key!r} states {leaked}"

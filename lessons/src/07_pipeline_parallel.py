@@ -6,7 +6,7 @@
 #
 # **Learning goals.** After this lesson you can
 # 1. read a pipeline schedule as a list of instructions per stage, and draw it as a Gantt chart;
-# 2. derive the bubble fraction `(p-1)/(m+p-1)` and check it against a simulation and real ranks;
+# 2. derive the bubble fraction of a step and check it against a simulation and real ranks;
 # 3. explain why 1F1B holds far fewer activations than GPipe for the same bubble.
 #
 # Tensor parallelism (lesson 06) splits each layer; pipeline parallelism splits the model *by layers*:
@@ -81,10 +81,14 @@ plt.show()
 #
 # ## 3. Your turn: the bubble fraction
 #
-# With forward time `t_f` and backward time `t_b` per microbatch and stage, the step of either schedule
-# lasts `(m + p - 1)(t_f + t_b)`: the last microbatch enters stage 0 after `m - 1` others, and needs
-# `p` stages forward and back. Each stage computes for `m (t_f + t_b)` of it. Write
-# `bubble_fraction(p, m)`: the share of the step a stage is idle.
+# Give every stage the same forward time `t_f` and backward time `t_b` per microbatch, and measure
+# time in *slots* of `t_f + t_b`. Derive, for p stages and m microbatches:
+#
+# 1. how many slots one stage spends computing in a step;
+# 2. how many slots the whole step lasts: when can the last microbatch enter stage 0, and what must it
+#    still do after that? (Check your count on the text grids of section 1, p = 3, m = 4.)
+#
+# Then write `bubble_fraction(p, m)`: the share of the *step* a stage is idle.
 
 
 # %% [exercise bubble]
@@ -96,8 +100,14 @@ def bubble_fraction(p, m):
 checks.bubble_fraction(bubble_fraction)
 
 # %% [markdown]
-# More microbatches shrink the bubble; more stages grow it. The simulation agrees with the formula for
-# every `m` (the check above compared them; here they are plotted for p = 2, 4, 8):
+# The answer, once you have it: a stage computes in m slots; the last microbatch enters stage 0 after
+# `m - 1` others and then needs p stages forward and back, so the step lasts `m + p - 1` slots and
+#
+# $$\text{bubble fraction} = \frac{p - 1}{m + p - 1}$$
+#
+# for GPipe and 1F1B alike (Huang et al. 2019, §2.3). More microbatches shrink the bubble; more stages
+# grow it. The simulation agrees with the formula for every `m` (the check above compared them; here
+# they are plotted for p = 2, 4, 8):
 
 # %%
 ms = list(range(1, 33))
