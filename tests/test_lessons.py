@@ -340,3 +340,221 @@ def test_lesson_text_before_an_exercise_does_not_state_its_formula():
             if "exercise" in cell.metadata.get("tags", []) and key not in TAUGHT_BEFORE_THE_EXERCISE:
                 leaked = [f for f in map(_squash, FORMULAS[key]) if f in above]
                 assert not leaked, f"{source.stem}: the text above exercise {key!r} states {leaked}"
+
+
+# --- every exercise's reference answer agrees with the library (issue 15, item 1) ---------------------
+# A student who reads the library must be marked right, and one who carries a lesson's answer into an
+# assignment must keep the points: where minidist computes the quantity an exercise asks for, the
+# lesson's reference answer is compared with minidist's own function over a range of inputs.
+
+
+def _reference(stem: str, key: str, name: str):
+    """The function (or value) ``name`` defined by lesson ``stem``'s reference answer to ``key``."""
+    namespace: dict = {}
+    exec(build.solution_cells(stem)[key]["solution"][0], namespace)
+    return namespace[name]
+
+
+class _NeighbourChannel(_RecordingChannel):
+    """Also records to whom every message goes and from whom every message comes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: set[tuple[int, int]] = set()
+
+    def host_sendrecv(self, send, dest, recv, source) -> None:
+        self.peers.add((source, dest))
+        super().host_sendrecv(send, dest, recv, source)
+
+
+def test_lesson_01_tanh_backward_is_minidists_tanh_gradient():
+    import minidist as md
+
+    tanh_backward = _reference("01_autograd", "tanh", "tanh_backward")
+    x = np.linspace(-4, 4, 41)
+    g = np.random.default_rng(1).standard_normal(x.shape)
+    t = md.tensor(x, dtype=np.float64, requires_grad=True)
+    t.tanh().backward(g)
+    np.testing.assert_allclose(tanh_backward(np.tanh(x), g), t.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_lesson_01_numerical_grad_agrees_with_autograd_and_the_gradcheck_helper():
+    import minidist as md
+
+    numerical_grad = _reference("01_autograd", "numgrad", "numerical_grad")
+    spec = importlib.util.spec_from_file_location("gradcheck_helpers", REPO / "tests" / "test_gradcheck.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    w = np.random.default_rng(2).standard_normal((4, 3))
+    for seed in range(3):
+        x0 = np.random.default_rng(seed).standard_normal(4)
+
+        def f(v: np.ndarray) -> float:
+            return float(np.sum(np.tanh(v @ w) ** 2) + np.sum(np.exp(v / 3)))
+
+        t = md.tensor(x0[None, :], dtype=np.float64, requires_grad=True)  # (1, 4): matmul wants 2-d
+        ((t @ md.tensor(w, dtype=np.float64)).tanh() ** 2).sum().backward()
+        (t / 3).exp().sum().backward()  # accumulates into t.grad: the gradient of the sum
+        analytic = t.grad[0]
+        ours = numerical_grad(f, x0.copy(), 1e-6)
+        np.testing.assert_allclose(ours, analytic, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(ours, helper.numerical_gradient(f, x0.copy()), rtol=1e-9, atol=1e-9)
+
+
+def test_lesson_02_ring_neighbors_are_the_peers_ring_py_talks_to():
+    from types import SimpleNamespace
+
+    from minidist.distributed.ring import ring_reduce_scatter
+
+    ring_neighbors = _reference("02_mpi", "ring", "ring_neighbors")
+    for n in (2, 3, 5, 8):
+        for r in range(n):
+            channel = _NeighbourChannel()
+            ring_reduce_scatter(
+                SimpleNamespace(size=n, rank=r, collective_channel=channel), np.ones(n), "sum"
+            )
+            assert channel.peers == {ring_neighbors(r, n)}, (n, r)  # (left = source, right = dest)
+
+
+def test_lesson_03_ring_time_is_perfmodels_ring_all_reduce_time():
+    from minidist import perfmodel
+
+    ring_time = _reference("03_ring_allreduce", "ringtime", "ring_time")
+    for n in (1, 2, 3, 8, 64, 1024):
+        for nbytes in (0, 1, 1e3, 4e8):
+            for alpha, beta in [(5e-6, 1 / 12.5e9), (2e-6, 1e-9), (0.0, 1e-10)]:
+                want = perfmodel.ring_all_reduce_time(nbytes, n, alpha, beta)
+                assert ring_time(nbytes, n, alpha, beta) == pytest.approx(want, rel=1e-12, abs=1e-18)
+
+
+def test_lesson_04_microbatch_weight_makes_minidists_accumulated_gradient_the_full_batch_one():
+    import minidist as md
+    from minidist import nn
+
+    microbatch_weight = _reference("04_data_parallel", "accum", "microbatch_weight")
+    rng = np.random.default_rng(4)
+    for batch, k in [(31, 2), (128, 3), (10, 4), (7, 1), (12, 5)]:
+        x, y = rng.standard_normal((batch, 6)), rng.integers(0, 3, batch)
+        md.manual_seed(0)
+        full = nn.Linear(6, 3, dtype=np.float64)
+        nn.functional.cross_entropy(full(md.tensor(x, dtype=np.float64)), y).backward()
+        md.manual_seed(0)
+        accumulated = nn.Linear(6, 3, dtype=np.float64)
+        pieces = np.array_split(np.arange(batch), k)  # the split minidist's samplers and pipeline use
+        for i, rows in enumerate(pieces):
+            loss = nn.functional.cross_entropy(accumulated(md.tensor(x[rows], dtype=np.float64)), y[rows])
+            (loss * microbatch_weight([len(p) for p in pieces], i)).backward()  # .grad accumulates
+        np.testing.assert_allclose(accumulated.weight.grad, full.weight.grad, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(accumulated.bias.grad, full.bias.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_lesson_06_shard_shape_is_the_shape_minidists_tp_layers_keep():
+    """Every tp size on one process (``shard_parameter`` with a stand-in group, the axis each layer
+    shards); the layers themselves on real ranks in the MPI test below."""
+    from types import SimpleNamespace
+
+    from minidist.nn import Parameter
+    from minidist.parallel.tensor_parallel.layers import shard_parameter
+
+    shard_shape = _reference("06_tensor_parallel", "shard", "shard_shape")
+    for out_f, in_f in [(8, 4), (12, 24), (1024, 4096)]:
+        full = Parameter(np.zeros((out_f, in_f)))
+        for tp in (1, 2, 4):
+            for kind, tp_dim in (("column", 0), ("row", 1)):  # as ColumnParallelLinear / RowParallelLinear
+                for rank in range(tp):
+                    group = SimpleNamespace(size=tp, rank=rank)
+                    assert shard_parameter(full, tp_dim, group).shape == shard_shape(out_f, in_f, tp, kind)
+
+
+def test_lesson_07_bubble_fraction_is_perfmodels_and_the_simulated_schedules():
+    from minidist import perfmodel
+    from minidist.parallel.pipeline import gpipe, one_f_one_b, simulate
+
+    bubble_fraction = _reference("07_pipeline_parallel", "bubble", "bubble_fraction")
+    for p in range(1, 7):
+        for m in (1, 2, 3, 5, 8, 16):
+            want = perfmodel.bubble_fraction(p, m)
+            assert bubble_fraction(p, m) == pytest.approx(want, rel=1e-12, abs=1e-15), (p, m)
+            for schedule in (gpipe(p, m), one_f_one_b(p, m)):
+                assert simulate(schedule, 1.0, 2.0).bubble_fraction() == pytest.approx(want, abs=1e-12)
+
+
+def test_lesson_07_peak_activations_is_what_minidists_1f1b_schedule_holds():
+    from minidist.parallel.pipeline import one_f_one_b, peak_activations
+
+    peak = _reference("07_pipeline_parallel", "peak", "peak_activations_1f1b")
+    for p in range(1, 7):
+        for m in (1, 2, 3, 5, 8):
+            assert [peak(p, m, s) for s in range(p)] == list(peak_activations(one_f_one_b(p, m))), (p, m)
+
+
+def test_lesson_08_shards_needed_reads_what_minidists_resharding_assembles():
+    from minidist.checkpoint.layout import local_piece
+
+    shards_needed = _reference("08_checkpoints", "shards", "shards_needed")
+    for size, saved_tp, new_tp in [(12, 2, 3), (12, 3, 2), (8, 4, 4), (8, 1, 4), (8, 4, 1), (24, 4, 6)]:
+        data = np.arange(size)
+        saved = np.split(data, saved_tp)
+        entry = {"tp_dim": 0, "global_shape": [size], "shards": [{"tp_rank": k} for k in range(saved_tp)]}
+        for r in range(new_tp):
+            want = local_piece("w", entry, saved, new_tp, r, 0)
+            got = np.concatenate([saved[k][lo:hi] for k, lo, hi in shards_needed(size, saved_tp, new_tp, r)])
+            np.testing.assert_array_equal(got, want)
+
+
+def test_lesson_09_mesh_rank_and_dp_speedup_are_the_librarys():
+    from minidist import perfmodel
+    from minidist.parallel.mesh import mesh_coords
+    from minidist.parallel.mesh import mesh_rank as library_mesh_rank
+
+    mesh_rank = _reference("09_scaling", "rank", "mesh_rank")
+    for dp, tp, pp in [(2, 2, 2), (3, 2, 1), (1, 4, 2), (2, 1, 3), (4, 8, 2)]:
+        for rank in range(dp * tp * pp):
+            d, t, s = mesh_coords(rank, dp, tp, pp)
+            assert mesh_rank(d, t, s, dp, tp) == library_mesh_rank(d, t, s, dp, tp) == rank
+    dp_speedup = _reference("09_scaling", "speedup", "dp_speedup")
+    for hw in (
+        perfmodel.Hardware(flops=1.2e14, alpha=20e-6, beta=1 / 12.5e9),
+        perfmodel.Hardware(1e12, 1e-6, 1e-9),
+    ):
+        for params in (125e6, 1.3e9):
+            work = perfmodel.Workload(
+                params=params, global_batch=1024, tokens_per_sample=2048, bytes_per_value=2
+            )
+            for gpus in (1, 2, 8, 64, 1024):
+                want = perfmodel.predict(work, hw, dp=gpus).speedup
+                args = (work.flops_per_step, gpus, params * work.bytes_per_value, hw.flops, hw.alpha, hw.beta)
+                assert dp_speedup(*args) == pytest.approx(want, rel=1e-9), (params, gpus)
+
+
+def test_lesson_answers_agree_with_minidist_on_real_ranks(tmp_path):
+    """Lessons 05, 06 and 08 against the library on 2 ranks: the tp layers' weight shapes, the f
+    operator's backward, ZeRO's measured memory and the files of a committed checkpoint."""
+    import json
+
+    from mpi_utils import run_mpi
+
+    run_mpi(2, "lessons/library_quantities.py", tmp_path, timeout=120)
+    lib = json.loads((tmp_path / "library.json").read_text())
+    shard_shape = _reference("06_tensor_parallel", "shard", "shard_shape")
+    for kind, shapes in lib["shapes"].items():
+        for sizes, shape in shapes.items():
+            out_f, in_f = map(int, sizes.split(","))
+            assert tuple(shape) == shard_shape(out_f, in_f, 2, kind), (kind, sizes)
+
+    assert _reference("06_tensor_parallel", "fg", "OPERATOR_BEFORE_COLUMN") == "f"
+    f_backward = _reference("06_tensor_parallel", "fg", "f_backward")
+    ours = f_backward([np.array(r["local"]) for r in lib["f_backward"]])
+    for rank, r in enumerate(lib["f_backward"]):
+        np.testing.assert_allclose(ours[rank], np.array(r["out"]), rtol=1e-12, err_msg=f"rank {rank}")
+
+    zero_bytes = _reference("05_zero", "zero", "zero_bytes")
+    for stage, report in lib["zero"].items():
+        # float32 AdamW: b = 4, K = 8. The formula divides by N; array_split gives the largest rank
+        # one more element of a part when N does not divide Psi: at most b + b + K bytes more.
+        formula = zero_bytes(lib["psi"], 2, int(stage), 4, 8)
+        assert 0 <= report["total"] - formula <= 4 + 4 + 8, (stage, report, formula)
+
+    files_before_latest = _reference("08_checkpoints", "files", "files_before_latest")
+    saved = lib["checkpoint"]
+    assert files_before_latest(saved["step"], saved["writers"]) == set(saved["files"])
