@@ -558,3 +558,34 @@ def test_lesson_answers_agree_with_minidist_on_real_ranks(tmp_path):
     files_before_latest = _reference("08_checkpoints", "files", "files_before_latest")
     saved = lib["checkpoint"]
     assert files_before_latest(saved["step"], saved["writers"]) == set(saved["files"])
+
+
+# --- lesson figures (issue 15, item 10) ------------------------------------------------------------
+
+
+def test_lesson_01_graph_figure_names_every_leaf_and_no_boxes_overlap():
+    """Runs lesson 01's cells up to its graph drawing and inspects the figure it leaves behind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = build.parse_cells((LESSONS / "src" / "01_autograd.py").read_text())
+    code = [text for kind, _, text in cells if kind == "code"]
+    namespace: dict = {}
+    plt.close("all")
+    for text in code:
+        exec(text, namespace)
+        if "draw(y)" in text:
+            break
+    fig = plt.gcf()
+    fig.canvas.draw()
+    texts = [t for t in fig.axes[0].texts if t.get_bbox_patch() is not None]
+    assert len(texts) == 10, [t.get_text() for t in texts]  # 5 leaves, 2 products, 2 sums, tanh
+    first_lines = sorted(t.get_text().splitlines()[0] for t in texts)
+    assert {"x1", "x2", "w1", "w2", "b"} <= set(first_lines), f"unnamed leaves: {first_lines}"
+    boxes = [t.get_bbox_patch().get_window_extent() for t in texts]
+    for i, a in enumerate(boxes):
+        for j, other in enumerate(boxes[:i]):
+            assert not a.overlaps(other), f"boxes {texts[i].get_text()!r} and {texts[j].get_text()!r} overlap"
+    plt.close("all")
