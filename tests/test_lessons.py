@@ -589,3 +589,32 @@ def test_lesson_01_graph_figure_names_every_leaf_and_no_boxes_overlap():
         for j, other in enumerate(boxes[:i]):
             assert not a.overlaps(other), f"boxes {texts[i].get_text()!r} and {texts[j].get_text()!r} overlap"
     plt.close("all")
+
+
+def test_lesson_07_synthetic_stages_measure_the_theoretical_bubble(tmp_path):
+    """Lesson 07's measurement under its own conditions (2 ranks, 1F1B, m = 4, stages of 40 ms): the
+    measured bubble is within the tolerance the lesson states of (p-1)/(m+p-1), also on a loaded machine
+    (the stage time dwarfs wake-up and message delays). About 3 s."""
+    import json
+    import re
+
+    from mpi_utils import run_mpi
+
+    from minidist.parallel.pipeline import one_f_one_b
+    from minidist.parallel.pipeline.gantt import timeline_from_trace
+
+    source = (LESSONS / "src" / "07_pipeline_parallel.py").read_text()
+    tolerance = float(re.search(r"^TOLERANCE = ([0-9.]+)", source, re.M).group(1))
+    assert '"--stage-ms", 40' in source and '"--width", 64, "--batch", 256' in source  # what is tested here
+    p, m = 2, 4
+    run_mpi(
+        p,
+        str(LESSONS / "scripts" / "pipeline_trace.py"),
+        tmp_path / "trace.json",
+        *("--schedule", "1f1b", "-m", m, "--width", 64, "--batch", 256, "--stage-ms", 40),
+        timeout=120,
+        env={"MINIDIST_TIMEOUT": "60"},
+    )
+    result = json.loads((tmp_path / "trace.json").read_text())
+    measured = timeline_from_trace(one_f_one_b(p, m), result["events"]).bubble_fraction()
+    assert abs(measured - (p - 1) / (m + p - 1)) <= tolerance, f"measured bubble {measured:.3f}, formula 0.2"
