@@ -312,6 +312,14 @@ def test_a_wrong_answer_gets_a_question_first_and_a_different_nudge_after(capsys
             assert question in first and nudge not in first, f"{stem}/{key}, first miss:\n{first}"
             assert nudge in second and question not in second, f"{stem}/{key}, second miss:\n{second}"
             assert nudge in third, f"{stem}/{key}, third miss:\n{third}"
+    # Lesson 02's ring pass is checked on the engines' tokens: every rank kept its own one here.
+    checks.reset_hints()
+    question, nudge = checks.ring_pass.hints
+    kept = [np.array([0.0]), np.array([1.0])]
+    first, second = (
+        _message(f"received = {[t.tolist() for t in kept]}", "checks.ring_pass(received)") for _ in "12"
+    )
+    assert question in first and nudge in second and nudge not in first and question not in second
     checks.reset_hints()
 
 
