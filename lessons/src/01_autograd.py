@@ -32,9 +32,9 @@ import minidist as md
 
 # %%
 class Value:
-    def __init__(self, data, parents=(), op=""):
+    def __init__(self, data, parents=(), op="", label=""):
         self.data, self.grad = float(data), 0.0
-        self.parents, self.op = parents, op
+        self.parents, self.op, self.label = parents, op, label  # label: a name for the drawing only
         self._backward = lambda: None
 
     def __add__(self, other):
@@ -90,49 +90,65 @@ def numeric_tanh_backward(out, out_grad):
 
 
 # %% [markdown]
-# One neuron: `y = tanh(w1*x1 + w2*x2 + b)`. Let us draw its graph: every box is a `Value`,
-# arrows point from inputs to the op that used them.
+# One neuron: `y = tanh(w1*x1 + w2*x2 + b)`. Let us draw its graph: every box is a `Value` (blue: a
+# leaf, named; yellow: the result of an op), arrows point from inputs to the op that used them.
 
 # %%
-x1, x2, w1, w2, b = Value(0.5), Value(-1.0), Value(2.0), Value(0.3), Value(0.1)
+x1, x2 = Value(0.5, label="x1"), Value(-1.0, label="x2")
+w1, w2, b = Value(2.0, label="w1"), Value(0.3, label="w2"), Value(0.1, label="b")
 y = (w1 * x1 + w2 * x2 + b).tanh()
 y.backward()
 
 
 def draw(root):
-    """Lay the graph out by depth (leaves left, output right) and draw it with matplotlib."""
-    depth, nodes = {}, []
+    """Draw the graph with matplotlib, the output on the right. A node's column is its longest distance
+    from the output, so every arrow points right; leaves take one row each, in the order a depth-first
+    walk meets them, and an op sits at the mean height of its inputs: no two boxes overlap, and inputs
+    sit next to the op that uses them."""
+    column, row, nodes = {}, {}, []
 
-    def visit(v):
-        if id(v) in depth:
-            return depth[id(v)]
-        depth[id(v)] = 1 + max((visit(p) for p in v.parents), default=-1)
+    def place_columns(v, distance):  # distance from the output: the longest path, so arrows point right
+        if column.get(id(v), -1) < distance:
+            column[id(v)] = distance
+            for p in v.parents:
+                place_columns(p, distance + 1)
+
+    def place_rows(v):  # leaves one row each, in depth-first order; an op at the mean row of its inputs
+        if id(v) in row:
+            return
+        for p in v.parents:
+            place_rows(p)
+        if v.parents:
+            row[id(v)] = sum(row[id(p)] for p in v.parents) / len(v.parents)
+        else:
+            row[id(v)] = sum(1 for n in nodes if not n.parents)  # the next free leaf row
         nodes.append(v)
-        return depth[id(v)]
 
-    visit(root)
-    rows = {}
-    pos = {}
-    for v in nodes:
-        d = depth[id(v)]
-        pos[id(v)] = (d, rows.get(d, 0))
-        rows[d] = rows.get(d, 0) + 1
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    place_columns(root, 0)
+    place_rows(root)
+    width, height = max(column.values()), max(row.values())
+    pos = {id(v): (width - column[id(v)], height - row[id(v)]) for v in nodes}  # first leaf on top
+    fig, ax = plt.subplots(figsize=(1.9 * (width + 1), 0.8 * (height + 1) + 0.6))
     for v in nodes:
         for p in v.parents:
-            ax.annotate("", pos[id(v)], pos[id(p)], arrowprops={"arrowstyle": "->", "color": "gray"})
+            ax.annotate(
+                "",
+                pos[id(v)],
+                pos[id(p)],
+                arrowprops={"arrowstyle": "->", "color": "gray", "shrinkA": 24, "shrinkB": 24},
+            )
     for v in nodes:
-        label = f"{v.op or 'leaf'}\ndata {v.data:.3f}\ngrad {v.grad:.3f}"
+        name = v.label if not v.parents else v.op
         ax.text(
             *pos[id(v)],
-            label,
+            f"{name}\ndata {v.data:.3f}\ngrad {v.grad:.3f}",
             ha="center",
             va="center",
             fontsize=8,
             bbox={"boxstyle": "round", "fc": "lightyellow" if v.parents else "lightblue"},
         )
-    ax.set_xlim(-0.6, max(rows) + 0.6)
-    ax.set_ylim(-0.7, max(rows.values()) - 0.3)
+    ax.set_xlim(-0.5, width + 0.5)
+    ax.set_ylim(-0.6, height + 0.6)
     ax.axis("off")
     ax.set_title("computation graph of y = tanh(w1*x1 + w2*x2 + b), after y.backward()")
     plt.show()

@@ -6,7 +6,7 @@
 #
 # **Learning goals.** After this lesson you can
 # 1. trace which chunk every rank sends and holds at every step of a ring all-reduce;
-# 2. derive its cost, `2(n-1) alpha + 2(n-1)/n N beta`, and explain why it is *bandwidth-optimal*;
+# 2. derive its cost in the alpha-beta model, and explain why it is *bandwidth-optimal*;
 # 3. measure it against MPI's built-in `MPI_Allreduce` on real ranks;
 # 4. explain why recursive doubling wins for small messages.
 #
@@ -96,16 +96,12 @@ checks.reduce_scatter_send_chunk(send_chunk)
 # ## 3. What does it cost?
 #
 # Model one message of m bytes as `alpha + m * beta` seconds: `alpha` is the latency (software
-# overhead, wire), `beta` the time per byte (1 / bandwidth). Each of the `2(n-1)` steps sends one chunk
-# of `N/n` bytes, and all ranks send at the same time, so
+# overhead, wire), `beta` the time per byte (1 / bandwidth). Section 1 gave you the rest: how many
+# steps each phase takes, and how large the one chunk is that a rank sends in a step when the vector
+# of N bytes is cut into n chunks. All ranks send at the same time, on their own links.
 #
-# $$T_{ring} = 2(n-1)\,\alpha + \frac{2(n-1)}{n} N \beta .$$
-#
-# The bandwidth term hardly grows with n (it tends to `2 N beta`): every rank sends and receives
-# about 2N bytes whatever the number of ranks, which is the minimum any all-reduce needs. That is
-# what *bandwidth-optimal* means. The latency term, though, grows linearly with n.
-#
-# **Your turn:** write the formula as a function.
+# **Your turn:** derive the time of the whole all-reduce, `ring_time(nbytes, n, alpha, beta)`, and
+# write it as a function. (Count the steps of both phases; what does one step cost?)
 
 
 # %% [exercise ringtime]
@@ -117,6 +113,14 @@ def ring_time(nbytes, n, alpha, beta):
 checks.ring_time(ring_time)
 
 # %% [markdown]
+# The answer, once you have it: `2(n-1)` steps of one `N/n`-byte chunk each,
+#
+# $$T_{ring} = 2(n-1)\,\alpha + \frac{2(n-1)}{n} N \beta .$$
+#
+# The bandwidth term hardly grows with n (it tends to `2 N beta`): every rank sends and receives
+# about 2N bytes whatever the number of ranks, which is the minimum any all-reduce needs. That is
+# what *bandwidth-optimal* means. The latency term, though, grows linearly with n.
+#
 # ## 4. Measure it on real ranks
 #
 # Two engines, each a real MPI rank. We time minidist's ring, recursive doubling, and MPI's built-in

@@ -78,8 +78,9 @@ print(f"rank {world.rank}: {len(mine)} samples, max |DP grad - single-process gr
 #
 # With 31 samples on 2 ranks, the slices hold 16 and 15. Each rank's loss is a mean over *its*
 # samples, so averaging the two gradients weights a sample on rank 1 more than one on rank 0: the
-# result is no longer the full-batch gradient. The fix is to scale rank i's loss by `n * b_i / B`
-# (`examples/train_mlp.py` does this) so that every sample counts `1 / B`.
+# result is no longer the full-batch gradient. The fix is to scale each rank's loss by a factor that
+# makes every sample count `1 / B` again (`examples/train_mlp.py` does this; the cell below uses it,
+# and section 3 asks you to derive the same kind of factor for gradient accumulation).
 
 # %%
 # %%px
@@ -87,7 +88,7 @@ X31, Y31 = X[:31], Y[:31]
 mine31 = np.array_split(np.arange(31), world.size)[world.rank]
 reference31 = grads_of(make_model(), X31, Y31)
 errors = {}
-for name, scale in [("plain average", 1.0), ("scaled by n*b_i/B", world.size * len(mine31) / 31)]:
+for name, scale in [("plain average", 1.0), ("scaled", world.size * len(mine31) / 31)]:
     model = make_model()
     grads_of(model, X31[mine31], Y31[mine31], scale)
     for p in model.parameters():

@@ -28,22 +28,24 @@ rc = start_cluster(2)
 # ## 1. The formula
 #
 # Call Ψ the number of parameters, b the bytes of one parameter (and of one gradient), K the bytes of
-# optimizer state per parameter. A plain data-parallel rank holds `b Ψ + b Ψ + K Ψ`. ZeRO's stages
-# shard, on N ranks:
+# optimizer state per parameter. A plain data-parallel rank holds `b Ψ + b Ψ + K Ψ`: parameters,
+# gradients, optimizer state. ZeRO's stages shard, on N ranks (each rank keeps a 1/N slice of what
+# is sharded):
 #
-# | stage | shards | bytes per rank |
-# |---|---|---|
-# | 0 (plain DP) | nothing | b Ψ + b Ψ + K Ψ |
-# | 1 (P_os) | optimizer state | b Ψ + b Ψ + K Ψ / N |
-# | 2 (P_os+g) | + gradients | b Ψ + (b + K) Ψ / N |
-# | 3 (P_os+g+p) | + parameters | (b + b + K) Ψ / N |
+# | stage | shards |
+# |---|---|
+# | 0 (plain DP) | nothing |
+# | 1 (P_os) | optimizer state |
+# | 2 (P_os+g) | + gradients |
+# | 3 (P_os+g+p) | + parameters |
 #
 # The paper's example uses mixed-precision Adam: fp16 parameters and gradients (b = 2) and K = 12
 # (an fp32 master copy of the weights, momentum and variance). minidist trains in one dtype with no
 # master copy: float32 AdamW has b = 4, K = 8.
 #
-# **Your turn:** write `zero_bytes(psi, n, stage, b, k)`. The check compares with the paper's Figure 1
-# (7.5 B parameters on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB).
+# **Your turn:** derive the bytes per rank of each stage and write `zero_bytes(psi, n, stage, b, k)`.
+# The check compares with the paper's Figure 1 (7.5 B parameters on 64 GPUs: 120 GB, 31.4 GB,
+# 16.6 GB, 1.9 GB).
 
 
 # %% [exercise zero]
@@ -53,6 +55,16 @@ def zero_bytes(psi, n, stage, b, k):
 
 # %% [check zero]
 checks.zero_bytes(zero_bytes)
+
+# %% [markdown]
+# The answer, once you have it (ZeRO §5, Figure 1):
+#
+# | stage | bytes per rank |
+# |---|---|
+# | 0 | b Ψ + b Ψ + K Ψ |
+# | 1 | b Ψ + b Ψ + K Ψ / N |
+# | 2 | b Ψ + (b + K) Ψ / N |
+# | 3 | (b + b + K) Ψ / N |
 
 # %% [markdown]
 # ## 2. Measure it

@@ -176,12 +176,11 @@ for r in rows:
 #
 # ### B2. Your turn: the data-parallel speedup
 #
-# One GPU takes `T(1) = C / F` for `C` FLOPs at `F` FLOP/s. On G GPUs with the same global batch
-# (strong scaling) each computes `C / G`, then all-reduces N bytes of gradients with the ring:
-#
-# $$T(G) = \frac{C}{G F} + 2(G-1)\alpha + \frac{2(G-1)}{G} N \beta, \qquad \text{speedup}(G) = T(1) / T(G).$$
-#
-# Write `dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta)`.
+# One GPU takes `T(1) = C / F` for a step of `C` FLOPs at `F` FLOP/s. On G GPUs with the same global
+# batch (strong scaling) each GPU does a G-th of the work, then the G GPUs all-reduce the N bytes of
+# gradients with the ring of lesson 03 (your `ring_time`), without overlap. Derive the step time
+# `T(G)` and the speedup `T(1) / T(G)`, and write
+# `dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta)`.
 
 
 # %% [exercise speedup]
@@ -193,6 +192,13 @@ def dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta):
 checks.dp_speedup(dp_speedup)
 
 # %% [markdown]
+# The answer, once you have it:
+#
+# $$T(G) = \frac{C}{G F} + 2(G-1)\alpha + \frac{2(G-1)}{G} N \beta, \qquad \text{speedup}(G) = T(1) / T(G).$$
+#
+# The compute term shrinks with G, the all-reduce does not: its bandwidth term tends to `2 N beta` and
+# its latency term grows. That is the whole story of the curves below.
+#
 # ### B3. Speedup from 1 to 1,024 GPUs
 #
 # Now the real thing: models of 125 M, 1.3 B and 13 B parameters with the global batches GPT-3 used for
