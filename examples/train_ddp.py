@@ -19,6 +19,8 @@ for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(threads, "1")
 
 import argparse
+import contextlib
+import io
 
 import numpy as np
 
@@ -34,11 +36,15 @@ parser.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch, s
 parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (momentum 0.9)")
 parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the data order")
 parser.add_argument("--out", default=None, help="also save the final weights and losses to this .npz")
-args = parser.parse_args()
 
 # --- setup: start MPI. Every rank learns its number (rank) and how many ranks there are.
 dist.init()
 rank, world_size = dist.get_rank(), dist.get_world_size()
+# Every rank parses the same command line, so a bad flag fails on all of them alike: only rank 0 shows
+# argparse's message (and --help), not world_size copies. All ranks then exit with argparse's code 2.
+with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
+    with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
+        args = parser.parse_args()
 
 # --- data: every rank loads the whole (small) data set; the sampler decides who reads which samples.
 x_train, y_train = load_dataset("digits", "train")  # 1,500 8x8 images as 64 floats, labels 0-9

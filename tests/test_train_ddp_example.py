@@ -37,3 +37,17 @@ def test_data_parallel_training_equals_one_process(tmp_path):
             np.testing.assert_allclose(
                 got[name], reference[name], rtol=0, atol=1e-5, err_msg=f"{n} ranks: {name}"
             )
+
+
+@pytest.mark.mpi
+def test_a_bad_flag_and_help_are_printed_once_not_once_per_rank():
+    # The README's first example, run with a typo: every rank parses the same command line, and each
+    # printed argparse's usage and error, 4 copies on 4 ranks. Now rank 0 prints them; all exit with 2.
+    bad = run_mpi(4, EXAMPLE, "--lr", "0.1", "--bogus", timeout=60, check=False)
+    output = bad.stdout + bad.stderr
+    assert bad.returncode == 2, output
+    assert output.count("error: unrecognized arguments: --bogus") == 1, output
+    assert output.count("usage: train_ddp.py") == 1, output
+    shown = run_mpi(4, EXAMPLE, "--help", timeout=60, check=False)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert (shown.stdout + shown.stderr).count("usage: train_ddp.py") == 1, shown.stdout
