@@ -394,6 +394,11 @@ RULE_BREAKERS = [
      "    group.mpi.Allreduce(MPI.IN_PLACE, flat, op={'max': MPI.MAX, 'min': MPI.MIN}.get(op, MPI.SUM))\n"
      "    if op == 'avg':\n        flat /= group.size\n",
      "uses MPI's own Allreduce (called from minidist/distributed/ring.py line", None),
+    ("A7", "A7.1", "minidist/parallel/zero.py",  # the full gradient all-reduced, then this rank's part
+     'averaged = dist.reduce_scatter(flat, op="avg", group=self.group)',
+     'averaged = dist.all_reduce(flat, op="avg", group=self.group)'
+     "[self.layout.start : self.layout.stop].copy()",
+     "A7.1 (ZeroRedundancyOptimizer._reduce_scatter_gradients) uses dist.all_reduce", None),
 ]  # fmt: skip
 
 

@@ -122,8 +122,10 @@ class watch:
             module, name = spec.split(":")
             found = functools.reduce(getattr, name.split("."), __import__(module, fromlist=["_"]))
             function = inspect.unwrap(found)
-            owner = "minidist's " if module.startswith("minidist") else ""
-            self._codes[function.__code__] = f"{owner}{module.rsplit('.', 1)[-1]}.{name}"
+            short = module.rsplit(".", 1)[-1]
+            if module == "minidist.distributed.collectives":
+                short = "dist"  # as students call it: dist.all_reduce
+            self._codes[function.__code__] = f"{short}.{name}"
         self._saved: list[tuple[Any, Any]] = []
 
     def __enter__(self) -> watch:
@@ -161,7 +163,7 @@ class watch:
             caller = caller.f_back
         if caller is None or _file(caller) not in self._student:
             return
-        function = caller.f_code.co_name
+        function = caller.f_code.co_qualname  # "BlockingMessaging.run": the class says which run
         if self.rule.callers and not self._inside_callers(caller):
             return
         found = Violation(called, function, _short(caller.f_code.co_filename), caller.f_lineno)
@@ -180,7 +182,7 @@ class watch:
         """One failure message per forbidden call: what was called, from where, and what it costs."""
         out = []
         for v in self.violations:
-            task = self.rule.tasks.get(v.function)
+            task = self.rule.tasks.get(v.function) or self.rule.tasks.get(v.function.rsplit(".", 1)[-1])
             who = f"{task} ({v.function})" if task else v.function
             out.append(
                 f"{who} uses {v.called} (called from {v.file} line {v.line}): {self.rule.why}; "

@@ -35,7 +35,7 @@ RULE = rules.Rule(
     mpi_methods=("Isend", "Irecv", "Issend", "Ibsend", "Irsend", "Isendrecv", "isend", "irecv", "issend"),
     functions=("threading:Thread.start",),
     through=("minidist.distributed.p2p_batch",),
-    tasks={"run": "A5.2"},
+    tasks={"BlockingMessaging.run": "A5.2"},
 )
 
 
