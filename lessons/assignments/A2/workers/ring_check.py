@@ -73,15 +73,25 @@ def same(got: np.ndarray, want: np.ndarray) -> bool:
     return got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
 
 
-def nudge_reduced(got: np.ndarray, inputs: list[np.ndarray], chunks, c: int, op: str) -> str:
+def nudge_reduced(
+    got: np.ndarray, inputs: list[np.ndarray], chunks, c: int, op: str, whole: np.ndarray | None = None
+) -> str:
     """For a wrong reduced chunk ``c``: whose contributions does it hold? A nudge, never the schedule.
 
     The task file's hint asks a question; this says what the numbers show, so that a student can find
-    the step that went wrong without being handed the chunk-index formula.
+    the step that went wrong without being handed the chunk-index formula. ``whole``: this rank's
+    whole array after reduce-scatter, to see whether another chunk got finished here instead.
     """
     n, (a, b) = len(inputs), chunks[c]
     if got.shape != (b - a,) or a == b:
         return ""
+    for d, (start, stop) in enumerate(chunks):
+        finished = reduce([x[start:stop] for x in inputs], op)
+        if whole is not None and d != c and stop > start and np.array_equal(whole[start:stop], finished):
+            return (
+                f" Chunk {d} is the one finished on this rank, not chunk {c}. Which chunk must a rank send"
+                " in the first step so that the last chunk it completes is its own?"
+            )
     for d, (start, stop) in enumerate(chunks):
         finished = reduce([x[start:stop] for x in inputs], op)
         if d != c and stop - start == b - a and np.array_equal(got, finished):
@@ -165,7 +175,7 @@ def check_case(group, case: dict) -> list[str]:
         flat = inputs[r].copy()
         numbered(group, "reduce_scatter", op, dtype, lambda: ring.ring_reduce_scatter(group, flat, op))
         expect(f"ring_reduce_scatter: chunk {r} (elements {lo}:{hi}) after", flat[lo:hi], want[lo:hi],
-               lambda: nudge_reduced(flat[lo:hi], inputs, chunks, r, op))  # fmt: skip
+               lambda: nudge_reduced(flat[lo:hi], inputs, chunks, r, op, flat))  # fmt: skip
         got = dist.reduce_scatter(inputs[r].copy(), op=op, group=group, algorithm="ring")
         expect("dist.reduce_scatter(algorithm='ring') result of", got, want[lo:hi])
     elif kind == "all_gather":
