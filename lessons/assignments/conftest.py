@@ -5,6 +5,8 @@
   no shrinking);
 * refuses to run when the grader said which minidist to test (``MINIDIST_GRADE_PATH``) and another one
   was imported (an installed copy shadowing the submission would grade the wrong code);
+* a test that fails on an untouched stub (``NotImplementedError("A2.1: ...")``) reports "not implemented
+  yet" and the handout's task, and the grader then shows no hint (see ``_not_written``);
 * when ``MINIDIST_GRADE_REPORT`` names a file, appends one JSON line per test event to it as the run
   goes, so the grader knows which test is running (to time out a hang) and what failed, even if it has
   to kill this process.

@@ -10,14 +10,17 @@ Why at run time, and not by reading the source: text search flags dead code and 
 
 Which calls count. Only calls whose *caller* is the student's code (a function in one of the rule's
 ``files``) count, so minidist's own collectives around the student's code (argument agreement,
-liveness, group creation, ``dist.all_reduce`` inside DDP) never do. A call that goes through a module of
-``through`` (``mpi_builtin``: MPI's own collectives under minidist names) is traced back one more level.
+liveness, group creation, ``dist.all_reduce`` inside DDP) never do. A call made from a module of
+``through`` (``mpi_builtin``: MPI's own collectives under minidist names) counts for whoever called
+that module.
 
 How. mpi4py's communicator types are C types whose methods cannot be replaced, so :class:`watch`
 replaces the communicator *objects* the ranks use (``group.mpi``, ``MPI.COMM_WORLD``) by instances of a
-subclass whose data-moving collectives note the caller, then do the real call. Communicators split or
-duplicated from them inherit the subclass. Python functions (``dist.all_reduce`` and friends) are seen
-with :func:`sys.setprofile` (and :func:`threading.setprofile` for threads started meanwhile).
+subclass whose data-moving collectives note the caller, then do the real call. Communicators split,
+created or duplicated from them are made instances of the subclass too (mpi4py's ``Dup`` keeps the
+subclass, ``Split`` and ``Create`` would not), so sub-groups made meanwhile are watched as well.
+Python functions (``dist.all_reduce`` and friends) are seen with :func:`sys.setprofile` (and
+:func:`threading.setprofile` for threads started meanwhile).
 Limitation: a call made from C (``map(comm.Allreduce, ...)``) has no Python caller and is not seen.
 
 Cost (``benchmarks/grading_rules.py``, benchmarks/README.md): the profile hook makes a worker's body
@@ -60,7 +63,8 @@ class Rule:
     ``files``: module names of the student's code (``"minidist.distributed.ring"``); ``callers``: only
     these functions of those modules (empty: all); ``mpi_methods``: mpi4py communicator methods;
     ``functions``: Python functions as ``"module:name"``; ``through``: modules whose calls are traced
-    back to their caller; ``tasks``: function name -> task id, to name the task in the message.
+    back to their caller; ``tasks``: function name (``"run"`` or ``"BlockingMessaging.run"``) -> task
+    id, to name the task in the message.
     """
 
     files: tuple[str, ...]
@@ -209,5 +213,16 @@ def _recording_class(names: tuple[str, ...]) -> type:
         method.__name__ = name
         return method
 
+    def inheritor(name: str) -> Any:
+        real = getattr(MPI.Intracomm, name)
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            new = real(self, *args, **kwargs)
+            return new if new == MPI.COMM_NULL else type(self)(new)  # a rank in no group gets COMM_NULL
+
+        method.__name__ = name
+        return method
+
     methods = {name: recorder(name) for name in names if hasattr(MPI.Intracomm, name)}
+    methods.update({name: inheritor(name) for name in ("Split", "Split_type", "Create", "Create_group")})
     return type("RecordingIntracomm", (MPI.Intracomm,), methods)
