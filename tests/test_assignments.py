@@ -414,3 +414,59 @@ def test_a_forbidden_call_loses_the_test_and_is_explained(
     test_a_plausible_mistake_loses_the_task_and_is_named(
         tmp_path, assignment, task, file, old, new, words, timeout
     )
+
+
+STUDENT_CODE = """
+import numpy as np
+from mpi4py import MPI
+import minidist.distributed as dist
+from minidist.distributed import mpi_builtin
+
+
+def raw(group):
+    group.mpi.Allreduce(MPI.IN_PLACE, np.ones(3))
+
+
+def builtin(group):
+    mpi_builtin.mpi_all_reduce(group, np.ones(3), "sum")
+
+
+def allowed(group):
+    dist.all_reduce(np.ones(3), group=group)  # a minidist collective: fine unless the rule lists it
+"""
+
+
+def test_the_watch_sees_only_the_students_own_forbidden_calls(tmp_path, monkeypatch):
+    """rules.watch in one process (a world of 1): which calls count, sub-groups, and a clean exit."""
+    monkeypatch.syspath_prepend(str(REPO / "lessons" / "assignments"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "student_i15.py").write_text(STUDENT_CODE)
+    import numpy as np  # noqa: PLC0415
+    import rules  # noqa: PLC0415  (imports mpi4py: only this test needs it)
+    import student_i15  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    import minidist.distributed as dist  # noqa: PLC0415
+    from minidist.distributed import mpi_builtin  # noqa: PLC0415
+
+    world = dist.Communicator(MPI.COMM_WORLD)  # not dist.init(): its excepthook would end pytest on an error
+    original, world_handle = world.mpi, MPI.COMM_WORLD
+    rule = rules.Rule(files=("student_i15",), why="not here", tasks={"raw": "A9.1"})
+    with rules.watch(rule, [world]) as seen:
+        mpi_builtin.mpi_all_reduce(world, np.ones(2), "sum")  # not the student's call: not counted
+        student_i15.allowed(world)
+        sub = world.split(0)  # made while watching: watched too (Split does not keep the subclass)
+        student_i15.raw(sub)
+        student_i15.builtin(world)
+    assert [(v.called, v.function, v.line) for v in seen.violations] == [
+        ("MPI's own Allreduce", "raw", 9),
+        ("MPI's own Allreduce", "builtin", 13),
+    ]
+    assert seen.messages()[0].startswith("A9.1 (raw) uses MPI's own Allreduce (called from ")
+    assert world.mpi is original and MPI.COMM_WORLD is world_handle  # everything restored
+    strict = rules.Rule(
+        files=("student_i15",), why="not here", functions=("minidist.distributed.collectives:all_reduce",)
+    )
+    with rules.watch(strict, [world]) as seen:
+        student_i15.allowed(world)
+    assert [(v.called, v.function) for v in seen.violations] == [("dist.all_reduce", "allowed")]
