@@ -162,10 +162,13 @@ def test_released_starter_scores_zero(assignment, tmp_path):
         tmp_path / "starter", "import minidist.parallel, minidist.parallel.pipeline, minidist.checkpoint"
     )
     assert proc.returncode == 0, proc.stderr  # every module still imports with this and later regions blanked
-    report = grade(assignment, tmp_path / "starter", include_hidden=assignment not in PUBLIC_ONLY_STARTER)
+    public_only = assignment in PUBLIC_ONLY_STARTER  # graded with the release's own tests, as a student does
+    starter = tmp_path / "starter"
+    report = grade(assignment, starter, include_hidden=not public_only, root=starter if public_only else None)
     assert report.score == 0, report.table()
     for task in report.tasks:
         assert "NotImplementedError" in task.feedback, task.feedback
+    assert_gives_nothing_away(report)  # no hint and no solution for code not written yet
     assert report.seconds < 60, f"the starter took {report.seconds:.0f} s to grade: something waited"
 
 
@@ -316,3 +319,154 @@ def test_a_plausible_mistake_loses_the_task_and_is_named(
     assert words in report.feedback_of(task), report.table()
     if timeout is not None:
         assert report.seconds < 4 * timeout + 30, f"a hang blocked the grader for {report.seconds:.0f} s"
+
+
+# -- issue 15: hints escalate and never give the answer; the graders enforce the handouts' rules ----------
+
+
+def _squeezed(text: str) -> str:
+    """Text without spaces, one kind of quote: ``(r - s - 1) % n`` and ``(r-s-1)%n`` compare equal."""
+    return "".join(text.split()).replace('"', "'")
+
+
+def _solution_text(assignment: str | None = None) -> tuple[str, str]:
+    """The lines inside the reference's solution regions, squeezed: (code and comments, code only)."""
+    lines = []
+    for region in regions_in(layout.marked_files(REPO / "minidist"), REPO):
+        if assignment is None or region.assignment == assignment:
+            source = (REPO / region.path).read_text().splitlines()
+            lines += source[region.begin + 1 : region.end]
+    code = [line.split("#")[0] for line in lines]
+    return _squeezed("\n".join(lines)), _squeezed("\n".join(code))
+
+
+def _formulas_shared(text: str, solution: tuple[str, str], code: bool = True) -> set[str]:
+    """Pieces of ``text`` that the solution also holds: a formula (8 characters squeezed, with an
+    arithmetic operator and a digit, bracket or ``=``; not a hyphenated word) anywhere in the regions,
+    or (``code``) 24 characters of their code (a line of it; off for a traceback, which names
+    functions the solution calls)."""
+    squeezed = _squeezed(text)
+
+    def pieces(width: int) -> set[str]:
+        return {squeezed[i : i + width] for i in range(len(squeezed) - width + 1)}
+
+    formulas = {
+        p for p in pieces(8) if any(c in p for c in "+-*/%@^") and any(c in p for c in "0123456789()[]=")
+    }
+    everything, lines = solution
+    return {p for p in formulas if p in everything} | {p for p in pieces(24) if code and p in lines}
+
+
+def assert_gives_nothing_away(report) -> None:
+    """The grade of an untouched starter: "not implemented yet", no hint, no piece of a solution.
+
+    Checked in the table and in results.json (what Gradescope shows the student).
+    """
+    shown = report.table() + "\n" + json.dumps(report.gradescope())
+    solution = _solution_text(report.assignment.name)
+    for task in report.tasks:
+        assert "not implemented yet" in task.feedback and "Hint:" not in task.feedback, task.feedback
+        for result in task.results:
+            assert not result.spec.hint or result.spec.hint not in shown, result.spec.hint
+    assert not _formulas_shared(shown, solution, code=False), _formulas_shared(shown, solution, code=False)
+
+
+def test_hints_ask_and_never_give_the_solution():
+    """Every hint of every task file (public and hidden) is a question, and holds no formula of a solution.
+
+    The grader shows a hint with a wrong answer: it should make the student look in the right place
+    (escalating to the diagnosis the test prints), never hand over the chunk index or the derivative.
+    """
+    solution = _solution_text()
+    for assignment in ASSIGNMENTS:
+        for task in load(layout.assignment_dir(assignment)).tasks:
+            for spec in task.tests:
+                where = f"{assignment} {spec.name}: {spec.hint!r}"
+                assert "?" in spec.hint, f"a hint asks a question: {where}"
+                assert not _formulas_shared(spec.hint, solution), (
+                    f"{where} gives away {_formulas_shared(spec.hint, solution)}"
+                )
+
+
+# Solutions that compute the right numbers with what the handout forbids: they lose the test, and the
+# feedback says why. (assignment, task, file, old, new, words, timeout), as in MUTANTS.
+RULE_BREAKERS = [
+    ("A2", "A2.3", "minidist/distributed/ring.py",
+     "    ring_reduce_scatter(group, flat, op, bounds)\n    ring_all_gather(group, flat, bounds)\n",
+     "    from mpi4py import MPI  # right numbers, from MPI's own collective\n"
+     "    group.mpi.Allreduce(MPI.IN_PLACE, flat, op={'max': MPI.MAX, 'min': MPI.MIN}.get(op, MPI.SUM))\n"
+     "    if op == 'avg':\n        flat /= group.size\n",
+     "uses MPI's own Allreduce (called from minidist/distributed/ring.py line", None),
+    ("A7", "A7.1", "minidist/parallel/zero.py",  # the full gradient all-reduced, then this rank's part
+     'averaged = dist.reduce_scatter(flat, op="avg", group=self.group)',
+     'averaged = dist.all_reduce(flat, op="avg", group=self.group)'
+     "[self.layout.start : self.layout.stop].copy()",
+     "A7.1 (ZeroRedundancyOptimizer._reduce_scatter_gradients) uses dist.all_reduce", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "assignment, task, file, old, new, words, timeout", RULE_BREAKERS, ids=[m[1] for m in RULE_BREAKERS]
+)
+def test_a_forbidden_call_loses_the_test_and_is_explained(
+    tmp_path, assignment, task, file, old, new, words, timeout
+):
+    test_a_plausible_mistake_loses_the_task_and_is_named(
+        tmp_path, assignment, task, file, old, new, words, timeout
+    )
+
+
+STUDENT_CODE = """
+import numpy as np
+from mpi4py import MPI
+import minidist.distributed as dist
+from minidist.distributed import mpi_builtin
+
+
+def raw(group):
+    group.mpi.Allreduce(MPI.IN_PLACE, np.ones(3))
+
+
+def builtin(group):
+    mpi_builtin.mpi_all_reduce(group, np.ones(3), "sum")
+
+
+def allowed(group):
+    dist.all_reduce(np.ones(3), group=group)  # a minidist collective: fine unless the rule lists it
+"""
+
+
+def test_the_watch_sees_only_the_students_own_forbidden_calls(tmp_path, monkeypatch):
+    """rules.watch in one process (a world of 1): which calls count, sub-groups, and a clean exit."""
+    monkeypatch.syspath_prepend(str(REPO / "lessons" / "assignments"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "student_i15.py").write_text(STUDENT_CODE)
+    import numpy as np  # noqa: PLC0415
+    import rules  # noqa: PLC0415  (imports mpi4py: only this test needs it)
+    import student_i15  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    import minidist.distributed as dist  # noqa: PLC0415
+    from minidist.distributed import mpi_builtin  # noqa: PLC0415
+
+    world = dist.Communicator(MPI.COMM_WORLD)  # not dist.init(): its excepthook would end pytest on an error
+    original, world_handle = world.mpi, MPI.COMM_WORLD
+    rule = rules.Rule(files=("student_i15",), why="not here", tasks={"raw": "A9.1"})
+    with rules.watch(rule, [world]) as seen:
+        mpi_builtin.mpi_all_reduce(world, np.ones(2), "sum")  # not the student's call: not counted
+        student_i15.allowed(world)
+        sub = world.split(0)  # made while watching: watched too (Split does not keep the subclass)
+        student_i15.raw(sub)
+        student_i15.builtin(world)
+    assert [(v.called, v.function, v.line) for v in seen.violations] == [
+        ("MPI's own Allreduce", "raw", 9),
+        ("MPI's own Allreduce", "builtin", 13),
+    ]
+    assert seen.messages()[0].startswith("A9.1 (raw) uses MPI's own Allreduce (called from ")
+    assert world.mpi is original and MPI.COMM_WORLD is world_handle  # everything restored
+    strict = rules.Rule(
+        files=("student_i15",), why="not here", functions=("minidist.distributed.collectives:all_reduce",)
+    )
+    with rules.watch(strict, [world]) as seen:
+        student_i15.allowed(world)
+    assert [(v.called, v.function) for v in seen.violations] == [("dist.all_reduce", "allowed")]

@@ -5,6 +5,8 @@
   no shrinking);
 * refuses to run when the grader said which minidist to test (``MINIDIST_GRADE_PATH``) and another one
   was imported (an installed copy shadowing the submission would grade the wrong code);
+* a test that fails on an untouched stub (``NotImplementedError("A2.1: ...")``) reports "not implemented
+  yet" and the handout's task, and the grader then shows no hint (see ``_not_written``);
 * when ``MINIDIST_GRADE_REPORT`` names a file, appends one JSON line per test event to it as the run
   goes, so the grader knows which test is running (to time out a hang) and what failed, even if it has
   to kill this process.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,17 +59,36 @@ def _emit(event: dict) -> None:
             f.write(json.dumps(event) + "\n")
 
 
+_NOT_WRITTEN = re.compile(r"NotImplementedError\W*(A\d+\.\d+)")
+
+
 def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2])
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return crash.message
+        return _not_written(crash.message)
     text = str(report.longrepr)
     errors = [
         line.lstrip("E ").strip() for line in text.splitlines() if "Error" in line or "Exception" in line
     ]
-    return errors[-1] if errors else text[-500:]
+    return _not_written(errors[-1] if errors else text[-500:])
+
+
+def _not_written(message: str) -> str:
+    """An untouched stub's failure says so and points to the handout; the grader adds no algorithm hint.
+
+    A student who has not started a task needs to know where to start, not how the algorithm works:
+    hints are for wrong answers (the grader leaves them out for a message starting "not implemented").
+    """
+    found = _NOT_WRITTEN.search(message)
+    if not found:
+        return message
+    task = found.group(1)
+    return (
+        f"not implemented yet ({message}). The handout (README.md, section 'Tasks', {task}) says what "
+        "the code in that NotImplementedError region must do."
+    )
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:

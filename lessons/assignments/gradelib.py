@@ -146,25 +146,34 @@ def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) 
     return results
 
 
-def worker_main(body: Callable[[Any, dict], list[str]]) -> None:
+def worker_main(body: Callable[[Any, dict], list[str]], rule: Any = None) -> None:
     """The main of an MPI worker: ``body(world, config)`` returns failure messages (empty: all good).
 
     Each rank writes ``rank<r>.json`` with its failures, into the folder given as ``sys.argv[1]``.
+    ``rule`` (a ``rules.Rule``): the assignment's "Not allowed" rule, enforced while ``body`` runs;
+    each forbidden call the student's code makes comes first among the failures, explained.
     """
+    import rules  # here, not at the top: it imports mpi4py, which the pytest process must not
+
     import minidist
     import minidist.distributed as dist
 
     out = Path(sys.argv[1])
     config = json.loads((out / "config.json").read_text())
     world = dist.init()
-    failures = body(world, config)
+    if rule is None:
+        failures = body(world, config)
+    else:
+        with rules.watch(rule, [world]) as seen:
+            failures = body(world, config)
+        failures = seen.messages() + failures
     result = {"rank": world.rank, "failures": failures, "minidist": minidist.__file__}
     (out / f"rank{world.rank}.json").write_text(json.dumps(result))
 
 
 def assert_no_failures(results: list[dict]) -> None:
-    """Fail with the first rank's first failure message (and how many more there were)."""
-    failures = [f for r in results for f in r["failures"]]
+    """Fail with the first rank's first failure message (and how many different ones there were)."""
+    failures = list(dict.fromkeys(f for r in results for f in r["failures"]))  # once, not once per rank
     if failures:
         more = f" (and {len(failures) - 1} more failures)" if len(failures) > 1 else ""
         raise AssertionError(failures[0] + more)

@@ -22,7 +22,8 @@ from minidist.assignments.environment import GRADE_EXTRA
 from minidist.assignments.markers import assignment_number, blank, regions_in
 
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".hypothesis")
-_SUPPORT_FILES = ("conftest.py", "gradelib.py", "pytest.ini")  # shared test support in lessons/assignments
+# Shared test support in lessons/assignments (rules.py: the workers enforce the handouts' rules with it)
+_SUPPORT_FILES = ("conftest.py", "gradelib.py", "pytest.ini", "rules.py")
 _PROJECT_FILES = ("pyproject.toml", "LICENSE")  # README.md: written from the handout, see release()
 RELEASE_MARK = ".minidist-release"  # written into every release: --force replaces only such folders
 

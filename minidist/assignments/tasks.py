@@ -15,7 +15,7 @@
     file = "public/test_ring.py"      # relative to the assignment folder
     name = "test_reduce_scatter"      # a test function (all its parametrizations must pass)
     points = 3
-    hint = "step s sends chunk (r - s - 1) % n to the right"   # shown with the first failure
+    hint = "which chunk does rank r hold after step s?"   # a question, shown with a wrong answer
 """
 
 from __future__ import annotations

@@ -15,15 +15,38 @@ communicating.
 from __future__ import annotations
 
 import sys
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gradelib  # noqa: E402
+import rules  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
-from minidist.distributed import ring  # noqa: E402
+from minidist.distributed import liveness, ring, tags  # noqa: E402
+
+# The handout's "Not allowed": MPI's own collectives, or minidist's other collectives, called from the
+# ring. (ring.py's functions may call each other: all-reduce is built from the two halves.)
+_OTHER_COLLECTIVES = (
+    "collectives:all_reduce", "collectives:reduce_scatter", "collectives:all_gather",
+    "collectives:broadcast", "collectives:reduce", "rabenseifner:rabenseifner_all_reduce",
+    "recursive_doubling:recursive_doubling_all_reduce", "recursive_halving:recursive_halving_reduce_scatter",
+    "tree_reduce:tree_reduce", "broadcast:tree_broadcast", "scatter_allgather:scatter_allgather_broadcast",
+)  # fmt: skip
+RULE = rules.Rule(
+    files=("minidist.distributed.ring",),
+    why="the handout asks for a ring built on point-to-point messages (link.host_sendrecv), not on a "
+    "ready-made collective",
+    functions=tuple(f"minidist.distributed.{name}" for name in _OTHER_COLLECTIVES),
+    tasks={
+        "ring_reduce_scatter": "A2.1",
+        "ring_reduce_scatter_chunk": "A2.1",
+        "ring_all_gather": "A2.2",
+        "ring_all_reduce": "A2.3",
+    },
+)
 
 
 def rank_input(seed: int, rank: int, length: int, dtype: str) -> np.ndarray:
@@ -50,6 +73,79 @@ def same(got: np.ndarray, want: np.ndarray) -> bool:
     return got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
 
 
+def nudge_reduced(
+    got: np.ndarray, inputs: list[np.ndarray], chunks, c: int, op: str, whole: np.ndarray | None = None
+) -> str:
+    """For a wrong reduced chunk ``c``: whose contributions does it hold? A nudge, never the schedule.
+
+    The task file's hint asks a question; this says what the numbers show, so that a student can find
+    the step that went wrong without being handed the chunk-index formula. ``whole``: this rank's
+    whole array after reduce-scatter, to see whether another chunk got finished here instead.
+    """
+    n, (a, b) = len(inputs), chunks[c]
+    if got.shape != (b - a,) or a == b:
+        return ""
+    for d, (start, stop) in enumerate(chunks):
+        finished = reduce([x[start:stop] for x in inputs], op)
+        if whole is not None and d != c and stop > start and np.array_equal(whole[start:stop], finished):
+            return (
+                f" Chunk {d} is the one finished on this rank, not chunk {c}. Which chunk must a rank send"
+                " in the first step so that the last chunk it completes is its own?"
+            )
+    for d, (start, stop) in enumerate(chunks):
+        finished = reduce([x[start:stop] for x in inputs], op)
+        if d != c and stop - start == b - a and np.array_equal(got, finished):
+            return (
+                f" Those are the finished values of chunk {d}, not of chunk {c}: your steps complete chunk"
+                f" {d} on this rank. Which chunk must a rank send in the first step so that the last chunk it"
+                " completes is its own?"
+            )
+    if op != "avg":  # which ranks' values are in it? (a subset's average would divide differently)
+        for size in range(1, n):
+            for ranks in combinations(range(n), size):
+                if np.array_equal(got, reduce([inputs[q][a:b] for q in ranks], op)):
+                    missing = sorted(set(range(n)) - set(ranks))
+                    return (
+                        f" It holds the contributions of ranks {list(ranks)} only; those of ranks {missing}"
+                        f" never reached it. Does every partial result visit all {n} ranks: does each step"
+                        " pass on what it has just combined, and are there enough steps?"
+                    )
+    return ""
+
+
+def nudge_gathered(got: np.ndarray, want: np.ndarray, chunks) -> str:
+    """For a wrong all-gather result: the first chunk that is wrong, and what sits in its place."""
+    for c, (a, b) in enumerate(chunks):
+        if got.shape != want.shape or np.array_equal(got[a:b], want[a:b]):
+            continue
+        if np.all(got[a:b] == -999):
+            return (
+                f" Chunk {c} still holds the fill value -999: it never arrived. Does every chunk travel far"
+                " enough around the ring to reach every rank?"
+            )
+        for d, (start, stop) in enumerate(chunks):
+            if d != c and stop - start == b - a and np.array_equal(got[a:b], want[start:stop]):
+                return f" The place of chunk {c} holds chunk {d}'s values: does each chunk land in its place?"
+        return ""
+    return ""
+
+
+def numbered(group, name: str, op: str | None, dtype: str, call) -> None:
+    """Run ``call()`` (a ring function called directly) as ``dist``'s collectives run: numbered on the
+    group's channel, its messages tagged with that number.
+
+    Why: untagged messages read as "call #0" to minidist's liveness watchdog; a slow rank (5 ranks on
+    2 cores) that has not yet received such a message while it already ran later collectives would be
+    judged stale, and the job ended, although the student's ring is right.
+    """
+    channel = group.collective_channel
+    previous = liveness.enter(channel, tags.identity(name, op, None, np.dtype(dtype)))
+    try:
+        call()
+    finally:
+        liveness.leave(channel, previous)
+
+
 def check_case(group, case: dict) -> list[str]:
     n, r = group.size, group.rank
     kind, length, dtype, op = case["kind"], case["length"], case["dtype"], case.get("op", "sum")
@@ -59,7 +155,7 @@ def check_case(group, case: dict) -> list[str]:
     where = f"{kind} (op={op!r}, {length} {dtype} elements, group of {n} ranks, rank {r})"
     failures = []
 
-    def expect(label: str, got: np.ndarray, want: np.ndarray) -> None:
+    def expect(label: str, got: np.ndarray, want: np.ndarray, nudge=lambda: "") -> None:
         got = np.asarray(got)
         if same(got, want):
             return
@@ -71,21 +167,24 @@ def check_case(group, case: dict) -> list[str]:
         diagnosis = ""
         if op == "avg" and got.shape == want.shape and want.size and np.allclose(got, want * n):
             diagnosis = f" That is the sum: for op='avg' divide it by the group size ({n}), once, at the end."
+        diagnosis = diagnosis or nudge()
         failures.append(f"{label} {where}: expected {gradelib.show(want)}, got {got_text}.{diagnosis}")
 
     if kind == "reduce_scatter":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        ring.ring_reduce_scatter(group, flat, op)
-        expect(f"ring_reduce_scatter: chunk {r} (elements {lo}:{hi}) after", flat[lo:hi], want[lo:hi])
+        numbered(group, "reduce_scatter", op, dtype, lambda: ring.ring_reduce_scatter(group, flat, op))
+        expect(f"ring_reduce_scatter: chunk {r} (elements {lo}:{hi}) after", flat[lo:hi], want[lo:hi],
+               lambda: nudge_reduced(flat[lo:hi], inputs, chunks, r, op, flat))  # fmt: skip
         got = dist.reduce_scatter(inputs[r].copy(), op=op, group=group, algorithm="ring")
         expect("dist.reduce_scatter(algorithm='ring') result of", got, want[lo:hi])
     elif kind == "all_gather":
         want = np.concatenate([inputs[q][a:b] for q, (a, b) in enumerate(chunks)])
         flat = np.full(length, -999, dtype=dtype)  # garbage everywhere except this rank's own chunk
         flat[lo:hi] = inputs[r][lo:hi]
-        ring.ring_all_gather(group, flat)
-        expect("ring_all_gather: the full array after", flat, want)
+        numbered(group, "all_gather", None, dtype, lambda: ring.ring_all_gather(group, flat))
+        nudge = lambda: nudge_gathered(flat, want, chunks)  # noqa: E731
+        expect("ring_all_gather: the full array after", flat, want, nudge)
         sizes = [(case["seed"] + 3 * q) % (length + 1) for q in range(n)]  # uneven chunks, some empty
         got = dist.all_gather(inputs[r][: sizes[r]].copy(), group=group, algorithm="ring")
         expect(f"dist.all_gather(algorithm='ring') of chunks of sizes {sizes}:", got,
@@ -93,8 +192,10 @@ def check_case(group, case: dict) -> list[str]:
     elif kind == "all_reduce":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        ring.ring_all_reduce(group, flat, op)
-        expect("ring_all_reduce: the array after", flat, want)
+        numbered(group, "all_reduce", op, dtype, lambda: ring.ring_all_reduce(group, flat, op))
+        wrong = next((c for c, (a, b) in enumerate(chunks) if not same(flat[a:b], want[a:b])), r)
+        nudge = lambda: nudge_reduced(flat[slice(*chunks[wrong])], inputs, chunks, wrong, op)  # noqa: E731
+        expect("ring_all_reduce: the array after", flat, want, nudge)
         got = dist.all_reduce(inputs[r].copy(), op=op, group=group, algorithm="ring")
         expect("dist.all_reduce(algorithm='ring') result of", got, want)
     else:
@@ -115,4 +216,4 @@ def body(world, config: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    gradelib.worker_main(body)
+    gradelib.worker_main(body, RULE)

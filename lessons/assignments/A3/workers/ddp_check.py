@@ -17,10 +17,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gradelib  # noqa: E402
+import rules  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import nn, optim, trace  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
+
+# The handout's "Not allowed": MPI's own collectives (also as minidist's mpi_builtin) from DDP's code.
+RULE = rules.Rule(
+    files=("minidist.parallel.buckets", "minidist.parallel.data_parallel"),
+    why="the handout asks for buckets averaged with minidist's dist.all_reduce, not MPI's own collectives",
+)
 
 seen_at_first_layer: list[int] = []  # per backward: how many buckets had started when backward got there
 
@@ -131,4 +138,4 @@ def body(world, config: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    gradelib.worker_main(body)
+    gradelib.worker_main(body, RULE)

@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gradelib  # noqa: E402
+import rules  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import nn  # noqa: E402
@@ -34,6 +35,11 @@ from minidist.parallel.tensor_parallel import (  # noqa: E402
     shard_parameter,
 )
 
+# The handout's "Not allowed": MPI's own collectives instead of minidist.distributed.
+RULE = rules.Rule(
+    files=("minidist.parallel.tensor_parallel.mappings", "minidist.parallel.tensor_parallel.layers"),
+    why="the handout asks for the f and g operators built on minidist.distributed, not MPI's own collectives",
+)
 F64 = np.float64
 RTOL, ATOL = 1e-10, 1e-12
 
@@ -349,4 +355,4 @@ def body(world, config: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    gradelib.worker_main(body)
+    gradelib.worker_main(body, RULE)

@@ -107,8 +107,8 @@ def check_stage(where: str, s: int, p: int, m: int, prog: list) -> None:
     if peak > limit:
         raise AssertionError(
             f"{at}it holds the activations of {peak} microbatches at once; 1F1B holds at most "
-            f"min(p - s, m) = {limit}: run min(p - s - 1, m) warm-up forwards, then alternate "
-            "one forward and one backward"
+            f"min(p - s, m) = {limit}. How many forwards does this stage run before its first "
+            "backward, and how many does the handout's warm-up allow?"
         )
     for step in prog:
         if isinstance(step, Exchange) and any(ins.kind in (SEND_ACT, RECV_ACT) for ins in parts(step)):

@@ -15,10 +15,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gradelib  # noqa: E402
+import rules  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import nn, optim  # noqa: E402
 from minidist.parallel import ZeroRedundancyOptimizer  # noqa: E402
+
+# The handout's "Not allowed": all-reducing full gradients (ZeRO reduce-scatters them), and MPI's own
+# collectives, inside the two communication steps the student writes.
+RULE = rules.Rule(
+    files=("minidist.parallel.zero",),
+    why="ZeRO reduce-scatters the gradients (each rank gets the average of its shard only) and all-gathers "
+    "the parameters, with minidist.distributed; all-reducing full gradients keeps ZeRO's memory saving "
+    "from mattering",
+    functions=("minidist.distributed.collectives:all_reduce",),
+    callers=("_reduce_scatter_gradients", "_all_gather_parameters"),
+    tasks={"_reduce_scatter_gradients": "A7.1", "_all_gather_parameters": "A7.2"},
+)
 
 
 def make_model(seed: int) -> nn.Sequential:
@@ -83,4 +96,4 @@ def body(world, config: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    gradelib.worker_main(body)
+    gradelib.worker_main(body, RULE)
