@@ -166,3 +166,4 @@ def test_help_states_each_default_once():
         assert "(default: None)" not in entry and "(default: False)" not in entry, entry
     assert "(default: world/(tp*pp))" in by_name["--dp"] and "(default: 4)" in by_name["--microbatches"]
     assert "(default: 30)" in by_name["--epochs"] and "(default" not in by_name["--resume"]
+    assert "(default: 0)" in by_name["--seed"] and "(default: 0)" in by_name["--zero"]  # 0 is not False
