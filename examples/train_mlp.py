@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> float:
     bar.close()
     if args.checkpoint_dir and saved_at != step:
         save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
-    if step < total and rank == 0:
-        print(f"stopped at step {step} of {total} (--max-steps); continue with --resume")
+    if step < total and rank == 0:  # --resume needs a checkpoint: without --checkpoint-dir none was saved
+        then = "continue with --resume" if args.checkpoint_dir else "nothing saved (no --checkpoint-dir)"
+        print(f"stopped at step {step} of {total} (--max-steps); {then}")
     if evaluated_at != step:  # stopped inside an epoch, or resumed a finished run
         accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace:

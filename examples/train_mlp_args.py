@@ -36,7 +36,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+        # By identity: `0 in (None, False)` is True, which hid the default 0 of --seed and --zero.
+        if "(default" in text or any(action.default is d for d in (None, False, argparse.SUPPRESS)):
             return text
         return text + " (default: %(default)s)"
 

@@ -83,6 +83,15 @@ def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, student_copy
     # A `!python missing.py` cell does not raise: a path that only resolves in lessons/ shows up here.
     texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
     assert not [t for t in texts if "can't open file" in t], f"{source.stem} runs a file its copy lacks"
+    if not solutions:  # what the cells print above an exercise must not give its formula away either
+        printed = ""
+        for cell in nb.cells:
+            key = cell.metadata.get("exercise")
+            if "exercise" in cell.metadata.get("tags", []) and key not in TAUGHT_BEFORE_THE_EXERCISE:
+                leaked = [f for f in map(_squash, FORMULAS[key]) if f in printed]
+                assert not leaked, f"{source.stem}: a cell's output above exercise {key!r} states {leaked}"
+            for output in cell.get("outputs", []):
+                printed += _squash(output.get("text", "") + output.get("data", {}).get("text/plain", ""))
     results = build.check_results(nb)
     assert {k for k, _ in results} == set(keys), f"every exercise needs a check cell: {results}"
     want = "correct" if solutions else "not done"

@@ -138,6 +138,10 @@ def test_text_grid_shows_the_1f1b_pipeline():
     assert grid[2] == "stage 2 | .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. .."
     assert grid[3] == "1f1b: p=3, m=4, bubble fraction 0.333 ((p-1)/(m+p-1) = 0.333)"
     assert str(one_f_one_b(2, 2)).splitlines()[1] == "stage 0: F0 sA0 F1 sA1+rG0 B0 rG1 B1"
+    # formula=False (lesson 07 prints grids above the exercise that asks for the formula): same grid,
+    # the measured fraction only
+    quiet = text_grid(one_f_one_b(3, 4), backward_time=1, formula=False).splitlines()
+    assert quiet[:3] == grid[:3] and quiet[3] == "1f1b: p=3, m=4, bubble fraction 0.333"
 
 
 def test_gantt_chart_is_drawn_to_a_file(tmp_path):

@@ -138,6 +138,9 @@ def test_max_steps_says_what_it_measured(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "final test accuracy" not in result.stdout
     assert re.search(r"^test accuracy after 2 steps: \d\.\d{4}$", result.stdout, re.MULTILINE), result.stdout
+    # No --checkpoint-dir: nothing was saved, so the run must not tell the user to --resume it.
+    assert "continue with --resume" not in result.stdout
+    assert "stopped at step 2 of 11 (--max-steps); nothing saved (no --checkpoint-dir)" in result.stdout
 
 
 def test_resuming_a_finished_run_says_so_and_trains_nothing(tmp_path):
@@ -166,3 +169,4 @@ def test_help_states_each_default_once():
         assert "(default: None)" not in entry and "(default: False)" not in entry, entry
     assert "(default: world/(tp*pp))" in by_name["--dp"] and "(default: 4)" in by_name["--microbatches"]
     assert "(default: 30)" in by_name["--epochs"] and "(default" not in by_name["--resume"]
+    assert "(default: 0)" in by_name["--seed"] and "(default: 0)" in by_name["--zero"]  # 0 is not False

@@ -59,9 +59,9 @@ print(one_f_one_b(3, 4))
 # `..` is a stage waiting — the **bubble**.
 
 # %%
-print(text_grid(gpipe(3, 4)))
+print(text_grid(gpipe(3, 4), formula=False))  # formula=False: the bubble's formula is yours to derive
 print()
-print(text_grid(one_f_one_b(3, 4)))
+print(text_grid(one_f_one_b(3, 4), formula=False))
 
 # %% [markdown]
 # ## 2. Gantt charts

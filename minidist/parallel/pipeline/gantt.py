@@ -27,11 +27,14 @@ def _timeline(what: Schedule | Timeline, forward_time: float, backward_time: flo
     return simulate(what, forward_time, backward_time) if isinstance(what, Schedule) else what
 
 
-def text_grid(what: Schedule | Timeline, forward_time: int = 1, backward_time: int = 2) -> str:
+def text_grid(
+    what: Schedule | Timeline, forward_time: int = 1, backward_time: int = 2, formula: bool = True
+) -> str:
     """One row per stage, one column per time unit: ``F3``/``B3`` = forward/backward of microbatch 3,
     ``..`` = idle (the bubble). A schedule is simulated with the given integer times; a timeline must
     have integer times. The last line gives the bubble fraction next to ``(p-1)/(m+p-1)`` (interleaved,
-    ``v`` chunks per stage: ``F3.1`` is chunk 1, and the bubble overhead is next to ``(p-1)/(v*m)``).
+    ``v`` chunks per stage: ``F3.1`` is chunk 1, and the bubble overhead is next to ``(p-1)/(v*m)``);
+    ``formula=False`` leaves the formula out (lesson 07 asks the student to derive it).
     """
     timeline = _timeline(what, forward_time, backward_time)
     schedule = timeline.schedule
@@ -48,7 +51,11 @@ def text_grid(what: Schedule | Timeline, forward_time: int = 1, backward_time: i
                 cells[t] = label
         rows.append(f"stage {s} | " + " ".join(cells))
     p, m = schedule.num_stages, schedule.num_microbatches
-    if v > 1:  # Narayanan et al. 2021, §2.2.2: the bubble relative to the ideal step
+    if not formula:
+        measure = "bubble overhead" if v > 1 else "bubble fraction"
+        value = timeline.bubble_overhead() if v > 1 else timeline.bubble_fraction()
+        rows.append(f"{schedule.name}: p={p}, m={m}{f', v={v}' if v > 1 else ''}, {measure} {value:.3f}")
+    elif v > 1:  # Narayanan et al. 2021, §2.2.2: the bubble relative to the ideal step
         rows.append(
             f"{schedule.name}: p={p}, m={m}, v={v}, bubble overhead {timeline.bubble_overhead():.3f} "
             f"((p-1)/(v*m) = {(p - 1) / (v * m):.3f}; 1f1b: (p-1)/m = {(p - 1) / m:.3f})"
