@@ -30,7 +30,10 @@ from minidist import nn, optim
 from minidist.data import DataLoader, DistributedSampler, load_dataset
 from minidist.parallel import DistributedDataParallel
 
-parser = argparse.ArgumentParser(description="Train an MLP data-parallel on the bundled digits.")
+parser = argparse.ArgumentParser(
+    description="Train an MLP data-parallel on the bundled digits.",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # --help shows each default
+)
 parser.add_argument("--epochs", type=int, default=15, help="passes over the training set")
 parser.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch, split across the ranks")
 parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (momentum 0.9)")

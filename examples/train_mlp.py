@@ -254,7 +254,8 @@ def resume(args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMe
         return 0, np.zeros(2)
     loss_sum = np.array(info["extra"]["loss_sum"]) if mesh.dp_rank == 0 else np.zeros(2)
     if mesh.rank == 0:
-        how = f" (saved on {info['saved_mesh']}, resharded)" if info["resharded"] else ""
+        saved = " x ".join(f"{dim}={info['saved_mesh'][dim]}" for dim in ("dp", "tp", "pp"))
+        how = f" (saved on {saved}, resharded)" if info["resharded"] else ""
         print(
             f"resumed from {info['path']}{how}: step {info['step']}, epoch {sampler.epoch + 1}, "
             f"batch {sampler.position // sampler.local_batch_size} done"

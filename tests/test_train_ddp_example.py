@@ -51,3 +51,4 @@ def test_a_bad_flag_and_help_are_printed_once_not_once_per_rank():
     shown = run_mpi(4, EXAMPLE, "--help", timeout=60, check=False)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert (shown.stdout + shown.stderr).count("usage: train_ddp.py") == 1, shown.stdout
+    assert shown.stdout.count("(default: 15)") == 1, shown.stdout  # each default stated, once

@@ -331,7 +331,8 @@ def test_resume_on_another_mesh_matches_the_uninterrupted_run(tmp_path, dp4_refe
     _, expected = final_checkpoint(reference)
     for name, flags in {"tp": ("--tp", "2"), "pp": ("--pp", "2")}.items():  # ... resumed as dp2 x tp2 / x pp2
         resumed = train(4, tmp_path / name, *flags, "--resume")
-        assert "resharded): step 15, epoch 2, batch 4 done" in resumed.stdout, resumed.stdout
+        saved_on = "(saved on dp=4 x tp=1 x pp=1, resharded): step 15, epoch 2, batch 4 done"
+        assert saved_on in resumed.stdout, resumed.stdout  # (it printed the manifest's raw dict)
         # The same model and global batches, but tp splits each row-parallel matmul's sum in two and pp
         # cuts the batch into microbatches: float32 sums in another order, about 1e-7 relative per step.
         # Over the 18 resumed SGD steps the weights (|w| < ~1) differ by ~1e-7 (measured up to 1.2e-7);
