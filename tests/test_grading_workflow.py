@@ -160,6 +160,7 @@ def test_the_documented_class_workflow_runs_as_written(tmp_path):
         assert rows["alice"]["A1.1"] == "4" and rows["alice"]["total"] == "28" == rows["alice"]["max"]
         assert rows["bob"]["A1.5"] == "8" and rows["bob"]["A1.1"] == "0"  # only graph.py: the rest is stubs
         assert rows["carol"]["status"] == "not graded" and rows["carol"]["total"] == "0"
+        assert rows["carol"]["max"] == "28"  # the assignment's, not 0 (a gradebook divides by it)
 
     # One upload at a time, as Gradescope's run_autograder calls the grader: results.json and exit 4.
     alone = tmp_path / "alone.json"
