@@ -160,6 +160,7 @@ def test_the_documented_class_workflow_runs_as_written(tmp_path):
         assert rows["alice"]["A1.1"] == "4" and rows["alice"]["total"] == "28" == rows["alice"]["max"]
         assert rows["bob"]["A1.5"] == "8" and rows["bob"]["A1.1"] == "0"  # only graph.py: the rest is stubs
         assert rows["carol"]["status"] == "not graded" and rows["carol"]["total"] == "0"
+        assert rows["carol"]["max"] == "28"  # the assignment's, not 0 (a gradebook divides by it)
 
     # One upload at a time, as Gradescope's run_autograder calls the grader: results.json and exit 4.
     alone = tmp_path / "alone.json"
@@ -186,3 +187,31 @@ def test_where_an_upload_goes_is_never_a_guess(tmp_path):
     (tmp_path / "x.py").write_text("def f():\n    return 1\n")
     with pytest.raises(submission.NotPlaceable, match="could be any of minidist/a/x.py, minidist/b/x.py"):
         submission.place("A1", tmp_path / "x.py", tmp_path / "work2", root)
+
+
+def test_a_file_that_does_not_compile_is_named_with_its_line_and_no_hint(tmp_path, monkeypatch):
+    """A SyntaxError is the student's (exit 1, not a setup problem), and the feedback says where it is
+    instead of an algorithm hint: in-process (A1) and on MPI ranks, whose traceback is unprefixed
+    because the import fails before minidist labels each rank's output."""
+    student = _copy_with(tmp_path / "student", "def unbroadcast(", "def unbroadcast(:")
+    proc = _cli("grade", "A1", "--path", str(student), "--task", "A1.1", "--public-only", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "SyntaxError" in proc.stdout and "(at minidist/ops/arithmetic.py:" in proc.stdout, proc.stdout
+    assert "does not compile" in proc.stdout and "Hint:" not in proc.stdout, proc.stdout
+
+    monkeypatch.syspath_prepend(str(REPO / "lessons" / "assignments"))
+    import gradelib  # noqa: PLC0415
+
+    ring = REPO / "minidist" / "distributed" / "ring.py"
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/A2/workers/ring_check.py", line 25, in <module>\n'
+        "    from minidist.distributed import liveness, ring, tags\n"
+        f'  File "{ring}", line 136\n'
+        "    def ring_all_gather(:group):\n"
+        "                        ^\n"
+        "SyntaxError: invalid syntax\n"
+    )
+    assert gradelib.explain_crash(stderr) == (
+        "SyntaxError: invalid syntax (at minidist/distributed/ring.py:136: the file does not compile)"
+    )

@@ -38,6 +38,7 @@ def _mpiexec_path() -> str:
 
 _PREFIX = re.compile(r"^\[rank (\d+)\] ?")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_SYNTAX_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)$')  # a SyntaxError's place
 _CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
 
 
@@ -45,17 +46,19 @@ def explain_crash(stderr: str) -> str:
     """``"SomeError: message (in f at minidist/x.py:12 -> g at minidist/y.py:40)"`` from ranks' output.
 
     Takes the traceback of the first rank that printed one (minidist prefixes rank output with
-    ``[rank r]``), and of a chain of exceptions the last one (the one that ended the program), with the
-    outermost and innermost of its frames inside a minidist package (where the test called into it, and
-    where it raised). ``""`` if there is no Python exception.
+    ``[rank r]``; a crash while importing the student's code comes before that, unprefixed), and of a
+    chain of exceptions the last one (the one that ended the program), with the outermost and innermost
+    of its frames inside a minidist package (where the test called into it, and where it raised), or
+    for a ``SyntaxError`` the line of minidist's file it points at. ``""`` if there is no Python
+    exception.
     """
-    first_rank, lines = None, []
+    found, first_rank, lines = False, None, []
     for raw in stderr.splitlines():
         match = _PREFIX.match(raw)
         rank = match.group(1) if match else None
-        if first_rank is None and "Traceback" in raw:
-            first_rank = rank
-        if first_rank is not None and rank == first_rank:
+        if not found and "Traceback" in raw:
+            found, first_rank = True, rank
+        if found and rank == first_rank:
             lines.append(_PREFIX.sub("", raw))
     segment: list[str] = []
     for line in lines:
@@ -78,6 +81,17 @@ def explain_crash(stderr: str) -> str:
             frames.append(f"{match['func']} at {short.as_posix()}:{match['line']}")
     if len(frames) > 2:
         frames = [frames[0], "...", frames[-1]]
+    place = next(
+        (
+            m
+            for m in map(_SYNTAX_FRAME.match, reversed(segment))
+            if m and Path(m["file"]).resolve().is_relative_to(package)
+        ),
+        None,
+    )
+    if place:  # a SyntaxError (IndentationError, ...): the file does not compile; no function ran
+        short = (Path("minidist") / Path(place["file"]).resolve().relative_to(package)).as_posix()
+        return f"{error} (at {short}:{place['line']}: the file does not compile)"
     return error + (f" (in {' -> '.join(frames)})" if frames else "")
 
 

@@ -21,7 +21,10 @@ created or duplicated from them are made instances of the subclass too (mpi4py's
 subclass, ``Split`` and ``Create`` would not), so sub-groups made meanwhile are watched as well.
 Python functions (``dist.all_reduce`` and friends) are seen with :func:`sys.setprofile` (and
 :func:`threading.setprofile` for threads started meanwhile).
-Limitation: a call made from C (``map(comm.Allreduce, ...)``) has no Python caller and is not seen.
+Limitation: a call made from C (``map(comm.Allreduce, ...)``) has no Python caller, and an unbound call
+(``MPI.Intracomm.Allreduce(comm, ...)``) skips the subclass: neither is seen. What is seen instead is
+that no message arrived: :attr:`watch.received` counts point-to-point receives, and a worker fails a
+function whose result needed other ranks' data although it received nothing (A2's ``ring_check.py``).
 
 Cost (``benchmarks/grading_rules.py``, benchmarks/README.md): the profile hook makes a worker's body
 1.5-2x slower, tens of milliseconds next to the second or two it takes to start the ranks; rules
@@ -53,6 +56,16 @@ MPI_COLLECTIVES = tuple(
     )
     for prefix in ("", "I")
     if prefix == "" or name[0].isupper()
+)  # fmt: skip
+
+
+# Point-to-point receives: counted, not forbidden (``watch.received``). An unbound call such as
+# ``MPI.Intracomm.Allreduce(group.mpi, ...)`` goes straight to C past the recording subclass, so no
+# record names it; but data from other ranks cannot arrive without a receive, so a worker can tell
+# that a correct result on n > 1 ranks with no receive at all came from something it could not see.
+MPI_RECEIVES = (
+    "Recv", "recv", "Irecv", "irecv", "Sendrecv", "sendrecv", "Sendrecv_replace", "Isendrecv",
+    "Isendrecv_replace", "Recv_init", "Precv_init", "Mprobe", "mprobe", "Improbe", "improbe",
 )  # fmt: skip
 
 
@@ -120,6 +133,7 @@ class watch:
         self.rule = rule
         self.comms = comms
         self.violations: list[Violation] = []
+        self.received = 0  # point-to-point receives started on the watched communicators, by anyone
         self._student = {_module_file(m) for m in rule.files}
         self._through = {_module_file(m) for m in rule.through}
         # A decorated collective (debug.collective_call) shares its wrapper's code with all the others:
@@ -213,6 +227,17 @@ def _recording_class(names: tuple[str, ...]) -> type:
         method.__name__ = name
         return method
 
+    def counter(name: str) -> Any:
+        real = getattr(MPI.Intracomm, name)
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if watch._active is not None:
+                watch._active.received += 1
+            return real(self, *args, **kwargs)
+
+        method.__name__ = name
+        return method
+
     def inheritor(name: str) -> Any:
         real = getattr(MPI.Intracomm, name)
 
@@ -223,6 +248,7 @@ def _recording_class(names: tuple[str, ...]) -> type:
         method.__name__ = name
         return method
 
-    methods = {name: recorder(name) for name in names if hasattr(MPI.Intracomm, name)}
+    methods = {name: counter(name) for name in MPI_RECEIVES if hasattr(MPI.Intracomm, name)}
+    methods.update({name: recorder(name) for name in names if hasattr(MPI.Intracomm, name)})
     methods.update({name: inheritor(name) for name in ("Split", "Split_type", "Create", "Create_group")})
     return type("RecordingIntracomm", (MPI.Intracomm,), methods)

@@ -67,13 +67,17 @@ def write_summary(results: Path, csv_path: Path) -> list[dict[str, str]]:
 
     One row per student (the file's name), one column per task (points earned, hidden tests included),
     then ``total``, ``max`` and ``status`` (``graded``, ``setup problem``, ``not graded``: those have no
-    points). Raises ``ValueError`` if ``results`` holds no results.json files.
+    points; their ``max`` is that of the graded students of the same assignment, empty if there are
+    none, never a maximum of 0 that a gradebook would divide by). Raises ``ValueError`` if ``results``
+    holds no results.json files.
     """
     files = sorted(p for p in Path(results).glob("*.json"))
     if not files:
         raise ValueError(f"no results (*.json) in {results}: grade first, e.g. with --batch --out {results}")
     tasks: list[str] = []
     rows = []
+    maxima: dict[str, str] = {}  # assignment -> the max of its graded students
+    ungraded: list[tuple[dict[str, str], str]] = []
     for path in files:
         data = json.loads(path.read_text())
         points: dict[str, float] = {}
@@ -86,6 +90,13 @@ def write_summary(results: Path, csv_path: Path) -> list[dict[str, str]]:
         row = {"student": path.stem, **{t: _fmt(p) for t, p in points.items()}}
         row.update(total=_fmt(float(data.get("score", 0))), max=_fmt(total), status=status)
         rows.append(row)
+        assignment = str(data.get("extra_data", {}).get("assignment", ""))
+        if data.get("tests"):
+            maxima[assignment] = row["max"]
+        else:
+            ungraded.append((row, assignment))
+    for row, assignment in ungraded:
+        row["max"] = maxima.get(assignment, "")
     tasks.sort(key=lambda t: [int(x) for x in t[1:].split(".")])
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["student", *tasks, "total", "max", "status"], restval="")

@@ -128,13 +128,32 @@ def check(code: Path, env: dict[str, str], cwd: Path, needs_mpi: bool) -> str:
         module = missing_module(proc.stderr)
         if module:
             raise SetupProblem(setup_problem(module))
-        return last_error_line(proc.stderr) or proc.stderr.strip()[-300:]
+        return (last_error_line(proc.stderr) + syntax_error_place(proc.stderr, code)) or proc.stderr.strip()[
+            -300:
+        ]
     found = Path(proc.stdout.strip()).resolve()
     if not found.is_relative_to(code):
         raise RuntimeError(
             f"the grading process imports minidist from {found}, not from {code}: another copy shadows the "
             "submission (a .pth file or a PYTHONPATH entry?); fix the environment before grading"
         )
+    return ""
+
+
+_SYNTAX_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)$')  # no ", in f": a SyntaxError
+
+
+def syntax_error_place(text: str, code: Path) -> str:
+    """`` (at minidist/x.py:12: the file does not compile)`` for a SyntaxError in ``code``, else ``""``.
+
+    A SyntaxError's traceback ends with the place of the bad line (``File "...", line 12``, without a
+    function: none ran). Where it is matters to the student: the table then gives no algorithm hint.
+    """
+    for line in reversed(text.splitlines()):
+        match = _SYNTAX_FRAME.match(line)
+        if match and Path(match["file"]).resolve().is_relative_to(code.resolve()):
+            short = Path(match["file"]).resolve().relative_to(code.resolve()).as_posix()
+            return f" (at {short}:{match['line']}: the file does not compile)"
     return ""
 
 

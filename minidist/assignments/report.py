@@ -42,8 +42,13 @@ class TestResult:
 
     @property
     def hint(self) -> str:
-        """The task file's hint, for a wrong answer only: not for code not written yet, nor a broken rule."""
-        unhelpful = self.message.startswith("not implemented yet") or "'Not allowed'" in self.message
+        """The task file's hint, for a wrong answer only: not for code not written yet, a broken rule, or
+        a file that does not compile (the algorithm is not what went wrong)."""
+        unhelpful = (
+            self.message.startswith("not implemented yet")
+            or "'Not allowed'" in self.message
+            or "the file does not compile" in self.message
+        )
         return "" if self.passed or unhelpful else self.spec.hint
 
 

@@ -130,20 +130,39 @@ def nudge_gathered(got: np.ndarray, want: np.ndarray, chunks) -> str:
     return ""
 
 
-def numbered(group, name: str, op: str | None, dtype: str, call) -> None:
+def numbered(group, name: str, op: str | None, dtype: str, call) -> int:
     """Run ``call()`` (a ring function called directly) as ``dist``'s collectives run: numbered on the
-    group's channel, its messages tagged with that number.
+    group's channel, its messages tagged with that number. Return how many point-to-point receives
+    this rank started meanwhile (``rules.watch.received``; -1 when no rule is watched).
 
     Why: untagged messages read as "call #0" to minidist's liveness watchdog; a slow rank (5 ranks on
     2 cores) that has not yet received such a message while it already ran later collectives would be
     judged stale, and the job ended, although the student's ring is right.
     """
     channel = group.collective_channel
+    seen = rules.watch._active
+    before = seen.received if seen is not None else 0
     previous = liveness.enter(channel, tags.identity(name, op, None, np.dtype(dtype)))
     try:
         call()
     finally:
         liveness.leave(channel, previous)
+    return seen.received - before if seen is not None else -1
+
+
+def nothing_received(function: str, task: str, n: int) -> str:
+    """The failure of a ring function that needed other ranks' data and received no message at all.
+
+    A collective called in a way the watch cannot name (``MPI.Intracomm.Allreduce(group.mpi, ...)``,
+    an unbound method: straight into C) still shows: the data arrived without a point-to-point receive.
+    """
+    return (
+        f"{task} ({function}) received no point-to-point message on a group of {n} ranks, yet other ranks'"
+        " data is needed here: it must have come through a ready-made collective, called in a way the"
+        " grader cannot name. The handout asks for a ring built on point-to-point messages"
+        " (link.host_sendrecv); its 'Not allowed' section forbids ready-made collectives, so this test"
+        " scores 0 points."
+    )
 
 
 def check_case(group, case: dict) -> list[str]:
@@ -173,7 +192,11 @@ def check_case(group, case: dict) -> list[str]:
     if kind == "reduce_scatter":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        numbered(group, "reduce_scatter", op, dtype, lambda: ring.ring_reduce_scatter(group, flat, op))
+        received = numbered(
+            group, "reduce_scatter", op, dtype, lambda: ring.ring_reduce_scatter(group, flat, op)
+        )
+        if received == 0 and n > 1 and hi > lo:
+            failures.append(nothing_received("ring_reduce_scatter", "A2.1", n))
         expect(f"ring_reduce_scatter: chunk {r} (elements {lo}:{hi}) after", flat[lo:hi], want[lo:hi],
                lambda: nudge_reduced(flat[lo:hi], inputs, chunks, r, op, flat))  # fmt: skip
         got = dist.reduce_scatter(inputs[r].copy(), op=op, group=group, algorithm="ring")
@@ -182,7 +205,9 @@ def check_case(group, case: dict) -> list[str]:
         want = np.concatenate([inputs[q][a:b] for q, (a, b) in enumerate(chunks)])
         flat = np.full(length, -999, dtype=dtype)  # garbage everywhere except this rank's own chunk
         flat[lo:hi] = inputs[r][lo:hi]
-        numbered(group, "all_gather", None, dtype, lambda: ring.ring_all_gather(group, flat))
+        received = numbered(group, "all_gather", None, dtype, lambda: ring.ring_all_gather(group, flat))
+        if received == 0 and n > 1 and length > hi - lo:
+            failures.append(nothing_received("ring_all_gather", "A2.2", n))
         nudge = lambda: nudge_gathered(flat, want, chunks)  # noqa: E731
         expect("ring_all_gather: the full array after", flat, want, nudge)
         sizes = [(case["seed"] + 3 * q) % (length + 1) for q in range(n)]  # uneven chunks, some empty
@@ -192,7 +217,9 @@ def check_case(group, case: dict) -> list[str]:
     elif kind == "all_reduce":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        numbered(group, "all_reduce", op, dtype, lambda: ring.ring_all_reduce(group, flat, op))
+        received = numbered(group, "all_reduce", op, dtype, lambda: ring.ring_all_reduce(group, flat, op))
+        if received == 0 and n > 1 and length > 0:
+            failures.append(nothing_received("ring_all_reduce", "A2.3", n))
         wrong = next((c for c, (a, b) in enumerate(chunks) if not same(flat[a:b], want[a:b])), r)
         nudge = lambda: nudge_reduced(flat[slice(*chunks[wrong])], inputs, chunks, wrong, op)  # noqa: E731
         expect("ring_all_reduce: the array after", flat, want, nudge)
