@@ -170,6 +170,13 @@ def test_the_documented_class_workflow_runs_as_written(tmp_path):
     assert one.returncode == 4 and "not graded" in one.stdout, one.stdout + one.stderr
     assert json.loads(alone.read_text())["extra_data"]["status"] == "not graded"
 
+    # The batch run again into the same results/: refused before grading (the summary counts every
+    # *.json there, so an earlier run's students would be mixed in); a mistyped --path is a usage error.
+    again = subprocess.run(["bash", "-c", first], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "EXIT=2" in again.stdout and "already holds results of an earlier run" in again.stderr, again
+    typo = _cli("grade", "A1", "--path", str(tmp_path / "no-such-folder"), cwd=tmp_path)
+    assert typo.returncode == 2 and "does not exist" in typo.stderr, typo.stdout + typo.stderr
+
 
 def test_where_an_upload_goes_is_never_a_guess(tmp_path):
     # A zipped starter folder: the copy of minidist one folder down is graded as it is.

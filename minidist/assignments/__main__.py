@@ -16,7 +16,8 @@ from minidist.assignments.report import EXIT_USAGE
 EXIT_CODES = """exit codes of grade:
   0  graded: full marks
   1  graded: points lost (as pytest exits 1 when a test fails)
-  2  usage error (unknown assignment or task, bad options): nothing graded
+  2  usage error (unknown assignment or task, bad options, a --path that does not exist, a
+     --batch --out folder that holds an earlier run's results): nothing graded
   3  setup problem: the grading environment lacks something (e.g. pytest); the message and
      results.json name the install command; nothing graded
   4  the submission could not be graded as handed in (e.g. an uploaded file that is not one of the
@@ -99,6 +100,8 @@ def _grade(args: argparse.Namespace) -> int:
     def one(path: Path | None):
         return grade(args.assignment, path, args.task, not args.public_only, args.timeout)
 
+    if args.path is not None and not args.path.exists():  # a typo: a usage error, not an ungradable upload
+        raise ValueError(f"--path {args.path} does not exist")
     if args.batch:
         if args.path is None or args.out is None or args.results is not None:
             raise ValueError("--batch needs --path SUBMISSIONS and --out RESULTS (and no --results)")

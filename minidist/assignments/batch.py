@@ -42,9 +42,17 @@ def grade_all(
 ) -> int:
     """Grade every submission in ``folder`` with ``grade_one``; write its results into ``out``.
 
+    Raises ``ValueError`` if ``out`` already holds results (``*.json``) of an earlier run.
     Stops at the first setup problem (the environment is shared: every later submission would fail the
     same way). Returns the largest exit code of the submissions graded (see ``report.exit_code``).
     """
+    earlier = sorted(p.name for p in out.glob("*.json")) if out.is_dir() else []
+    if earlier:  # the summary counts every *.json in out: an earlier run's students would be mixed in
+        shown = ", ".join(earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise ValueError(
+            f"{out} already holds results of an earlier run ({shown}); pass a new --out folder "
+            f"(or move the old one away) so that the summary counts this run's students only"
+        )
     out.mkdir(parents=True, exist_ok=True)
     code = 0
     for entry in students(folder):
