@@ -10,7 +10,13 @@ Sources are plain Python in the "percent" format: a line ``# %%`` starts a code 
 a markdown cell (every line prefixed with ``# ``). Two more cell kinds carry the exercises:
 
 * ``# %% [exercise KEY]``: the "your turn" cell, shipped with the student's placeholder;
-* ``# %% [check KEY]``: the cell that checks it (a call into ``lessons/checks.py``).
+* ``# %% [check KEY]``: the cell that checks it (a call into ``minidist.notebook.checks``, which the
+  notebooks import from the installed package: nothing beside the notebooks computes an answer).
+
+A text cell after a check that gives the exercise's answer is written ``# %% [markdown reveal]``: the
+build collapses its source in JupyterLab (cell metadata ``jupyter.source_hidden``), so the answer stays
+hidden until the student opens the cell. Its first line, the one JupyterLab shows on the collapsed
+cell, says "Try first; then open this cell" and gives nothing away.
 
 Inside code cells two comment forms keep the sources valid Python (so ruff checks them): a first line
 ``# %%px`` becomes the cell magic ``%%px`` (run the cell on every MPI engine), and a line
@@ -39,13 +45,15 @@ LESSONS = Path(__file__).resolve().parent
 SOURCES = LESSONS / "src"
 SOLUTIONS = LESSONS / ".solutions"
 HEADER = re.compile(r"^# %%(?: \[(\w+)(?: ([\w-]+))?\])?\s*$")
+REVEAL = "reveal"  # ``# %% [markdown reveal]``: a text cell collapsed until the student opens it
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
 def parse_cells(text: str) -> list[tuple[str, str | None, str]]:
     """Split a percent-format source into ``(kind, key, source)`` cells, kind one of "code",
-    "markdown", "exercise", "check", "solution", "wrong". Text before the first header is dropped
-    (a module docstring for the file itself). Raises ``ValueError`` for an unknown kind."""
+    "markdown", "exercise", "check", "solution", "wrong" (a markdown cell's key is None or "reveal").
+    Text before the first header is dropped (a module docstring for the file itself). Raises
+    ``ValueError`` for an unknown kind, or a markdown key other than "reveal"."""
     cells: list[tuple[str, str | None, list[str]]] = []
     for line in text.splitlines():
         match = HEADER.match(line)
@@ -53,6 +61,8 @@ def parse_cells(text: str) -> list[tuple[str, str | None, str]]:
             kind, key = match.group(1) or "code", match.group(2)
             if kind not in ("code", "markdown", "exercise", "check", "solution", "wrong"):
                 raise ValueError(f"unknown cell kind [{kind}] in line {line!r}")
+            if kind == "markdown" and key not in (None, REVEAL):
+                raise ValueError(f"a markdown cell takes no key but [markdown {REVEAL}], got {line!r}")
             cells.append((kind, key, []))
         elif cells:
             cells[-1][2].append(line)
@@ -75,6 +85,8 @@ def build_notebook(source: Path):
     for i, (kind, key, text) in enumerate(parse_cells(source.read_text())):
         if kind == "markdown":
             cell = nbformat.v4.new_markdown_cell(text)
+            if key == REVEAL:  # collapsed in JupyterLab until clicked; the tag lets tests find it
+                cell.metadata = {"jupyter": {"source_hidden": True}, "tags": [REVEAL]}
         else:
             cell = nbformat.v4.new_code_cell(text)
             if kind in ("exercise", "check"):
@@ -108,7 +120,7 @@ def with_answers(nb, answers: dict[str, str]):
 
 def execute(nb, timeout: int = 300, cwd: Path = LESSONS):
     """Run ``nb`` top to bottom in a fresh kernel whose working folder is ``cwd`` (it must hold
-    ``checks.py`` and ``scripts/``, as ``lessons/`` and a student's copy do); return it with outputs.
+    ``scripts/``, as ``lessons/`` and a student's copy do); return it with outputs.
 
     Raises ``nbclient.exceptions.CellExecutionError`` at the first failing cell."""
     from nbclient import NotebookClient

@@ -9,11 +9,12 @@ reports it out of date), and a rebuild would replace it. Your copy is yours: not
 ever writes to it.
 
 What is copied: the notebooks ``lessons/NN_*.ipynb`` as they are now (so work already saved in
-``lessons/`` comes along), ``checks.py`` (the exercise checks, which the notebooks import) and
-``scripts/`` (the programs the notebooks start with ``mpiexec``): what a notebook needs to run from its
-own folder (lesson 09 also runs ``examples/`` and ``benchmarks/``, which it finds in the clone that
-minidist is installed from). Never the reference answers (``lessons/.solutions/``), the sources or the
-coursework.
+``lessons/`` comes along) and ``scripts/`` (the programs the notebooks start with ``mpiexec``): what a
+notebook needs to run from its own folder (lesson 09 also runs ``examples/`` and ``benchmarks/``, which
+it finds in the clone that minidist is installed from). Never the reference answers
+(``lessons/.solutions/``), the sources or the coursework, and no exercise checks: the notebooks import
+those from the installed package (``from minidist.notebook import checks``), so nothing in the student's
+folder computes an exercise's answer.
 
 Rules: the folder must be new or empty, unless ``--force``. With ``--force`` a file that is already there
 and differs is first renamed (``01_autograd.old-1.ipynb``, then ``.old-2``, ...) and the fresh copy is
@@ -32,8 +33,8 @@ LESSONS = Path(__file__).resolve().parent
 
 
 def lesson_files(lessons: Path = LESSONS) -> list[Path]:
-    """The files a student's copy holds, as paths relative to ``lessons``: the notebooks, ``checks.py``
-    and every file under ``scripts/`` (caches and hidden files left out)."""
+    """The files a student's copy holds, as paths relative to ``lessons``: the notebooks and every file
+    under ``scripts/`` (caches and hidden files left out)."""
     notebooks = sorted(lessons.glob("[0-9][0-9]_*.ipynb"))
     folder = lessons / "scripts"
     scripts = sorted(
@@ -42,7 +43,7 @@ def lesson_files(lessons: Path = LESSONS) -> list[Path]:
         if p.is_file()
         and not any(part.startswith((".", "__pycache__")) for part in p.relative_to(folder).parts)
     )
-    return [p.relative_to(lessons) for p in [*notebooks, lessons / "checks.py", *scripts]]
+    return [p.relative_to(lessons) for p in [*notebooks, *scripts]]
 
 
 def copy_lessons(dest: Path, force: bool = False, lessons: Path = LESSONS) -> list[str]:

@@ -28,12 +28,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")  # figures render to PNG in the kerne
 
 REPO = Path(__file__).resolve().parent.parent
 LESSONS = REPO / "lessons"
-sys.path.insert(0, str(LESSONS))  # `import checks`, as the notebooks do
 _spec = importlib.util.spec_from_file_location("lessons_build", LESSONS / "build.py")
 build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
 
-import checks  # noqa: E402
+from minidist.notebook import checks  # noqa: E402  (as the notebooks import them)
 
 SOURCES = sorted((LESSONS / "src").glob("[0-9][0-9]_*.py"))
 MAX_SECONDS = 180  # the issue's limit per notebook on this 2-core machine
@@ -364,7 +363,7 @@ def test_no_hint_states_the_formula_of_its_exercise(capsys):
 
 
 def test_lesson_text_before_an_exercise_does_not_state_its_formula():
-    """The formula is revealed after the check (or in the line CORRECT prints), never above the exercise."""
+    """The formula is revealed after the check (in a collapsed cell), never above the exercise."""
     for source in SOURCES:
         nb = build.build_notebook(source)
         above = ""
@@ -375,6 +374,147 @@ def test_lesson_text_before_an_exercise_does_not_state_its_formula():
             if "exercise" in cell.metadata.get("tags", []) and key not in TAUGHT_BEFORE_THE_EXERCISE:
                 leaked = [f for f in map(_squash, FORMULAS[key]) if f in above]
                 assert not leaked, f"{source.stem}: the text above exercise {key!r} states {leaked}"
+
+
+def _all_formulas() -> list[str]:
+    """Every exercise's formula spellings and its reference answer's expressions, squashed."""
+    found = [_squash(f) for spellings in FORMULAS.values() for f in spellings]
+    for source in SOURCES:
+        for answers in build.solution_cells(source.stem).values():
+            found += _solution_expressions(answers["solution"][0])
+    return found
+
+
+def _docstrings_and_comments(path: Path) -> list[str]:
+    """The docstrings (module, classes, functions) and the ``#`` comments of one Python file."""
+    import ast
+    import io
+    import tokenize
+
+    tree = ast.parse(path.read_text())
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    texts = [doc for doc in map(ast.get_docstring, nodes) if doc]
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return texts + [t.string for t in tokens if t.type == tokenize.COMMENT]
+
+
+def test_the_checks_say_what_they_check_never_the_answer():
+    """The checks' docstrings and comments (a docstring's first line is printed after CORRECT, and a
+    student may read the module) name what is checked, not the formula; only the code that computes
+    the expected values may hold it, as minidist's own modules do."""
+    assert checks.__file__, "the checks must be importable as the notebooks import them"
+    path = Path(checks.__file__)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    # Spellings under 5 characters ("sech") turn up inside ordinary words once the spaces are gone.
+    formulas = [f for f in _all_formulas() if len(f) >= 5]
+    for file in files:
+        for text in _docstrings_and_comments(file):
+            leaked = [f for f in formulas if f in _squash(text)]
+            assert not leaked, f"{file.name} states {leaked} in:\n{text}"
+
+
+def test_the_checks_are_installed_with_minidist_not_kept_beside_the_notebooks():
+    assert Path(checks.__file__).resolve().is_relative_to(REPO / "minidist"), checks.__file__
+    assert not (LESSONS / "checks.py").exists(), "lessons/checks.py would be copied next to the notebooks"
+    for source in SOURCES:
+        assert "from minidist.notebook import" in source.read_text() and "checks" in source.read_text()
+
+
+def _placeholders(nb) -> dict[str, list]:
+    """``{exercise key: [ast.FunctionDef, ...]}``: the functions each exercise cell asks for."""
+    import ast
+
+    found: dict[str, list] = {}
+    for cell in nb.cells:
+        if "exercise" in cell.metadata.get("tags", []):
+            defs = [n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.FunctionDef)]
+            found.setdefault(cell.metadata["exercise"], []).extend(defs)
+    return found
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_no_notebook_cell_holds_a_stand_in_for_an_exercise(source: Path, capsys):
+    """A working version of an exercise's function, defined in a cell of the notebook (say, so that
+    later cells run while the exercise is not done), shows the answer to anyone who scrolls on. Stand-ins
+    come from ``checks.stand_in(NAME)``. Two ways to spot one: a function in any non-exercise cell that
+    computes one of the reference answer's expressions, or one with an exercise's parameters that its
+    check marks CORRECT."""
+    import ast
+
+    nb = build.build_notebook(source)
+    answers = build.solution_cells(source.stem)
+    placeholders = _placeholders(nb)
+    calls = {
+        key: [c for c in _check_calls(nb, key) if _names_available(c, answers[key]["solution"][0])]
+        for key in placeholders
+    }
+    expressions = {key: _solution_expressions(answers[key]["solution"][0]) for key in placeholders}
+    cells = [text for kind, _, text in build.parse_cells(source.read_text()) if kind == "code"]
+    for text in cells:
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("%", "!")))  # magics
+        for fn in [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]:
+            body = _squash(ast.unparse(fn))
+            for key, wanted in placeholders.items():
+                leaked = [e for e in expressions[key] if e in body]
+                assert not leaked, f"{source.stem}: {fn.name}() computes {leaked}, the answer to {key!r}"
+                for placeholder in wanted:
+                    if [a.arg for a in fn.args.args] != [a.arg for a in placeholder.args.args]:
+                        continue
+                    fn.name = placeholder.name  # run it as the student's answer
+                    for call in calls[key]:
+                        try:
+                            _run_check("import math\nimport numpy as np\n" + ast.unparse(fn), call)
+                        except Exception:  # a wrong answer, or a helper that needs the notebook's state
+                            pass
+                        out = capsys.readouterr().out
+                        assert "CORRECT" not in out, (
+                            f"{source.stem}: a cell defines a function that passes the check of {key!r} "
+                            f"(a stand-in? use checks.stand_in): {call}"
+                        )
+    checks.reset_hints()
+
+
+def test_stand_ins_pass_their_exercises_checks_and_unknown_names_are_refused(capsys):
+    checks.tanh_backward(checks.stand_in("tanh_backward"))
+    checks.numerical_grad(checks.stand_in("numerical_grad"))
+    assert capsys.readouterr().out.count("CORRECT") == 2
+    with pytest.raises(ValueError, match="numerical_grad"):
+        checks.stand_in("ring_time")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_the_answer_after_a_check_stays_collapsed_until_opened(source: Path):
+    """Text right after a check that states the exercise's formula is a ``[markdown reveal]`` cell:
+    JupyterLab shows it collapsed, with only its first line (which says to try first, and gives nothing
+    away) on the placeholder."""
+    nb = build.build_notebook(source)
+    formulas, key, revealed = _all_formulas(), None, 0
+    for cell in nb.cells:
+        if "check" in cell.metadata.get("tags", []):
+            key = cell.metadata["exercise"]
+            continue
+        if cell.cell_type != "markdown":
+            key = None  # only the text right after a check is its commentary
+            continue
+        hidden = cell.metadata.get("jupyter", {}).get("source_hidden") is True
+        if "reveal" in cell.metadata.get("tags", []) or hidden:
+            first = cell.source.splitlines()[0]
+            assert hidden and "reveal" in cell.metadata["tags"], f"{source.stem}: {cell.metadata}"
+            assert "Try first; then open this cell" in first, f"{source.stem}: first line {first!r}"
+            assert not [f for f in formulas if f in _squash(first)], f"{source.stem}: {first!r}"
+            revealed += 1
+        elif key is not None:
+            leaked = [f for f in map(_squash, FORMULAS[key]) if f in _squash(cell.source)]
+            assert not leaked, f"{source.stem}: the text after check {key!r} shows {leaked}, not collapsed"
+    if source.stem[:2] in ("03", "05", "07", "09"):  # the lessons that give the answer after a check
+        assert revealed, f"{source.stem}: no collapsed answer"
+
+
+def test_build_collapses_reveal_cells_and_refuses_other_markdown_keys():
+    cells = build.parse_cells("# %% [markdown reveal]\n# **The answer.** Try first; then open this cell.\n")
+    assert cells == [("markdown", "reveal", "**The answer.** Try first; then open this cell.")]
+    with pytest.raises(ValueError, match="reveal"):
+        build.parse_cells("# %% [markdown answer]\n# text\n")
 
 
 # --- every exercise's reference answer agrees with the library (issue 15, item 1) ---------------------

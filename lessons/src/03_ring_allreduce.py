@@ -15,12 +15,11 @@
 # workstations", JPDC 2009; the algorithm behind Horovod and NCCL).
 
 # %%
-import checks
 import matplotlib.pyplot as plt
 import numpy as np
 
 from minidist import perfmodel
-from minidist.notebook import start_cluster, stop_cluster
+from minidist.notebook import checks, start_cluster, stop_cluster
 
 # %% [markdown]
 # ## 1. Simulate the ring on paper
@@ -112,15 +111,18 @@ def ring_time(nbytes, n, alpha, beta):
 # %% [check ringtime]
 checks.ring_time(ring_time)
 
-# %% [markdown]
-# The answer, once you have it: `2(n-1)` steps of one `N/n`-byte chunk each,
+# %% [markdown reveal]
+# **The answer.** Try first; then open this cell (click it, or the bar at its left).
+#
+# `2(n-1)` steps of one `N/n`-byte chunk each,
 #
 # $$T_{ring} = 2(n-1)\,\alpha + \frac{2(n-1)}{n} N \beta .$$
 #
 # The bandwidth term hardly grows with n (it tends to `2 N beta`): every rank sends and receives
 # about 2N bytes whatever the number of ranks, which is the minimum any all-reduce needs. That is
 # what *bandwidth-optimal* means. The latency term, though, grows linearly with n.
-#
+
+# %% [markdown]
 # ## 4. Measure it on real ranks
 #
 # Two engines, each a real MPI rank. We time minidist's ring, recursive doubling, and MPI's built-in

@@ -19,11 +19,10 @@ import json
 import tempfile
 from pathlib import Path
 
-import checks
 import matplotlib.pyplot as plt
 
 from minidist import trace
-from minidist.notebook import start_cluster, stop_cluster
+from minidist.notebook import checks, start_cluster, stop_cluster
 
 rc = start_cluster(2)
 

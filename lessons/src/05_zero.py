@@ -16,11 +16,10 @@
 # bytes as one all-reduce (lesson 03).
 
 # %%
-import checks
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import start_cluster, stop_cluster
+from minidist.notebook import checks, start_cluster, stop_cluster
 
 rc = start_cluster(2)
 
@@ -56,8 +55,10 @@ def zero_bytes(psi, n, stage, b, k):
 # %% [check zero]
 checks.zero_bytes(zero_bytes)
 
-# %% [markdown]
-# The answer, once you have it (ZeRO §5, Figure 1):
+# %% [markdown reveal]
+# **The answer.** Try first; then open this cell (click it, or the bar at its left).
+#
+# Bytes per rank by stage (ZeRO §5, Figure 1):
 #
 # | stage | bytes per rank |
 # |---|---|

@@ -18,11 +18,10 @@
 # kinds and two communication operators; the code is `minidist/parallel/tensor_parallel/`.
 
 # %%
-import checks
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import start_cluster, stop_cluster
+from minidist.notebook import checks, start_cluster, stop_cluster
 
 rc = start_cluster(2)
 

@@ -24,10 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import checks
 import matplotlib.pyplot as plt
 
-from minidist.notebook import mpiexec_path
+from minidist import perfmodel
+from minidist.notebook import checks, mpiexec_path
 from minidist.parallel.pipeline import (
     draw_gantt,
     gpipe,
@@ -99,15 +99,20 @@ def bubble_fraction(p, m):
 # %% [check bubble]
 checks.bubble_fraction(bubble_fraction)
 
-# %% [markdown]
-# The answer, once you have it: a stage computes in m slots; the last microbatch enters stage 0 after
+# %% [markdown reveal]
+# **The answer.** Try first; then open this cell (click it, or the bar at its left).
+#
+# A stage computes in m slots; the last microbatch enters stage 0 after
 # `m - 1` others and then needs p stages forward and back, so the step lasts `m + p - 1` slots and
 #
 # $$\text{bubble fraction} = \frac{p - 1}{m + p - 1}$$
 #
 # for GPipe and 1F1B alike (Huang et al. 2019, §2.3). More microbatches shrink the bubble; more stages
-# grow it. The simulation agrees with the formula for every `m` (the check above compared them; here
-# they are plotted for p = 2, 4, 8):
+# grow it.
+
+# %% [markdown]
+# The simulation agrees with the formula (`perfmodel.bubble_fraction`) for every `m` (the check above
+# compared them; here they are plotted for p = 2, 4, 8):
 
 # %%
 ms = list(range(1, 33))
@@ -115,10 +120,10 @@ fig, ax = plt.subplots(figsize=(6.5, 3.5))
 for p in (2, 4, 8):
     simulated = [simulate(one_f_one_b(p, m)).bubble_fraction() for m in ms]
     ax.plot(ms, simulated, "o", ms=3, label=f"simulated, p={p}")
-    ax.plot(ms, [(p - 1) / (m + p - 1) for m in ms], "-", lw=1, color=ax.lines[-1].get_color())
+    ax.plot(ms, [perfmodel.bubble_fraction(p, m) for m in ms], "-", lw=1, color=ax.lines[-1].get_color())
 ax.set_xlabel("microbatches m")
 ax.set_ylabel("bubble fraction")
-ax.set_title("lines: (p-1)/(m+p-1)")
+ax.set_title("lines: the formula (perfmodel.bubble_fraction)")
 ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()

@@ -26,11 +26,10 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
-import checks
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import mpiexec_path
+from minidist.notebook import checks, mpiexec_path
 
 mpiexec, python = mpiexec_path(), sys.executable
 work = Path(tempfile.mkdtemp(prefix="minidist_lesson08_"))

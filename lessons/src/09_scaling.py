@@ -20,12 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import checks
 import matplotlib.pyplot as plt
 
 import minidist
 from minidist import perfmodel
-from minidist.notebook import mpiexec_path
+from minidist.notebook import checks, mpiexec_path
 from minidist.parallel.mesh import draw_grid, mesh_coords
 
 # %% [markdown]
@@ -191,14 +190,15 @@ def dp_speedup(flops_per_step, gpus, grad_bytes, flops, alpha, beta):
 # %% [check speedup]
 checks.dp_speedup(dp_speedup)
 
-# %% [markdown]
-# The answer, once you have it:
+# %% [markdown reveal]
+# **The answer.** Try first; then open this cell (click it, or the bar at its left).
 #
 # $$T(G) = \frac{C}{G F} + 2(G-1)\alpha + \frac{2(G-1)}{G} N \beta, \qquad \text{speedup}(G) = T(1) / T(G).$$
 #
 # The compute term shrinks with G, the all-reduce does not: its bandwidth term tends to `2 N beta` and
 # its latency term grows. That is the whole story of the curves below.
-#
+
+# %% [markdown]
 # ### B3. Speedup from 1 to 1,024 GPUs
 #
 # Now the real thing: models of 125 M, 1.3 B and 13 B parameters with the global batches GPT-3 used for

@@ -1,0 +1,48 @@
+"""The checks of the lessons' "your turn" exercises: ``from minidist.notebook import checks``.
+
+Each exercise of ``lessons/NN_name.ipynb`` is a cell holding a placeholder, followed by a check cell
+such as ``checks.ring_time(ring_time)``. A check prints ``NOT DONE YET`` for an untouched placeholder (so
+a notebook runs top to bottom before any exercise is done), ``CORRECT`` and what it checked for a right
+answer, and raises ``AssertionError`` for a wrong one, naming the inputs, the answer and the expected
+value, with a hint that escalates: a question on the first miss, a nudge after, never the formula
+(:mod:`minidist.notebook.checks.harness`; ``reset_hints()`` starts the count over).
+
+The checks live in the installed package, one module per lesson, not beside the notebooks: a student
+browsing their copy of the lessons in Jupyter does not come across the code that computes the expected
+values. (Nothing here is secret, as ``minidist/distributed/ring.py`` is not: it is code to read after
+trying.) :func:`stand_in` gives the cells after an exercise a working function while the exercise is
+not done.
+"""
+
+from minidist.notebook.checks.harness import reset_hints
+from minidist.notebook.checks.lesson01_autograd import numerical_grad, tanh_backward
+from minidist.notebook.checks.lesson02_mpi import ring_neighbors, ring_pass
+from minidist.notebook.checks.lesson03_ring_allreduce import reduce_scatter_send_chunk, ring_time
+from minidist.notebook.checks.lesson04_data_parallel import microbatch_weight
+from minidist.notebook.checks.lesson05_zero import zero_bytes
+from minidist.notebook.checks.lesson06_tensor_parallel import f_and_g, tp_shard_shape
+from minidist.notebook.checks.lesson07_pipeline_parallel import bubble_fraction, peak_activations_1f1b
+from minidist.notebook.checks.lesson08_checkpoints import files_before_latest, shards_needed
+from minidist.notebook.checks.lesson09_scaling import dp_speedup, mesh_rank
+from minidist.notebook.checks.stand_ins import stand_in
+
+__all__ = [
+    "bubble_fraction",
+    "dp_speedup",
+    "f_and_g",
+    "files_before_latest",
+    "mesh_rank",
+    "microbatch_weight",
+    "numerical_grad",
+    "peak_activations_1f1b",
+    "reduce_scatter_send_chunk",
+    "reset_hints",
+    "ring_neighbors",
+    "ring_pass",
+    "ring_time",
+    "shards_needed",
+    "stand_in",
+    "tanh_backward",
+    "tp_shard_shape",
+    "zero_bytes",
+]
