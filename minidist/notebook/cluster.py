@@ -102,7 +102,7 @@ def start_cluster(n: int = 2, *, timeout: float = 120.0, activate: bool = True) 
     (a re-run cell), it is returned as is; one of another size is stopped first.
 
     Engines run in the current directory with one BLAS thread each. On a 2-core laptop ``n`` = 2..4
-    starts in 5-15 s; ranks beyond the number of cores share them (MPICH oversubscribes freely).
+    starts in 2-5 s; ranks beyond the number of cores share them (MPICH oversubscribes freely).
 
     Raises:
         ValueError: ``n < 1``.
@@ -130,6 +130,11 @@ def start_cluster(n: int = 2, *, timeout: float = 120.0, activate: bool = True) 
         profile_dir=profile_dir,
         log_level=logging.ERROR,  # engines stopped by a signal exit non-zero: not worth a warning
         shutdown_atexit=False,  # our own atexit hook below stops it (and removes the profile directory)
+        # The controller registers an engine at its first heartbeat, and pings every 3 s by default:
+        # n engines took 6 s to register of which ~4 s was waiting for a ping. Every 0.5 s (60 misses:
+        # the default 30 s before a silent engine counts as dead) starts the ranks in ~2 s. Pings are
+        # answered by a ZeroMQ thread, not Python, so a rank busy in a long cell still answers.
+        controller_args=["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"],
     )
     _current.update(n=n, cluster=cluster, profile_dir=profile_dir, client=None, reaper=None)
     try:
@@ -182,7 +187,10 @@ def stop_cluster() -> None:
     try:
         if client is not None:
             client.close()
-        cluster.stop_cluster_sync()
+        # Engines first, then the controller: ipyparallel's stop_cluster stops both at once, and engines
+        # whose controller is already gone wait ~3 s before they exit (4 s in all, 0.8 s this way).
+        cluster.stop_engines_sync()
+        cluster.stop_controller_sync()
     finally:
         if reaper is not None:
             reaper.kill()
