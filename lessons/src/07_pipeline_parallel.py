@@ -153,23 +153,26 @@ out = Path(tempfile.mkdtemp(prefix="minidist_lesson07_"))
 TOLERANCE = 0.05  # |measured - formula| with 40 ms stages, even on a 2-core laptop under load
 
 
-def measure(schedule, m, *flags):
-    """Run scripts/pipeline_trace.py on 2 ranks; return its JSON with the measured Timeline added."""
-    path = out / f"{schedule}_{m}_{len(list(out.iterdir()))}.json"
-    cmd = [mpiexec, "-n", "2", python, "scripts/pipeline_trace.py", str(path), "--schedule", schedule]
+def measure(runs, *flags):
+    """Run scripts/pipeline_trace.py once on 2 ranks for every (schedule, m) of ``runs``; return
+    ``{(schedule, m): its JSON with the measured Timeline added}``."""
+    path = out / f"runs_{len(list(out.iterdir()))}.json"
+    cmd = [mpiexec, "-n", "2", python, "scripts/pipeline_trace.py", str(path), "--runs"]
+    cmd += [f"{schedule}:{m}" for schedule, m in runs]
     env = dict(os.environ, MINIDIST_TIMEOUT="60", OMP_NUM_THREADS="1")
-    subprocess.run(
-        [*cmd, "-m", str(m), *map(str, flags)], check=True, timeout=120, env=env, capture_output=True
-    )
-    r = json.loads(path.read_text())
-    r["timeline"] = timeline_from_trace(one_f_one_b(2, m) if schedule == "1f1b" else gpipe(2, m), r["events"])
-    return r
+    subprocess.run([*cmd, *map(str, flags)], check=True, timeout=180, env=env, capture_output=True)
+    results = {}
+    for r in json.loads(path.read_text()):
+        schedule, m = r["schedule"], r["m"]
+        r["timeline"] = timeline_from_trace((one_f_one_b if schedule == "1f1b" else gpipe)(2, m), r["events"])
+        results[schedule, m] = r
+    return results
 
 
-synthetic = {}
+RUNS = [("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8)]
+synthetic = measure(RUNS, "--width", 64, "--batch", 256, "--stage-ms", 40)
 print("schedule   m   formula  measured  difference")
-for schedule, m in [("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8)]:
-    synthetic[schedule, m] = r = measure(schedule, m, "--width", 64, "--batch", 256, "--stage-ms", 40)
+for (schedule, m), r in synthetic.items():
     theory, measured = 1 / (m + 1), r["timeline"].bubble_fraction()
     verdict = "ok" if abs(measured - theory) <= TOLERANCE else "outside the tolerance: is the machine busy?"
     print(f"{schedule:8} {m:2}   {theory:7.3f}  {measured:8.3f}  {measured - theory:+10.3f}  {verdict}")
@@ -180,9 +183,8 @@ for schedule, m in [("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b"
 # only: width 512 and a batch of 2,048, a few milliseconds per microbatch and stage.
 
 # %%
-runs = {}
-for schedule, m in [("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8)]:
-    runs[schedule, m] = r = measure(schedule, m, "--width", 512, "--batch", 2048)
+runs = measure(RUNS, "--width", 512, "--batch", 2048)
+for (schedule, m), r in runs.items():
     print(
         f"{schedule:5} m={m}: step {r['timeline'].total * 1e3:5.0f} ms, measured bubble "
         f"{r['timeline'].bubble_fraction():.2f}, formula {1 / (m + 1):.2f}"
