@@ -55,14 +55,14 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
         local()
         grads = [p.grad for p in params]
         flat = flatten(grads)
-        group.mpi.Allreduce(MPI.IN_PLACE, flat)
+        w.dp_comm.Allreduce(MPI.IN_PLACE, flat)
         flat /= group.size
         unflatten_into(flat, grads)
 
     def ddp_one_and_five_messages() -> None:
         ddp_one()
         for _ in range(5):
-            group.mpi.Allreduce(MPI.IN_PLACE, one_float)
+            w.dp_comm.Allreduce(MPI.IN_PLACE, one_float)
 
     return {
         "DDP, per step": (ddp_one, local_then_allreduce),
@@ -79,7 +79,7 @@ def pipeline_pair(w: Workload) -> tuple[Callable, Callable]:
     mesh, m = w.mesh, w.args.microbatches
     pipe = PipelineParallel(MLP(64, [256, 256], 10), mesh, microbatches=m, schedule="gpipe", cuts=w.cuts)
     stage, params = pipe.chunks[0], list(pipe.parameters())
-    pp, dp = mesh.pp_group.mpi, mesh.dp_group.mpi
+    pp, dp = w.pp_comm, w.dp_comm
     s, p, size = pp.Get_rank(), pp.Get_size(), len(w.x) // m
     xt = md.tensor(w.x)
     width_in = params[0].shape[1]

@@ -52,6 +52,10 @@ class Workload:
     x: np.ndarray  # this dp rank's share of the batch, (batch / dp, 64) float32
     y: np.ndarray  # its targets, (batch / dp,) int64
     init: list[np.ndarray]  # the WHOLE model's initial parameters [W0, b0, W1, b1, W2, b2]
+    # Private copies of the mesh's pp and dp communicators for the bare mpi4py messages: minidist's
+    # own channels (and its liveness watchdog, which probes them) never see a message they did not send.
+    pp_comm: MPI.Comm
+    dp_comm: MPI.Comm
 
     @property
     def stage_linears(self) -> range:
@@ -87,7 +91,9 @@ def make_workload(args: argparse.Namespace) -> Workload:
     x = rng.standard_normal((args.batch, SIZES[0]), dtype=np.float32)
     y = rng.integers(0, SIZES[-1], args.batch)
     share = np.array_split(np.arange(args.batch), dp)[mesh.dp_rank]
-    return Workload(mesh, args, np.ascontiguousarray(x[share]), y[share], _initial_parameters())
+    x_mine = np.ascontiguousarray(x[share])
+    pp_comm, dp_comm = mesh.pp_group.mpi.Dup(), mesh.dp_group.mpi.Dup()
+    return Workload(mesh, args, x_mine, y[share], _initial_parameters(), pp_comm, dp_comm)
 
 
 def _initial_parameters() -> list[np.ndarray]:
@@ -128,10 +134,10 @@ def reference_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
     """(one step of the hand-written NumPy reference, this stage's parameter arrays)."""
     layers = w.stage_linears
     stage = ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
-    dp = w.mesh.dp_group.mpi
+    dp = w.dp_comm
     if w.mesh.pp == 1:
         return (lambda: dp_step(stage, w.x, w.y, w.args.lr, dp)), stage.params
-    pp, m = w.mesh.pp_group.mpi, w.args.microbatches
+    pp, m = w.pp_comm, w.args.microbatches
     return (lambda: gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, dp)), stage.params
 
 
@@ -154,7 +160,7 @@ def torch_step(w: Workload) -> tuple[Step, list[np.ndarray]] | None:
             p.copy_(torch.from_numpy(value))
     opt = torch.optim.SGD(model.parameters(), lr=w.args.lr)
     x, y = torch.from_numpy(w.x), torch.from_numpy(w.y)
-    dp, n = w.mesh.dp_group.mpi, w.mesh.dp
+    dp, n = w.dp_comm, w.mesh.dp
 
     def step() -> None:
         opt.zero_grad()
