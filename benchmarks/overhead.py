@@ -42,7 +42,7 @@ from collectives import call, timed_together  # noqa: E402
 from ddp import time_round  # noqa: E402
 from numpy_reference import ReferenceStage, cross_entropy  # noqa: E402
 from overhead_parallel import ddp_pairs, pipeline_pair  # noqa: E402
-from small_mlp import Workload, add_workload_args, make_workload, minidist_step, reference_step  # noqa: E402
+from small_mlp import Workload, add_workload_args, make_workload, minidist_step, reference_step, write_csv  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -50,7 +50,6 @@ from minidist import nn, optim  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 Row = tuple[str, float, float, float]  # (what, minidist s, bare s, count the overhead is divided by)
 
 
@@ -216,10 +215,7 @@ def main() -> None:
             f"{name},{mesh.dp},{mesh.pp},{ours * 1e6:.2f},{bare * 1e6:.2f},{extra:.2f},{count},"
             f"{extra / count:.3f}"
         )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"overhead_dp{mesh.dp}_pp{mesh.pp}.csv"
-    path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path}")
+    write_csv("overhead", mesh, lines)
 
 
 if __name__ == "__main__":

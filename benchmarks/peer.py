@@ -33,9 +33,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 from ddp import time_round  # noqa: E402  (the slowest rank's wall time per step of one round)
 from mpi4py import MPI  # noqa: E402
-from small_mlp import Workload, add_workload_args, make_workload, minidist_step, reference_step, torch_step  # noqa: E402
+from small_mlp import (  # noqa: E402
+    Workload,
+    add_workload_args,
+    make_workload,
+    minidist_step,
+    reference_step,
+    torch_step,
+    write_csv,
+)
 
-RESULTS = Path(__file__).parent / "results"
 CHECK_STEPS, RTOL, ATOL = 5, 1e-4, 1e-5
 
 
@@ -102,14 +109,12 @@ def main() -> None:
     for name, t in times.items():
         spread = (max(t) - min(t)) / med[name]
         vs_torch = med[name] / med["pytorch eager"] if "pytorch eager" in med else float("nan")
+        torch_text = "-" if np.isnan(vs_torch) else f"{vs_torch:.2f}x"
         print(f"{name:16s} {med[name] * 1e3:10.3f} {min(t) * 1e3:8.3f} {spread:7.1%} "
-              f"{med[name] / ref:11.2f}x {vs_torch:9.2f}x")  # fmt: skip
+              f"{med[name] / ref:11.2f}x {torch_text:>10s}")  # fmt: skip
         rows.append(f"{name},{mesh.dp},{mesh.pp},{med[name] * 1e3:.4f},{min(t) * 1e3:.4f},{spread:.4f},"
                     f"{med[name] / ref:.4f},{vs_torch:.4f}")  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"peer_dp{mesh.dp}_pp{mesh.pp}.csv"
-    path.write_text("\n".join(rows) + "\n")
-    print(f"wrote {path}")
+    write_csv("peer", mesh, rows)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one BLAS thread per rank: the ranks share the cores
@@ -33,6 +34,15 @@ SIZES = (64, 256, 256, 10)  # features in, two hidden layers, classes
 N_LINEAR = len(SIZES) - 1
 
 Step = Callable[[], object]
+RESULTS = Path(__file__).parent / "results"
+
+
+def write_csv(stem: str, mesh: ProcessMesh, lines: list[str]) -> None:
+    """Write ``lines`` (a header and rows) to ``benchmarks/results/{stem}_dp{dp}_pp{pp}.csv`` and say so."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{stem}_dp{mesh.dp}_pp{mesh.pp}.csv"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
