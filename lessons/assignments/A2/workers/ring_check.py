@@ -25,7 +25,7 @@ import gradelib  # noqa: E402
 import rules  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
-from minidist.distributed import liveness, ring, tags  # noqa: E402
+from minidist.distributed import ring  # noqa: E402
 
 # The handout's "Not allowed": MPI's own collectives, or minidist's other collectives, called from the
 # ring. (ring.py's functions may call each other: all-reduce is built from the two halves.)
@@ -130,23 +130,12 @@ def nudge_gathered(got: np.ndarray, want: np.ndarray, chunks) -> str:
     return ""
 
 
-def numbered(group, name: str, op: str | None, dtype: str, call) -> int:
-    """Run ``call()`` (a ring function called directly) as ``dist``'s collectives run: numbered on the
-    group's channel, its messages tagged with that number. Return how many point-to-point receives
-    this rank started meanwhile (``rules.watch.received``; -1 when no rule is watched).
-
-    Why: untagged messages read as "call #0" to minidist's liveness watchdog; a slow rank (5 ranks on
-    2 cores) that has not yet received such a message while it already ran later collectives would be
-    judged stale, and the job ended, although the student's ring is right.
-    """
-    channel = group.collective_channel
+def receives_during(call) -> int:
+    """Run ``call()`` (a ring function called directly); return how many point-to-point receives this
+    rank started meanwhile (``rules.watch.received``; -1 when no rule is watched)."""
     seen = rules.watch._active
     before = seen.received if seen is not None else 0
-    previous = liveness.enter(channel, tags.identity(name, op, None, np.dtype(dtype)))
-    try:
-        call()
-    finally:
-        liveness.leave(channel, previous)
+    call()
     return seen.received - before if seen is not None else -1
 
 
@@ -192,9 +181,7 @@ def check_case(group, case: dict) -> list[str]:
     if kind == "reduce_scatter":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        received = numbered(
-            group, "reduce_scatter", op, dtype, lambda: ring.ring_reduce_scatter(group, flat, op)
-        )
+        received = receives_during(lambda: ring.ring_reduce_scatter(group, flat, op))
         if received == 0 and n > 1 and hi > lo:
             failures.append(nothing_received("ring_reduce_scatter", "A2.1", n))
         expect(f"ring_reduce_scatter: chunk {r} (elements {lo}:{hi}) after", flat[lo:hi], want[lo:hi],
@@ -205,7 +192,7 @@ def check_case(group, case: dict) -> list[str]:
         want = np.concatenate([inputs[q][a:b] for q, (a, b) in enumerate(chunks)])
         flat = np.full(length, -999, dtype=dtype)  # garbage everywhere except this rank's own chunk
         flat[lo:hi] = inputs[r][lo:hi]
-        received = numbered(group, "all_gather", None, dtype, lambda: ring.ring_all_gather(group, flat))
+        received = receives_during(lambda: ring.ring_all_gather(group, flat))
         if received == 0 and n > 1 and length > hi - lo:
             failures.append(nothing_received("ring_all_gather", "A2.2", n))
         nudge = lambda: nudge_gathered(flat, want, chunks)  # noqa: E731
@@ -217,7 +204,7 @@ def check_case(group, case: dict) -> list[str]:
     elif kind == "all_reduce":
         want = reduce(inputs, op).astype(dtype)
         flat = inputs[r].copy()
-        received = numbered(group, "all_reduce", op, dtype, lambda: ring.ring_all_reduce(group, flat, op))
+        received = receives_during(lambda: ring.ring_all_reduce(group, flat, op))
         if received == 0 and n > 1 and length > 0:
             failures.append(nothing_received("ring_all_reduce", "A2.3", n))
         wrong = next((c for c, (a, b) in enumerate(chunks) if not same(flat[a:b], want[a:b])), r)
