@@ -160,6 +160,18 @@ def run_ranks(n: int, worker: Path, config: dict, timeout: float | None = None) 
     return results
 
 
+def run_body(world: Any, body: Callable[[Any, dict], list[str]], config: dict, rule: Any = None) -> list[str]:
+    """``body(world, config)``'s failures, under ``rule``'s watch unless None: each forbidden call the
+    student's code made comes first, explained."""
+    if rule is None:
+        return body(world, config)
+    import rules  # here, not at the top: it imports mpi4py, which the pytest process must not
+
+    with rules.watch(rule, [world]) as seen:
+        failures = body(world, config)
+    return seen.messages() + failures
+
+
 def worker_main(body: Callable[[Any, dict], list[str]], rule: Any = None) -> None:
     """The main of an MPI worker: ``body(world, config)`` returns failure messages (empty: all good).
 
@@ -167,20 +179,13 @@ def worker_main(body: Callable[[Any, dict], list[str]], rule: Any = None) -> Non
     ``rule`` (a ``rules.Rule``): the assignment's "Not allowed" rule, enforced while ``body`` runs;
     each forbidden call the student's code makes comes first among the failures, explained.
     """
-    import rules  # here, not at the top: it imports mpi4py, which the pytest process must not
-
     import minidist
     import minidist.distributed as dist
 
     out = Path(sys.argv[1])
     config = json.loads((out / "config.json").read_text())
     world = dist.init()
-    if rule is None:
-        failures = body(world, config)
-    else:
-        with rules.watch(rule, [world]) as seen:
-            failures = body(world, config)
-        failures = seen.messages() + failures
+    failures = run_body(world, body, config, rule)
     result = {"rank": world.rank, "failures": failures, "minidist": minidist.__file__}
     (out / f"rank{world.rank}.json").write_text(json.dumps(result))
 
