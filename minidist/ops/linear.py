@@ -37,16 +37,15 @@ class Linear(Function):
 
     def backward(self, grad):
         # Only the gradients that some input needs: the first layer's x is data, not a parameter.
-        needs = [t.requires_grad for t in self.inputs]
-        grad_x = grad @ self.weight if needs[0] else None
-        grad_w = grad_b = None
-        if needs[1] or len(needs) == 3 and needs[2]:
-            rows = grad.reshape(-1, grad.shape[-1])  # (rows, out): leading axes flattened
-            if needs[1]:  # (out, rows) @ (rows, in): laid out like W itself, so accumulating is a copy
-                grad_w = rows.T @ self.x.reshape(-1, self.x.shape[-1])
-            if len(needs) == 3 and needs[2]:
-                grad_b = rows.sum(axis=0)
-        return (grad_x, grad_w) if len(needs) == 2 else (grad_x, grad_w, grad_b)
+        inputs = self.inputs
+        has_bias = len(inputs) == 3
+        grad_x = grad @ self.weight if inputs[0].requires_grad else None
+        rows = grad.reshape(-1, grad.shape[-1])  # (rows, out): all leading axes are rows
+        # (out, rows) @ (rows, in): laid out like W itself, so W.grad can be this very array.
+        grad_w = rows.T @ self.x.reshape(-1, self.x.shape[-1]) if inputs[1].requires_grad else None
+        if not has_bias:
+            return grad_x, grad_w
+        return grad_x, grad_w, rows.sum(axis=0) if inputs[2].requires_grad else None
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -65,8 +64,8 @@ def _check(x, weight, bias) -> None:
             f"linear: bias of shape {tuple(bias.shape)} for a weight of shape {tuple(weight.shape)}; "
             f"the bias must be ({weight.shape[0]},), one value per output feature"
         )
-    dtypes = [a.dtype for a in (x, weight, bias) if a is not None]
-    if any(d != dtypes[0] for d in dtypes):
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        dtypes = [a.dtype for a in (x, weight, bias) if a is not None]
         raise RuntimeError(
             f"linear: mat1 and mat2 must have the same dtype, but got {', '.join(map(str, dtypes))} (input, "
             "weight, bias); convert one of them, e.g. x.to(np.float32) or md.tensor(array, dtype=np.float32) "
