@@ -219,7 +219,7 @@ MUTANTS = [
     ("A1", "A1.5", "minidist/autograd/graph.py", "counts[id(inp)] += 1", "counts[id(inp)] = 1",
      "diamond", None),
     ("A1", "A1.5", "minidist/autograd/graph.py",
-     "node.grad = g.copy() if node.grad is None else node.grad + g", "node.grad = g.copy()", "must ADD",
+     "node.grad = node.grad + g", "node.grad = g.copy()", "must ADD",
      None),
     ("A1", "A1.5", "minidist/autograd/graph.py", "node = ready.pop()", "node = ready[-1]", "timed out", 4),
     ("A2", "A2.1", "minidist/distributed/ring.py", "send_start, send_stop = bounds[(r - step - 1) % n]",
