@@ -10,8 +10,8 @@ minidist against the bare work it wraps, *interleaved* (one block of each in tur
 medians of the per-call times), so that load from other processes hits both sides alike; the overhead
 is the difference of the medians:
 
-* ops (forward, graph built): ``x @ w.T`` (128x256 @ 256x256), ``+ bias``, ``relu``, ``cross_entropy``
-  (128x10) against the same NumPy expressions;
+* ops (forward, graph built): ``x @ w.T`` (128x256 @ 256x256), ``+ bias``, ``F.linear`` (the two in
+  one op), ``relu``, ``cross_entropy`` (128x10) against the same NumPy expressions;
 * forward of the model + loss; backward, per graph node (against ``numpy_reference``'s hand-written
   backward); ``SGD.step`` and ``zero_grad``, per parameter (against ``p -= lr * g``);
 * data loading per batch: ``DataLoader`` + ``DistributedSampler`` against ``x[perm[i:i+B]]``;
@@ -88,17 +88,29 @@ def graph_nodes(root: md.Tensor) -> int:
     return len(seen)
 
 
+def bare_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x @ w.T + b as the NumPy reference writes it: the bias added in place into the matmul's result."""
+    y = x @ w.T
+    y += b
+    return y
+
+
 def local_rows(w: Workload, rounds: int) -> list[Row]:
     """Ops, forward, backward, optimizer and data loading, on this rank alone (1 rank's model)."""
     rng = np.random.default_rng(1)
     h = rng.standard_normal((128, 256), dtype=np.float32)
     wt, bias = rng.standard_normal((256, 256), dtype=np.float32), rng.standard_normal(256, dtype=np.float32)
     logits, y = rng.standard_normal((128, 10), dtype=np.float32), rng.integers(0, 10, 128)
-    th, twt = md.tensor(h, requires_grad=True), md.tensor(wt, requires_grad=True).T
+    tw = md.tensor(wt, requires_grad=True)
+    th, twt = md.tensor(h, requires_grad=True), tw.T
     tb, tl = md.tensor(bias, requires_grad=True), md.tensor(logits, requires_grad=True)
     ops = {
         "op matmul 128x256 @ 256x256": (lambda: th @ twt, lambda: h @ wt.T),
         "op add bias 128x256 + 256": (lambda: th + tb, lambda: h + bias),
+        "op linear 128x256 -> 256 (F.linear)": (
+            lambda: nn.functional.linear(th, tw, tb),
+            lambda: bare_linear(h, wt, bias),
+        ),
         "op relu 128x256": (lambda: nn.functional.relu(th), lambda: np.maximum(h, 0)),
         "op cross_entropy 128x10": (lambda: nn.functional.cross_entropy(tl, y), lambda: bare_xent(logits, y)),
     }

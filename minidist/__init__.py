@@ -4,11 +4,15 @@ Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> distributed
 ``minidist.distributed`` (MPI) is imported only when you use it: ``import minidist.distributed as dist``.
 """
 
-from minidist import nn, optim  # nn and optim import minidist.autograd themselves
+from minidist import host_memory, nn, optim  # nn and optim import minidist.autograd themselves
 from minidist.autograd import Function, Tensor, is_grad_enabled, no_grad, tensor
 from minidist.random import manual_seed
 
 __version__ = "0.1.0"
+
+# Keep the memory a step frees for the next step instead of page-faulting it in again (0.5-1 ms per
+# step of the small MLP; minidist/host_memory.py says why and how to switch it off).
+host_memory.keep_freed_memory()
 
 __all__ = [
     "Function",

@@ -59,3 +59,49 @@ def test_python_calls_per_op_stay_within_budget():
     ops = 26
     assert calls / ops <= 22, f"{calls / ops:.1f} Python calls per op (budget 22): see benchmarks/README.md"
     assert a.grad is not None and np.all(np.isfinite(a.grad))
+
+
+def test_python_calls_per_training_step_of_a_small_mlp_stay_within_budget():
+    """A whole SGD step (zero_grad, forward of Linear-ReLU-Linear-ReLU-Linear, cross-entropy, backward,
+    step): 264 Python-level calls before issue 16's cuts (Linear as transpose + matmul + add), 141 after
+    (F.linear one op). Budget 160: the instruction counts per step are in benchmarks/README.md, "Cuts:
+    the autograd core" (benchmarks/count_instructions.py)."""
+    from minidist import nn, optim  # noqa: PLC0415
+    from minidist.models import MLP  # noqa: PLC0415
+
+    md.manual_seed(0)
+    model = MLP(8, [8, 8], 4)
+    opt = optim.SGD(model.parameters(), lr=0.05)
+    x, y = md.tensor(np.ones((4, 8), np.float32)), np.zeros(4, np.int64)
+
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()  # warm up
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    assert calls <= 160, f"{calls} Python calls per step (budget 160): see benchmarks/README.md"
+
+
+@pytest.mark.parametrize("which", [[], ["--reference"]], ids=["minidist", "reference"])
+def test_count_instructions_script_runs_both_steps(which):
+    import subprocess  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    out = subprocess.run(
+        [sys.executable, str(bench / "count_instructions.py"), "3", *which],
+        cwd=bench, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr

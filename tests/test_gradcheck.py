@@ -149,6 +149,20 @@ def test_matmul_gradient_2d_and_batched_with_broadcast_batch_axes(data):
     gradcheck(lambda a, b: a @ b, data.draw(S.arrays(shape_a)), data.draw(S.arrays(shape_b)))
 
 
+# ------------------------------------------------------------------------------------------ linear
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@given(data=st.data())
+def test_linear_gradient_for_any_leading_axes(bias, data):
+    """F.linear is one op (minidist/ops/linear.py): x (..., in) with 1-3 axes, W (out, in), b (out,)."""
+    lead = data.draw(S.shapes(min_dims=0, max_dims=2))
+    n_in, n_out = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+    x, w = data.draw(S.arrays((*lead, n_in))), data.draw(S.arrays((n_out, n_in)))
+    if bias:
+        gradcheck(F.linear, x, w, data.draw(S.arrays((n_out,))))
+    else:
+        gradcheck(F.linear, x, w)
+
+
 # -------------------------------------------------------------------------------------- reductions
 @pytest.mark.parametrize("name", ["sum", "mean"])
 @given(data=st.data())

@@ -41,6 +41,11 @@ class Function:
     # The result may be a view into input 0's array (reshape, permute, basic indexing): then both
     # tensors share one version counter, so changing either in place is seen through the other.
     is_view = False
+    # ``backward`` returns arrays it has just made and keeps no reference to, a different one for each
+    # input (Linear's g W, g^T x, sum g). Then the graph walk hands such a gradient to a leaf as its
+    # .grad without copying it; for any other op it copies (an op may return its incoming gradient
+    # itself, as Add does, or the same array for two inputs, and one .grad must not change another).
+    returns_new_arrays = False
     _released = False  # set by release(): the saved arrays are gone
 
     def forward(self, *arrays: Any, **options: Any) -> Any:

@@ -42,6 +42,9 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
     """
     # BEGIN SOLUTION A1.5: walk the graph in topological order, summing and accumulating gradients
     pending = {id(root): grad}  # gradients summed so far, per tensor, not yet passed on
+    # Tensors whose pending gradient is a new array that nothing else refers to: a leaf may keep it
+    # as its .grad without a copy (a sum made here, or an op's result that it declares new).
+    owned: set[int] = set()
     waiting = _count_consumers(root)  # per tensor: consumers whose backward has not run yet
     ready = [root]  # tensors whose every consumer is done: their gradient is complete
     while ready:
@@ -51,7 +54,10 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
         g = pending.pop(id(node), None)  # None: no consumer produced a gradient for it
         if node._ctx is None:  # a leaf: all contributions have arrived
             if g is not None:
-                node.grad = g.copy() if node.grad is None else node.grad + g
+                if node.grad is None:  # a copy unless no one else can see g: .grad must be its own
+                    node.grad = g if id(node) in owned else g.copy()
+                else:
+                    node.grad = node.grad + g
                 for hook in node._post_accumulate_hooks:
                     hook(node)
             continue
@@ -65,7 +71,13 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
                 continue
             key = id(inp)
             if g_inp is not None:
-                pending[key] = g_inp if key not in pending else pending[key] + g_inp
+                if key not in pending:
+                    pending[key] = g_inp
+                    if fn.returns_new_arrays:
+                        owned.add(key)
+                else:
+                    pending[key] = pending[key] + g_inp
+                    owned.add(key)
             waiting[key] -= 1
             if waiting[key] == 0:
                 ready.append(inp)

@@ -1,8 +1,8 @@
 """Differentiable operations, one ``Function`` subclass each, grouped by kind.
 
-arithmetic: add sub mul div neg pow matmul · elementwise: exp log tanh sigmoid relu gelu ·
-reduction: sum mean max · shape: reshape transpose permute getitem · softmax: softmax log_softmax
-cross_entropy · dropout: dropout
+arithmetic: add sub mul div neg pow matmul · linear: linear (y = x W^T + b) · elementwise: exp log
+tanh sigmoid relu gelu · reduction: sum mean max · shape: reshape transpose permute getitem ·
+softmax: softmax log_softmax cross_entropy · dropout: dropout
 """
 
 from minidist.ops import inplace
@@ -10,12 +10,13 @@ from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub, unbroa
 from minidist.ops.dropout import dropout
 from minidist.ops.dtypes import result_type, to
 from minidist.ops.elementwise import exp, gelu, log, relu, sigmoid, tanh
+from minidist.ops.linear import linear
 from minidist.ops.reduction import max, mean, sum
 from minidist.ops.shape import getitem, permute, reshape, transpose
 from minidist.ops.softmax import cross_entropy, log_softmax, softmax
 
 __all__ = [
-    "add", "sub", "mul", "div", "neg", "pow", "matmul", "unbroadcast",
+    "add", "sub", "mul", "div", "neg", "pow", "matmul", "unbroadcast", "linear",
     "exp", "log", "tanh", "sigmoid", "relu", "gelu",
     "sum", "mean", "max", "reshape", "transpose", "permute", "getitem",
     "softmax", "log_softmax", "cross_entropy", "dropout", "to", "result_type", "inplace",

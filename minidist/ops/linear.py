@@ -1,0 +1,73 @@
+"""The affine map of a ``Linear`` layer, y = x W^T + b, as one op.
+
+Written as transpose, matmul and add, a layer is three graph nodes, and the add allocates a second
+array of y's size. One op does the same arithmetic with one node, adds the bias into the matmul's
+fresh result in place, and skips the gradients nobody asked for (the input batch of the first
+layer needs none). Measured on the small MLP: benchmarks/README.md, "Cuts: the autograd core".
+
+    y = x W^T + b        dL/dx = g W,   dL/dW = g^T x,   dL/db = sum_rows g
+
+where g = dL/dy, and "rows" are all leading axes of x flattened into one (a batch of sequences is
+a batch of rows for a Linear layer). The same formulas as ``MatMul`` and ``Add`` give, in one place.
+"""
+
+from __future__ import annotations
+
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
+
+
+class Linear(Function):
+    """y = x W^T + b for x (..., in), W (out, in), b (out,) or absent; y is (..., out).
+
+    Inputs must share one dtype (as torch's ``F.linear``: a float64 input to a float32 layer is a bug,
+    not a promotion). Raises ``ValueError`` for mismatched shapes, ``RuntimeError`` for mixed dtypes.
+    """
+
+    saved_inputs = (0, 1)  # x and W; the bias gradient needs only the incoming gradient
+    returns_new_arrays = True  # three new arrays: W and b keep theirs as .grad without a copy
+
+    def forward(self, x, weight, bias=None):
+        _check(x, weight, bias)
+        self.x, self.weight = x, weight
+        y = x @ weight.T
+        if bias is not None:
+            y += bias  # y is the matmul's own new array: add in place, no second array of its size
+        return y
+
+    def backward(self, grad):
+        # Only the gradients that some input needs: the first layer's x is data, not a parameter.
+        inputs = self.inputs
+        has_bias = len(inputs) == 3
+        grad_x = grad @ self.weight if inputs[0].requires_grad else None
+        rows = grad.reshape(-1, grad.shape[-1])  # (rows, out): all leading axes are rows
+        # (out, rows) @ (rows, in): laid out like W itself, so W.grad can be this very array.
+        grad_w = rows.T @ self.x.reshape(-1, self.x.shape[-1]) if inputs[1].requires_grad else None
+        if not has_bias:
+            return grad_x, grad_w
+        return grad_x, grad_w, rows.sum(axis=0) if inputs[2].requires_grad else None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight^T + bias for x (..., in), weight (out, in), bias (out,) or None; returns (..., out)."""
+    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+
+
+def _check(x, weight, bias) -> None:
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"linear: input of shape {tuple(x.shape)} and weight of shape {tuple(weight.shape)} do not "
+            "match: the weight must be (out_features, in_features) (in_features: the input's last axis)"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(
+            f"linear: bias of shape {tuple(bias.shape)} for a weight of shape {tuple(weight.shape)}; "
+            f"the bias must be ({weight.shape[0]},), one value per output feature"
+        )
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        dtypes = [a.dtype for a in (x, weight, bias) if a is not None]
+        raise RuntimeError(
+            f"linear: mat1 and mat2 must have the same dtype, but got {', '.join(map(str, dtypes))} (input, "
+            "weight, bias); convert one of them, e.g. x.to(np.float32) or md.tensor(array, dtype=np.float32) "
+            "for a float32 model"
+        )
