@@ -102,6 +102,28 @@ def call(collective: str, algorithm: str, a: np.ndarray):
     return lambda: dist.reduce(a, dst=0, op="sum", algorithm=algorithm)
 
 
+def bare_all_reduce(world: dist.Communicator, a: np.ndarray):
+    """The floor of any all-reduce written in Python: recursive doubling in bare mpi4py.
+
+    ``log2 n`` steps of one ``Sendrecv`` (the whole array) and one ``np.add`` into ``a``, with a
+    scratch buffer allocated once and no checks, tags or bookkeeping at all (n a power of two). What
+    minidist's ``auto`` costs beyond this is its own Python; what this costs beyond MPI's built-in
+    ``Allreduce`` is mpi4py's per-call work and the Python loop, which no Python algorithm avoids.
+    """
+    comm, rank, n = world.mpi, world.rank, world.size
+    scratch = np.empty_like(a)
+
+    def run() -> None:
+        distance = 1
+        while distance < n:
+            partner = rank ^ distance
+            comm.Sendrecv(a, dest=partner, recvbuf=scratch, source=partner)
+            np.add(a, scratch, out=a)
+            distance *= 2
+
+    return run
+
+
 def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, float, float, float]:
     """(alpha s, beta s/byte, gamma s/byte, memcpy bytes/s) measured on this machine, now."""
     sizes = np.array([8, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22])
@@ -164,6 +186,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--collectives", default="all_reduce,reduce_scatter,all_gather,broadcast,reduce")
+    p.add_argument(
+        "--algorithms", default=None, help="only these, e.g. auto (mpi is always timed: the ratios need it)"
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time all_reduce 'bare': recursive doubling in bare mpi4py (n a power of 2)",
+    )
     p.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
 
@@ -194,19 +224,26 @@ def main() -> None:
 
     rows = []
     for collective in collectives:
-        algorithms = [a for a in dist.ALGORITHMS[collective] if a != "mpi"] + ["mpi"]
+        algorithms = [a for a in dist.ALGORITHMS[collective] if a != "mpi"]
+        if args.algorithms:
+            algorithms = [a for a in algorithms if a in args.algorithms.split(",")]
+        floor = args.floor and collective == "all_reduce" and n & (n - 1) == 0
+        algorithms += ["mpi"] + (["bare"] if floor else [])
         if rank == 0:
             print(f"\n# {collective}")
             print(f"# {'size':>8} {'count':>10} {'algorithm':>20} {'time(us)':>11} {'algbw(GB/s)':>11} "
                   f"{'busbw(GB/s)':>11} {'model(us)':>10} {'vs mpi':>7}")  # fmt: skip
         for nbytes in sizes:
             a = np.ones(nbytes // dtype.itemsize, dtype=dtype)
-            calls = {alg: call(collective, alg, a) for alg in algorithms}
+            calls = {alg: call(collective, alg, a) for alg in algorithms if alg != "bare"}
+            if floor:
+                calls["bare"] = bare_all_reduce(world, a)
             results = timed_together(world, calls, args.iters, args.warmup)
             for alg in algorithms:
                 t = results[alg]
                 algbw = a.nbytes / t / 1e9
-                model = predict(collective, alg, n, a.nbytes, alpha, beta, gamma)
+                model = predict(collective, alg if alg != "bare" else "recursive_doubling", n, a.nbytes,
+                                alpha, beta, gamma)  # fmt: skip
                 row = dict(
                     collective=collective, n=n, dtype=str(dtype), size_bytes=a.nbytes, count=a.size,
                     algorithm=alg, time_us=t * 1e6, algbw_GBs=algbw,
