@@ -72,14 +72,19 @@ def timed_together(world: dist.Communicator, fns: dict, iters: int, warmup: int)
     The functions take turns (one call of each per round, each call after a barrier) rather than
     running their ``iters`` calls back to back: on a shared machine the load changes from second to
     second, and taking turns exposes every algorithm to the same conditions, so the *ratios* between
-    them stay meaningful even when the absolute times drift.
+    them stay meaningful even when the absolute times drift. Each round starts with the next function
+    (round i runs them from number i mod len(fns) on): the first call of a round measured 2-3 us slower
+    than the same algorithm later in the round on a loaded machine, a bias no algorithm should always get.
     """
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    functions = list(fns.values())
     times = np.empty((len(fns), iters))
     for i in range(iters):
-        for j, fn in enumerate(fns.values()):
+        for k in range(len(functions)):
+            j = (i + k) % len(functions)
+            fn = functions[j]
             world.mpi.Barrier()
             start = time.perf_counter()
             fn()
@@ -234,7 +239,7 @@ def main() -> None:
             print(f"# {'size':>8} {'count':>10} {'algorithm':>20} {'time(us)':>11} {'algbw(GB/s)':>11} "
                   f"{'busbw(GB/s)':>11} {'model(us)':>10} {'vs mpi':>7}")  # fmt: skip
         for nbytes in sizes:
-            a = np.ones(nbytes // dtype.itemsize, dtype=dtype)
+            a = np.zeros(nbytes // dtype.itemsize, dtype=dtype)  # ones would overflow to inf: warnings
             calls = {alg: call(collective, alg, a) for alg in algorithms if alg != "bare"}
             if floor:
                 calls["bare"] = bare_all_reduce(world, a)
