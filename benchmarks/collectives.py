@@ -72,14 +72,19 @@ def timed_together(world: dist.Communicator, fns: dict, iters: int, warmup: int)
     The functions take turns (one call of each per round, each call after a barrier) rather than
     running their ``iters`` calls back to back: on a shared machine the load changes from second to
     second, and taking turns exposes every algorithm to the same conditions, so the *ratios* between
-    them stay meaningful even when the absolute times drift.
+    them stay meaningful even when the absolute times drift. Each round starts with the next function
+    (round i runs them from number i mod len(fns) on): the first call of a round measured 2-3 us slower
+    than the same algorithm later in the round on a loaded machine, a bias no algorithm should always get.
     """
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    functions = list(fns.values())
     times = np.empty((len(fns), iters))
     for i in range(iters):
-        for j, fn in enumerate(fns.values()):
+        for k in range(len(functions)):
+            j = (i + k) % len(functions)
+            fn = functions[j]
             world.mpi.Barrier()
             start = time.perf_counter()
             fn()
@@ -100,6 +105,28 @@ def call(collective: str, algorithm: str, a: np.ndarray):
     if collective == "broadcast":
         return lambda: dist.broadcast(a, src=0, algorithm=algorithm)
     return lambda: dist.reduce(a, dst=0, op="sum", algorithm=algorithm)
+
+
+def bare_all_reduce(world: dist.Communicator, a: np.ndarray):
+    """The floor of any all-reduce written in Python: recursive doubling in bare mpi4py.
+
+    ``log2 n`` steps of one ``Sendrecv`` (the whole array) and one ``np.add`` into ``a``, with a
+    scratch buffer allocated once and no checks, tags or bookkeeping at all (n a power of two). What
+    minidist's ``auto`` costs beyond this is its own Python; what this costs beyond MPI's built-in
+    ``Allreduce`` is mpi4py's per-call work and the Python loop, which no Python algorithm avoids.
+    """
+    comm, rank, n = world.mpi, world.rank, world.size
+    scratch = np.empty_like(a)
+
+    def run() -> None:
+        distance = 1
+        while distance < n:
+            partner = rank ^ distance
+            comm.Sendrecv(a, dest=partner, recvbuf=scratch, source=partner)
+            np.add(a, scratch, out=a)
+            distance *= 2
+
+    return run
 
 
 def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, float, float, float]:
@@ -164,6 +191,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--collectives", default="all_reduce,reduce_scatter,all_gather,broadcast,reduce")
+    p.add_argument(
+        "--algorithms", default=None, help="only these, e.g. auto (mpi is always timed: the ratios need it)"
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time all_reduce 'bare': recursive doubling in bare mpi4py (n a power of 2)",
+    )
     p.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
 
@@ -194,19 +229,26 @@ def main() -> None:
 
     rows = []
     for collective in collectives:
-        algorithms = [a for a in dist.ALGORITHMS[collective] if a != "mpi"] + ["mpi"]
+        algorithms = [a for a in dist.ALGORITHMS[collective] if a != "mpi"]
+        if args.algorithms:
+            algorithms = [a for a in algorithms if a in args.algorithms.split(",")]
+        floor = args.floor and collective == "all_reduce" and n & (n - 1) == 0
+        algorithms += ["mpi"] + (["bare"] if floor else [])
         if rank == 0:
             print(f"\n# {collective}")
             print(f"# {'size':>8} {'count':>10} {'algorithm':>20} {'time(us)':>11} {'algbw(GB/s)':>11} "
                   f"{'busbw(GB/s)':>11} {'model(us)':>10} {'vs mpi':>7}")  # fmt: skip
         for nbytes in sizes:
-            a = np.ones(nbytes // dtype.itemsize, dtype=dtype)
-            calls = {alg: call(collective, alg, a) for alg in algorithms}
+            a = np.zeros(nbytes // dtype.itemsize, dtype=dtype)  # ones would overflow to inf: warnings
+            calls = {alg: call(collective, alg, a) for alg in algorithms if alg != "bare"}
+            if floor:
+                calls["bare"] = bare_all_reduce(world, a)
             results = timed_together(world, calls, args.iters, args.warmup)
             for alg in algorithms:
                 t = results[alg]
                 algbw = a.nbytes / t / 1e9
-                model = predict(collective, alg, n, a.nbytes, alpha, beta, gamma)
+                model = predict(collective, alg if alg != "bare" else "recursive_doubling", n, a.nbytes,
+                                alpha, beta, gamma)  # fmt: skip
                 row = dict(
                     collective=collective, n=n, dtype=str(dtype), size_bytes=a.nbytes, count=a.size,
                     algorithm=alg, time_us=t * 1e6, algbw_GBs=algbw,

@@ -155,3 +155,23 @@ def test_scratch_buffer_is_reused_and_grows():
     bigger = channel.scratch(1000, np.float32)
     assert bigger.shape == (1000,) and not np.shares_memory(first, bigger)
     assert np.shares_memory(bigger, channel.scratch(3, np.int8))
+    # The last view is handed out again for the same request (no slicing per call), and a request
+    # after the buffer grew gets the new memory, not the stale view.
+    assert channel.scratch(7, np.float32) is channel.scratch(7, np.float32)
+    assert np.shares_memory(bigger, channel.scratch(10, np.float32))
+
+
+def test_check_op_remembers_only_what_it_accepted():
+    """check_op skips the checks of an (op, dtype) pair it accepted before; bad pairs fail every time."""
+    import numpy as np
+
+    from minidist.distributed.reduce_ops import check_op
+
+    for _ in range(2):
+        check_op("sum", np.int32)
+        with pytest.raises(TypeError, match="op='avg' needs a float dtype"):
+            check_op("avg", np.int32)
+        with pytest.raises(ValueError, match="unknown reduction op"):
+            check_op(["sum"], np.float32)  # unhashable: cannot be looked up, still a clear error
+        with pytest.raises(TypeError, match="cannot reduce arrays of dtype bool"):
+            check_op("max", np.bool_)

@@ -128,7 +128,8 @@ def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algor
         return a  # nothing to combine; "avg" would divide by 1
     run = _ALL_REDUCE[_resolve("all_reduce", algorithm, a.nbytes, group)]
     if isinstance(a, np.ndarray):  # the common case, taken without host_view's ~1 us: small calls count
-        run(group, a.reshape(-1), op)  # reshape: a view, not a copy, as a is C-contiguous
+        # reshape: a view, not a copy, as a is C-contiguous; skipped (~0.3 us) when a is already flat
+        run(group, a if a.ndim == 1 else a.reshape(-1), op)
         return a
     with host_view(a, copy_in=True, copy_out=True) as host:
         run(group, host.reshape(-1), op)

@@ -162,6 +162,7 @@ def barrier(group: Communicator | None = None) -> None:
     group_or_world(group).barrier()
 
 
+@functools.cache  # both settings are read once per process (see above): so is their combination
 def checks_enabled() -> bool:
     """True if debug mode or a timeout is on, i.e. collectives must be numbered and tracked."""
     return debug_enabled() or timeout_seconds() is not None

@@ -92,13 +92,13 @@ def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str
     power-of-two stage). Every rank ends with bit-identical results. Collective over ``group``, on its
     ``collective_channel``. Raises ``DistributedError`` if a partner's array has a different length.
     """
-    n = group.size
+    n, link = group.size, group.collective_channel
     p = largest_power_of_two(n)
+    folded = n != p  # fold_in / fold_out are needed (and called) only when n is not a power of two
     sits_out = group.rank < 2 * (n - p) and group.rank % 2 == 0  # see fold_in
-    scratch = None if sits_out else group.collective_channel.scratch(flat.size, flat.dtype)
-    virtual = fold_in(group, flat, op, scratch)
+    scratch = None if sits_out else link.scratch(flat.size, flat.dtype)
+    virtual = fold_in(group, flat, op, scratch) if folded else group.rank
     if virtual is not None:
-        link = group.collective_channel
         combine = combine_ufunc(op)
         distance = 1
         while distance < p:  # step j: swap with the rank across dimension j of the cube
@@ -107,4 +107,5 @@ def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str
             combine(flat, scratch, out=flat)
             distance *= 2
         finish(op, flat, n)  # "avg": divide once, before the result goes back to the ranks that sat out
-    fold_out(group, flat)
+    if folded:
+        fold_out(group, flat)

@@ -28,6 +28,10 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 
 _COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
 _MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+# (op, dtype) pairs that passed check_op. It runs before every reduction, and a training loop passes
+# the same pair every step: a set look-up (~0.1 us) instead of the checks (~0.6 us). Only pairs that
+# passed are added, so a wrong pair is checked, and rejected, on every call.
+_accepted: set[tuple] = set()
 
 
 def check_op(op: str, dtype: np.dtype) -> None:
@@ -36,8 +40,13 @@ def check_op(op: str, dtype: np.dtype) -> None:
     Raises ``ValueError`` for an unknown ``op`` (listing the valid ones) and ``TypeError`` for a dtype
     that cannot be reduced (bool, complex, strings, ...) or for ``"avg"`` on an integer dtype.
     """
+    try:
+        if (op, dtype) in _accepted:
+            return
+    except TypeError:  # an unhashable op (a list, ...): the checks below reject it
+        pass
     check_choice(op, REDUCE_OPS, "reduction op")
-    dtype = np.dtype(dtype)
+    given, dtype = dtype, np.dtype(dtype)
     if dtype.kind not in "iuf":
         raise TypeError(
             f"cannot reduce arrays of dtype {dtype}; reductions support integer and float dtypes "
@@ -48,6 +57,7 @@ def check_op(op: str, dtype: np.dtype) -> None:
             f"op='avg' needs a float dtype, got {dtype}: an integer mean would be silently truncated; "
             "convert to float (a.astype(np.float64)) or use op='sum' and divide yourself"
         )
+    _accepted.add((op, given))
 
 
 def combine_ufunc(op: str) -> np.ufunc:

@@ -30,12 +30,13 @@ def check_array(a: Any, name: str = "a", *, writable: bool = False) -> None:
         raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__}")
     if a.dtype.hasobject:
         raise TypeError(f"{name} has dtype {a.dtype}: object arrays hold pointers, which cannot be sent")
-    if not a.flags.c_contiguous:
+    flags = a.flags  # a new object per access: read it once (this runs before every collective)
+    if not flags.c_contiguous:
         raise ValueError(
             f"{name} (shape {a.shape}) is not C-contiguous, e.g. a transposed or strided view; "
             f"pass np.ascontiguousarray({name}) (and copy the result back if you need it in the view)"
         )
-    if writable and not getattr(a.flags, "writeable", True):
+    if writable and not getattr(flags, "writeable", True):
         raise ValueError(f"{name} is read-only but this operation writes into it; pass a writable copy")
 
 
