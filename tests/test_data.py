@@ -531,3 +531,34 @@ def test_a_finished_epoch_stays_finished_on_another_number_of_ranks():
     resumed = DistributedSampler(20, num_replicas=3, rank=0, batch_size=8, seed=3)
     resumed.load_state_dict(saved.state_dict())
     assert resumed.position == 3
+
+
+# ------------------------------------- issue 16: the loader takes a batch's indices from the sampler at once
+class _OneByOne:
+    """A DistributedSampler seen only through ``iter``/``len``: the loader pulls its indices one by one."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("resume_at", [None, 0, 3])
+def test_batches_at_once_equal_index_by_index_with_the_same_positions(drop_last, resume_at):
+    """``DistributedSampler.batches`` (slices) gives the loader the same batches as pulling the indices one
+    by one, and leaves the same ``position`` inside the loop body and after it: with a partial last batch
+    (23 samples, local batch 4), with the loader's ``drop_last``, and resumed from a saved position."""
+    runs = []
+    for wrap in (lambda s: s, _OneByOne):
+        sampler = DistributedSampler(23, num_replicas=2, rank=1, batch_size=8, seed=5)
+        if resume_at is not None:
+            sampler.load_state_dict({**sampler.state_dict(), "position": resume_at})
+        loader = DataLoader((np.arange(23),), batch_size=4, sampler=wrap(sampler), drop_last=drop_last)
+        runs.append(([(b.tolist(), sampler.position) for (b,) in loader], sampler.position))
+    assert runs[0] == runs[1]
+    assert runs[0][1] == 11  # the epoch is done: 2 x 4 of the full global batches + 3 of the tail

@@ -46,7 +46,8 @@ class DataLoader:
         shuffle: draw a new order each epoch from ``np.random.default_rng((seed, epoch))``.
             Must be False when ``sampler`` is given (the sampler decides the order).
         sampler: an iterable of int indices with ``len()``; if it has ``set_epoch`` the loader's
-            ``set_epoch`` forwards to it.
+            ``set_epoch`` forwards to it, and if it has ``batches(batch_size)`` (as
+            :class:`DistributedSampler` does) the loader takes each batch's index array from it.
         drop_last: skip the last batch when it has fewer than ``batch_size`` samples.
         seed: the shuffle seed, an int >= 0.
 
@@ -156,9 +157,12 @@ class DataLoader:
             batches = (
                 order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
             )
+        elif hasattr(self.sampler, "batches"):
+            # A DistributedSampler hands out a batch's indices as one array slice, advancing its position
+            # by the batch: a checkpoint saved in the loop body records exactly the batches handed out.
+            batches = self.sampler.batches(self.batch_size)
         else:
-            # One batch of indices at a time: the sampler's position then counts exactly the batches
-            # handed out (a checkpoint saved in the loop body records it), never the whole epoch.
+            # Any other sampler (e.g. a list): one batch of indices at a time, never the whole epoch.
             batches = self._pull_batches(iter(self.sampler))
         for idx in batches:
             if len(idx) == 0 or (self.drop_last and len(idx) < self.batch_size):

@@ -56,7 +56,9 @@ from minidist.parallel.pipeline.schedules import (
     Instruction,
     Schedule,
     Step,
+    parts,
 )
+from minidist.parallel.pipeline.spans import traced
 
 
 @dataclass
@@ -101,6 +103,14 @@ class StageExecutor:
             )
         self.program = schedule.stages[self.stage]
         self.last = self.p * self.v - 1  # the last virtual stage (on rank p - 1)
+        # Every message goes to or comes from a neighbour rank (with chunks, virtual stage g + 1 is on
+        # rank (s + 1) % p). Check once that each of the program's messages has a peer, so that
+        # :meth:`peer` need not check (and a schedule bug is a ValueError here, not a hang later).
+        for step in self.program:
+            if not isinstance(step, Instruction) or step.kind not in (FORWARD, BACKWARD):
+                for ins in parts(step):
+                    schedule.peer(self.stage, ins)  # raises ValueError if there is no such (virtual) stage
+        self.next_rank, self.prev_rank = (self.stage + 1) % self.p, (self.stage - 1) % self.p
         if messaging is None:
             messaging = BatchedMessaging if schedule.name == "interleaved" else BlockingMessaging
         self.messaging = messaging(self)
@@ -139,7 +149,7 @@ class StageExecutor:
         g = c * self.p + self.stage
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
-        with trace.span(_name(FORWARD, i, c), FORWARD):
+        with traced(FORWARD, _name, FORWARD, i, c):
             out = None
             if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
                 out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
@@ -163,7 +173,7 @@ class StageExecutor:
         g = c * self.p + self.stage
         out, error = self._outputs.pop((i, c)), None
         start = time.perf_counter()
-        with trace.span(_name(BACKWARD, i, c), BACKWARD):
+        with traced(BACKWARD, _name, BACKWARD, i, c):
             if g == self.last:
                 if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
                     # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
@@ -187,8 +197,8 @@ class StageExecutor:
 
     # -- what the messaging strategies use ---------------------------------------------------------
     def peer(self, ins: Instruction) -> int:
-        """The rank that message ``ins`` goes to or comes from."""
-        return self.schedule.peer(self.stage, ins)[0]
+        """The rank that message ``ins`` goes to or comes from (checked in ``__init__``)."""
+        return self.next_rank if ins.kind in (SEND_ACT, RECV_GRAD) else self.prev_rank
 
     def boundary(self, ins: Instruction) -> int:
         """The chunk boundary message ``ins`` crosses: ``b`` lies between virtual stages b and b + 1."""
@@ -274,18 +284,18 @@ class BlockingMessaging:
         if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
             array, buffer = self._outgoing(step.send), self._incoming(step.recv)
             peer = self.ex.peer(step.send)
-            with trace.span(str(step), trace.WAIT):
+            with traced(trace.WAIT, str, step):
                 self.group.sendrecv(
                     array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv)
                 )
             self.ex.received(step.recv, buffer)
         elif step.kind in (SEND_ACT, SEND_GRAD):
             array = self._outgoing(step)
-            with trace.span(str(step), trace.WAIT):
+            with traced(trace.WAIT, str, step):
                 self.group.send(array, self.ex.peer(step), tag=_tag(step))
         else:
             buffer = self._incoming(step)
-            with trace.span(str(step), trace.WAIT):
+            with traced(trace.WAIT, str, step):
                 self.group.recv(buffer, self.ex.peer(step), tag=_tag(step))
             self.ex.received(step, buffer)
         # END SOLUTION

@@ -75,7 +75,10 @@ class PipelineParallel:
 
     **Errors during a step.** ``train_step`` and ``predict`` begin with one small all-gather over the
     group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
-    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation).
+    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation);
+    with a dp group, the other replicas learn of such an error in the small all-reduce that ends their
+    step (one collective fewer per step than a second agreement before it), so they raise it after
+    running their step: their gradients are then incomplete too.
     ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
     targets out of range, or layers that changed the batch size) or returns anything but a
     one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
@@ -202,7 +205,13 @@ class PipelineParallel:
         anything but a one-element Tensor (class docstring: the step runs to its end first).
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
-        batch, global_batch = self._check_batch(inputs, targets, loss_fn)
+        batch, error = self._check_batch(inputs, targets, loss_fn)
+        with_dp = self.dp_group is not None and self.dp_group.size > 1
+        if error is not None:
+            if with_dp:  # the other replicas learn of it in the all-reduce that ends their step
+                dist.all_reduce(np.array([0.0, 1.0, 0.0]), op="sum", group=self.dp_group)
+                dist.raise_if_any(error, self.dp_group, label="data-parallel group")
+            raise error
         start = time.perf_counter()
         size = batch // m
         xs = ys = None
@@ -217,23 +226,26 @@ class PipelineParallel:
         result = np.array([loss if s == p - 1 else 0.0, self._executor.error is not None])
         dist.all_reduce(result, op="sum", group=self.group)
         self.stats.step_s = time.perf_counter() - start
-        error: Exception | None = None
         if result[1]:
             try:  # the first failure in the data flow, to every rank of the pipeline group
                 dist.raise_if_any(self._first_failure(), self.group, label="pipeline group")
             except Exception as e:  # noqa: BLE001  (whatever it is, the dp group must learn of it)
                 error = e
-        if self.dp_group is None or self.dp_group.size == 1:
+        if not with_dp:
             if error is not None:
                 raise error
             return float(result[0])
-        weight = batch / global_batch  # this replica's share of the global batch
-        result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
-        dist.all_reduce(result, op="sum", group=self.dp_group)
-        if result[1]:
+        # Summed over the dp group: loss x batch size, any failure (also one found by a replica's
+        # _check_batch, which then skipped its step), and the batch sizes, i.e. the global batch.
+        # (One all-reduce instead of an all-gather of the batch sizes before the step as well, issue 16.)
+        shares = dist.all_reduce(
+            np.array([result[0] * batch, result[1], batch]), op="sum", group=self.dp_group
+        )
+        if shares[1]:
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
+        weight = batch / shares[2]  # this replica's share of the global batch
         self._combine_gradients_over_dp(weight)
-        return float(result[0])
+        return float(shares[0] / shares[2])  # the mean loss over the global batch
 
     def predict(self, inputs: Any) -> Any:
         """Forward-only pass of ``inputs`` through all stages (no grad, eval mode); for evaluation.
@@ -249,9 +261,10 @@ class PipelineParallel:
             data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
         return forward_only(self.chunks, self.group, data)
 
-    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, int]:
-        """(this replica's batch size, the global batch over the dp group), agreed with two small
-        all-gathers (pp group, then dp group); the same error on every rank of both groups."""
+    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, Exception | None]:
+        """(this replica's batch size, None), agreed with one small all-gather over the pipeline group,
+        or (0, the error), the same on every rank of the pipeline group (``train_step`` raises it, and
+        with data parallelism tells the other replicas first)."""
         s, p, m = self.stage_index, self.num_stages, self.microbatches
         n_in = -1 if inputs is None else len(inputs)
         n_tg = -1 if targets is None else len(targets)
@@ -259,25 +272,27 @@ class PipelineParallel:
         flags = (_MISSING if missing else 0) | (0 if callable(loss_fn) else _NOT_CALLABLE)
         info, mismatch = gather_step(self.group, "train_step", [n_in, n_tg, flags])
         error: Exception | None = mismatch  # the ranks called different operations
-        sizes = sorted({int(n) for n in info[:, :2].reshape(-1) if n >= 0})
+        # Plain Python on a few ints: NumPy's calls on a 2 x 3 array cost ~6x more (issue 16).
+        rows = info.tolist()  # per rank: [len(inputs), len(targets), flags]
+        sizes = sorted({n for row in rows for n in row[:2] if n >= 0})
+        not_callable = [r for r, row in enumerate(rows) if row[2] & _NOT_CALLABLE]
+        missing_data = [r for r, row in enumerate(rows) if row[2] & _MISSING]
         if error is not None:
             pass
-        elif (info[:, 2] & _NOT_CALLABLE).any():
-            ranks = np.flatnonzero(info[:, 2] & _NOT_CALLABLE).tolist()
+        elif not_callable:
             error = TypeError(
                 f"train_step: loss_fn must be callable (loss_fn(output, targets) -> scalar Tensor), "
-                f"but ranks {ranks} passed something else; pass e.g. nn.functional.cross_entropy"
+                f"but ranks {not_callable} passed something else; pass e.g. nn.functional.cross_entropy"
             )
-        elif (info[:, 2] & _MISSING).any():
-            ranks = np.flatnonzero(info[:, 2] & _MISSING).tolist()
+        elif missing_data:
             error = ValueError(
-                f"train_step: ranks {ranks} passed None where the first stage needs inputs / "
+                f"train_step: ranks {missing_data} passed None where the first stage needs inputs / "
                 "the last stage needs targets; pass the batch on those ranks"
             )
         elif len(sizes) != 1:
             error = ValueError(
                 f"train_step: inputs and targets must have the same batch size on every rank of "
-                f"the pipeline group, got (inputs, targets) per rank {info[:, :2].tolist()} "
+                f"the pipeline group, got (inputs, targets) per rank {[row[:2] for row in rows]} "
                 "(-1: None)"
             )
         elif sizes[0] % m != 0 or sizes[0] == 0:
@@ -285,18 +300,7 @@ class PipelineParallel:
                 f"train_step: batch size {sizes[0]} is not divisible by microbatches={m}; use a "
                 f"batch size that is a positive multiple of {m}, or another microbatch count"
             )
-        batch = sizes[0] if error is None else 0
-        if self.dp_group is None or self.dp_group.size == 1:
-            if error is not None:
-                raise error
-            return batch, batch
-        # A replica whose pipeline group raises must not leave the other replicas waiting in the
-        # gradient all-reduce: share the verdicts (and the batch sizes, needed for the weights).
-        shares = dist.all_gather(np.array([int(error is not None), batch], np.int64), group=self.dp_group)
-        shares = shares.reshape(-1, 2)
-        if shares[:, 0].any():
-            dist.raise_if_any(error, self.dp_group, label="data-parallel group")
-        return batch, int(shares[:, 1].sum())
+        return (sizes[0], None) if error is None else (0, error)
 
     def _first_failure(self) -> Exception | None:
         """This rank's error if it came first in the data flow of the step (smallest microbatch, then
