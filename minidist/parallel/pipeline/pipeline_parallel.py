@@ -75,10 +75,11 @@ class PipelineParallel:
 
     **Errors during a step.** ``train_step`` and ``predict`` begin with one small all-gather over the
     group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
-    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation);
-    with a dp group, the other replicas learn of such an error in the small all-reduce that ends their
-    step (one collective fewer per step than a second agreement before it), so they raise it after
-    running their step: their gradients are then incomplete too.
+    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation),
+    and with a dp group a second one over the dp group, so that every replica raises such an error
+    before its step and no gradient changes. (Issue 16 tried carrying the verdict in the all-reduce
+    that ends the step instead, one collective fewer; the other replicas then raised only after their
+    backward, leaving partial gradients behind: undone, as "nothing is lost" comes first.)
     ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
     targets out of range, or layers that changed the batch size) or returns anything but a
     one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
@@ -205,13 +206,8 @@ class PipelineParallel:
         anything but a one-element Tensor (class docstring: the step runs to its end first).
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
-        batch, error = self._check_batch(inputs, targets, loss_fn)
-        with_dp = self.dp_group is not None and self.dp_group.size > 1
-        if error is not None:
-            if with_dp:  # the other replicas learn of it in the all-reduce that ends their step
-                dist.all_reduce(np.array([0.0, 1.0, 0.0]), op="sum", group=self.dp_group)
-                dist.raise_if_any(error, self.dp_group, label="data-parallel group")
-            raise error
+        batch, global_batch = self._check_batch(inputs, targets, loss_fn)
+        error: Exception | None = None
         start = time.perf_counter()
         size = batch // m
         xs = ys = None
@@ -231,21 +227,17 @@ class PipelineParallel:
                 dist.raise_if_any(self._first_failure(), self.group, label="pipeline group")
             except Exception as e:  # noqa: BLE001  (whatever it is, the dp group must learn of it)
                 error = e
-        if not with_dp:
+        if self.dp_group is None or self.dp_group.size == 1:
             if error is not None:
                 raise error
             return float(result[0])
-        # Summed over the dp group: loss x batch size, any failure (also one found by a replica's
-        # _check_batch, which then skipped its step), and the batch sizes, i.e. the global batch.
-        # (One all-reduce instead of an all-gather of the batch sizes before the step as well, issue 16.)
-        shares = dist.all_reduce(
-            np.array([result[0] * batch, result[1], batch]), op="sum", group=self.dp_group
-        )
-        if shares[1]:
+        weight = batch / global_batch  # this replica's share of the global batch
+        result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
+        dist.all_reduce(result, op="sum", group=self.dp_group)
+        if result[1]:
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
-        weight = batch / shares[2]  # this replica's share of the global batch
         self._combine_gradients_over_dp(weight)
-        return float(shares[0] / shares[2])  # the mean loss over the global batch
+        return float(result[0])
 
     def predict(self, inputs: Any) -> Any:
         """Forward-only pass of ``inputs`` through all stages (no grad, eval mode); for evaluation.
@@ -261,10 +253,9 @@ class PipelineParallel:
             data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
         return forward_only(self.chunks, self.group, data)
 
-    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, Exception | None]:
-        """(this replica's batch size, None), agreed with one small all-gather over the pipeline group,
-        or (0, the error), the same on every rank of the pipeline group (``train_step`` raises it, and
-        with data parallelism tells the other replicas first)."""
+    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, int]:
+        """(this replica's batch size, the global batch over the dp group), agreed with two small
+        all-gathers (pp group, then dp group); the same error on every rank of both groups."""
         s, p, m = self.stage_index, self.num_stages, self.microbatches
         n_in = -1 if inputs is None else len(inputs)
         n_tg = -1 if targets is None else len(targets)
@@ -300,7 +291,18 @@ class PipelineParallel:
                 f"train_step: batch size {sizes[0]} is not divisible by microbatches={m}; use a "
                 f"batch size that is a positive multiple of {m}, or another microbatch count"
             )
-        return (sizes[0], None) if error is None else (0, error)
+        batch = sizes[0] if error is None else 0
+        if self.dp_group is None or self.dp_group.size == 1:
+            if error is not None:
+                raise error
+            return batch, batch
+        # A replica whose pipeline group raises must not leave the other replicas waiting in the
+        # gradient all-reduce: share the verdicts (and the batch sizes, needed for the weights).
+        shares = dist.all_gather(np.array([int(error is not None), batch], np.int64), group=self.dp_group)
+        shares = shares.reshape(-1, 2)
+        if shares[:, 0].any():
+            dist.raise_if_any(error, self.dp_group, label="data-parallel group")
+        return batch, int(shares[:, 1].sum())
 
     def _first_failure(self) -> Exception | None:
         """This rank's error if it came first in the data flow of the step (smallest microbatch, then

@@ -34,6 +34,16 @@ def step(pipe, inputs=x, targets=y):
     return pipe.train_step(md.tensor(inputs, dtype=np.float64), targets, ce)
 
 
+def fails_before_its_step(pipe, inputs, targets):
+    """A step that must raise on every replica before any replica runs it: no gradient may change
+    (a replica that ran its backward first would leave partial gradients behind)."""
+    try:
+        return step(pipe, inputs, targets)
+    finally:
+        changed = [name for name, p in pipe.named_parameters() if p.grad is not None]
+        assert not changed, f"rank {rank}: the failed step left gradients in {changed}"
+
+
 def interleaved(microbatches=2, **kwargs) -> PipelineParallel:
     model = pp_common.make_model(0)
     return PipelineParallel(model, world, microbatches=microbatches, schedule="interleaved", **kwargs)
@@ -101,7 +111,7 @@ cases = {
     "not_a_group": lambda: PipelineParallel(pp_common.make_model(0), "world"),
     # dp=2 x pp=1: replica 0's batch of 10 is not divisible by m=4: its pipeline raises, and replica 1
     # (batch 8, fine) must raise too instead of waiting in the gradient all-reduce
-    "dp_replica_fails": lambda: step(
+    "dp_replica_fails": lambda: fails_before_its_step(
         PipelineParallel(pp_common.make_model(0), world.split(rank), microbatches=4, dp_group=world),
         x[: 10 - 2 * rank],
         y[: 10 - 2 * rank],
