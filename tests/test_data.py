@@ -562,3 +562,23 @@ def test_batches_at_once_equal_index_by_index_with_the_same_positions(drop_last,
         runs.append(([(b.tolist(), sampler.position) for (b,) in loader], sampler.position))
     assert runs[0] == runs[1]
     assert runs[0][1] == 11  # the epoch is done: 2 x 4 of the full global batches + 3 of the tail
+
+
+class _Evens(DistributedSampler):
+    """A subclass that filters its parent's order: only ``__iter__`` and ``__len__`` are its own."""
+
+    def __iter__(self):
+        return (i for i in super().__iter__() if i % 2 == 0)
+
+    def __len__(self):
+        return (super().__len__() + 1) // 2
+
+
+def test_a_sampler_subclass_that_overrides_only_iter_is_iterated_not_sliced():
+    """``batches()`` would bypass the subclass's filter: the loader must follow ``iter(sampler)`` (as
+    torch's DataLoader does) whenever ``__iter__`` and ``batches`` do not come from the same class."""
+    loader = DataLoader(
+        (np.arange(10),), batch_size=3, sampler=_Evens(10, num_replicas=1, rank=0, shuffle=False)
+    )
+    assert [b.tolist() for (b,) in loader] == [[0, 2, 4], [6, 8]]
+    assert len(loader) == 2

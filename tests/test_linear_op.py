@@ -49,7 +49,9 @@ def test_linear_errors_name_the_shapes_and_the_dtypes():
         F.linear(x, _t(np.ones((3, 5), np.float32)))
     with pytest.raises(ValueError, match=r"bias of shape \(4,\).*must be \(3,\)"):
         F.linear(x, _t(np.ones((3, 4), np.float32)), _t(np.ones(4, np.float32)))
-    with pytest.raises(RuntimeError, match=r"same dtype.*float64"):  # as torch: no silent promotion
+    with pytest.raises(
+        RuntimeError, match=r"bias must have the dtype.*got float64"
+    ):  # as torch: no promotion
         F.linear(x, _t(np.ones((3, 4), np.float32)), _t(np.ones(3)))
 
 
@@ -85,3 +87,26 @@ def test_a_kept_linear_gradient_accumulates_across_backward_calls():
     first = layer.weight.grad.copy()
     layer(x).sum().backward()  # accumulates into the array the first backward kept
     np.testing.assert_array_equal(layer.weight.grad, 2 * first)
+
+
+@pytest.mark.parametrize("w_shape, x_shape", [((0, 3), (5, 3)), ((4, 0), (5, 0)), ((4, 3), (0, 3))])
+def test_linear_with_zero_features_or_rows_gives_empty_gradients(w_shape, x_shape):
+    x, w = _t(np.ones(x_shape)), _t(np.ones(w_shape))
+    b = _t(np.ones(w_shape[0]))
+    F.linear(x, w, b).sum().backward()
+    assert x.grad.shape == x_shape and w.grad.shape == w_shape and b.grad.shape == (w_shape[0],)
+    np.testing.assert_array_equal(b.grad, np.full(w_shape[0], x_shape[0], dtype=np.float64))
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 3), ()], ids=["row", "scalar"])
+def test_linear_takes_a_bias_that_broadcasts_as_torch_does(bias_shape):
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((5, 4)), rng.standard_normal((3, 4)), rng.standard_normal(bias_shape)
+    tb = _t(b)
+    out = F.linear(_t(x), _t(w), tb)
+    np.testing.assert_allclose(out.numpy(), x @ w.T + b, rtol=1e-14)
+    out.sum().backward()
+    expected = np.full(bias_shape, 15.0 if bias_shape == () else 5.0)  # summed over what it broadcast to
+    np.testing.assert_allclose(tb.grad, expected, rtol=1e-14)
+    with pytest.raises(RuntimeError, match=r"bias must have the dtype .* \(float64\), got float32"):
+        F.linear(_t(x), _t(w), _t(b.astype(np.float32)))

@@ -47,7 +47,8 @@ class DataLoader:
             Must be False when ``sampler`` is given (the sampler decides the order).
         sampler: an iterable of int indices with ``len()``; if it has ``set_epoch`` the loader's
             ``set_epoch`` forwards to it, and if it has ``batches(batch_size)`` (as
-            :class:`DistributedSampler` does) the loader takes each batch's index array from it.
+            :class:`DistributedSampler` does) the loader takes each batch's index array from it,
+            unless a subclass changed ``__iter__`` without ``batches`` (then ``iter(sampler)`` wins).
         drop_last: skip the last batch when it has fewer than ``batch_size`` samples.
         seed: the shuffle seed, an int >= 0.
 
@@ -157,7 +158,7 @@ class DataLoader:
             batches = (
                 order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
             )
-        elif hasattr(self.sampler, "batches"):
+        elif _batches_agree_with_iter(self.sampler):
             # A DistributedSampler hands out a batch's indices as one array slice, advancing its position
             # by the batch: a checkpoint saved in the loop body records exactly the batches handed out.
             batches = self.sampler.batches(self.batch_size)
@@ -168,3 +169,13 @@ class DataLoader:
             if len(idx) == 0 or (self.drop_last and len(idx) < self.batch_size):
                 return
             yield tuple(array[idx] for array in self.dataset)
+
+
+def _batches_agree_with_iter(sampler: object) -> bool:
+    """Whether ``sampler.batches(b)`` yields what batching ``iter(sampler)`` would: the same class in the
+    sampler's MRO gives it both. A subclass that overrides only ``__iter__`` (to filter, say) is
+    iterated index by index, as torch's DataLoader always does, so its own order is what you get."""
+    mro = type(sampler).__mro__
+    owner_of_batches = next((c for c in mro if "batches" in c.__dict__), None)
+    owner_of_iter = next((c for c in mro if "__iter__" in c.__dict__), None)
+    return owner_of_batches is not None and owner_of_batches is owner_of_iter

@@ -13,6 +13,8 @@ a batch of rows for a Linear layer). The same formulas as ``MatMul`` and ``Add``
 
 from __future__ import annotations
 
+import math
+
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 
@@ -40,17 +42,30 @@ class Linear(Function):
         inputs = self.inputs
         has_bias = len(inputs) == 3
         grad_x = grad @ self.weight if inputs[0].requires_grad else None
-        rows = grad.reshape(-1, grad.shape[-1])  # (rows, out): all leading axes are rows
+        n = math.prod(grad.shape[:-1])  # all leading axes are rows (not -1: out or in may be 0)
+        rows = grad.reshape(n, grad.shape[-1])  # (rows, out)
         # (out, rows) @ (rows, in): laid out like W itself, so W.grad can be this very array.
-        grad_w = rows.T @ self.x.reshape(-1, self.x.shape[-1]) if inputs[1].requires_grad else None
+        grad_w = rows.T @ self.x.reshape(n, self.x.shape[-1]) if inputs[1].requires_grad else None
         if not has_bias:
             return grad_x, grad_w
         return grad_x, grad_w, rows.sum(axis=0) if inputs[2].requires_grad else None
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight^T + bias for x (..., in), weight (out, in), bias (out,) or None; returns (..., out)."""
-    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+    """x @ weight^T + bias for x (..., in), weight (out, in), bias (out,) or None; returns (..., out).
+
+    A bias of another shape that broadcasts against (..., out), e.g. (1, out) or a scalar, is added by
+    the general ``add`` after the op, as torch allows; errors: see :class:`Linear` and ``add``.
+    """
+    if bias is None:
+        return Linear.apply(x, weight)
+    shape = tuple(getattr(bias, "shape", ()))
+    if shape == (weight.shape[0],) or (shape and shape[-1] not in (1, weight.shape[0])):
+        return Linear.apply(x, weight, bias)  # the op itself, or its error for a bias that cannot fit
+    if getattr(bias, "dtype", weight.dtype) != weight.dtype:
+        _check(x, weight, None)
+        raise _dtype_error(x, weight, bias)
+    return Linear.apply(x, weight) + bias
 
 
 def _check(x, weight, bias) -> None:
@@ -65,9 +80,17 @@ def _check(x, weight, bias) -> None:
             f"the bias must be ({weight.shape[0]},), one value per output feature"
         )
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
-        dtypes = [a.dtype for a in (x, weight, bias) if a is not None]
-        raise RuntimeError(
-            f"linear: mat1 and mat2 must have the same dtype, but got {', '.join(map(str, dtypes))} (input, "
-            "weight, bias); convert one of them, e.g. x.to(np.float32) or md.tensor(array, dtype=np.float32) "
-            "for a float32 model"
+        raise _dtype_error(x, weight, bias)
+
+
+def _dtype_error(x, weight, bias) -> RuntimeError:
+    convert = "e.g. x.to(np.float32) or md.tensor(array, dtype=np.float32) for a float32 model"
+    if x.dtype != weight.dtype:  # torch's words for the matmul part
+        return RuntimeError(
+            f"linear: mat1 and mat2 must have the same dtype, but got {x.dtype} (input) and "
+            f"{weight.dtype} (weight); convert one of them, {convert}"
         )
+    return RuntimeError(
+        f"linear: the bias must have the dtype of the input and weight ({weight.dtype}), got {bias.dtype}; "
+        f"convert it, {convert}"
+    )
