@@ -17,7 +17,10 @@ First a correctness check: from the same initial weights and data, 5 steps of ea
 and PyTorch's parameters must equal minidist's (allclose, rtol 1e-4, atol 1e-5: float32 sums in other
 orders drift by a few ulps per step, while a wrong gradient moves a parameter by lr x |grad| >> 1e-5).
 Then ``--rounds`` rounds, each timing ``--steps`` steps of every contender in turn (interleaved, so
-load from other processes hits all alike). A round's time per step is the slowest rank's. Printed:
+load from other processes hits all alike). A round's time per step is the slowest rank's: wall time,
+or with ``--clock cpu`` each rank's CPU time (``time.process_time``: a rank's own work, its
+communication thread's and its MPI waits, which spin, but not the time the OS gave its core to another
+process; the fairer clock on a shared, loaded machine). Printed:
 median, min and the spread (max - min) / median over rounds, and the ratios of the medians. CSV to
 ``benchmarks/results/peer_dp{dp}_pp{pp}.csv``.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -72,12 +76,22 @@ def check(w: Workload, comm: MPI.Comm) -> list[str]:
     return lines
 
 
+def cpu_round(step, comm: MPI.Comm, steps: int) -> float:
+    """CPU time of ``steps`` steps / steps, in seconds, on the rank that used the most (see --clock)."""
+    comm.Barrier()
+    start = time.process_time()
+    for _ in range(steps):
+        step()
+    return comm.allreduce((time.process_time() - start) / steps, op=MPI.MAX)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_args(parser)
     parser.add_argument("--steps", type=int, default=50, help="steps per contender per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall or CPU time per step")
     args = parser.parse_args()
     load_before = os.getloadavg()
     w = make_workload(args)
@@ -87,14 +101,15 @@ def main() -> None:
     for step in steps.values():
         time_round(step, comm, args.warmup)
     times: dict[str, list[float]] = {name: [] for name in steps}
+    timed = time_round if args.clock == "wall" else cpu_round
     for _ in range(args.rounds):
         for name, step in steps.items():
-            times[name].append(time_round(step, comm, args.steps))
+            times[name].append(timed(step, comm, args.steps))
     if comm.Get_rank() != 0:
         return
     print(f"small MLP 64-256-256-10, global batch {args.batch}, float32, SGD; dp={mesh.dp} pp={mesh.pp}"
           + (f" (GPipe, {args.microbatches} microbatches)" if mesh.pp > 1 else "")
-          + f"; {args.rounds} rounds x {args.steps} steps, interleaved")  # fmt: skip
+          + f"; {args.rounds} rounds x {args.steps} steps, interleaved; {args.clock} clock")  # fmt: skip
     print(f"load average (1, 5, 15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}; after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")  # fmt: skip
     print("\n".join(lines))
