@@ -13,16 +13,27 @@ train the same model as one process would (up to float rounding of the summation
 **Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped
 into buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward
 has finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts
-at once, while backward goes on computing earlier layers. Buckets start strictly in index order: a
-bucket that fills early waits until every earlier bucket has started, so all ranks issue the same
-collectives in the same order even if their gradients arrive in different orders. A callback queued
-with ``autograd.queue_callback`` runs when backward ends; it starts any bucket not yet started, waits
-for all of them, and only then does ``loss.backward()`` return. ``overlap=False`` keeps the simple
-version for teaching and comparison: nothing is sent during backward, and the callback all-reduces the
-buckets one after another. Overlap needs an autograd engine that accumulates each parameter's
-gradient (and runs its hook) as soon as that gradient is complete, i.e. right after its layer's
-backward; one that accumulates every leaf only at the end of backward leaves nothing to overlap with
-(the timeline from ``minidist.trace`` shows which case you are in).
+at once (on the communication thread, below), while backward goes on computing earlier layers. Buckets
+start strictly in index order: a bucket that fills early waits until every earlier bucket has started,
+so all ranks issue the same collectives in the same order even if their gradients arrive in different
+orders. A callback queued with ``autograd.queue_callback`` runs when backward ends; it waits for the
+buckets the thread has, all-reduces the others itself, and only then does ``loss.backward()`` return.
+``overlap=False`` keeps the simple version for teaching and comparison: nothing is sent during
+backward, and the callback all-reduces the buckets one after another. Overlap needs an autograd
+engine that accumulates each parameter's gradient (and runs its hook) as soon as that gradient is
+complete, i.e. right after its layer's backward; one that accumulates every leaf only at the end of
+backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case you are
+in).
+
+**The lean path: buckets that overlap cannot pay for.** Handing a bucket to the thread and waiting for
+it costs about 150 µs on the machine of ``benchmarks/README.md`` (waking the thread, passing the GIL
+back and forth), more than the whole all-reduce of a bucket under about 1 MiB takes on 2 ranks there.
+So two kinds of bucket never go to the thread; the callback all-reduces them at the end of backward,
+after the thread's buckets: the last bucket, which fills only when backward is (nearly) over, so there
+is nothing left to overlap it with; and every bucket under ``small_bucket_bytes``. A model whose
+gradients fit in one bucket, or whose buckets are all small, never wakes the thread. The launch order
+(the thread's buckets in index order, then the others in index order) depends only on the bucket plan
+and the options, so it is the same on every rank.
 
 **Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while
 the main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some
@@ -86,6 +97,10 @@ class DistributedDataParallel(Module):
             zeros: that parameter's ``.grad`` becomes the average over ranks with zeros for the ranks
             that lacked it (all zeros if no rank had one). Buckets after such a parameter start only
             at the end of backward.
+        small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
+            thread at the end of backward instead of on the communication thread during it (the lean
+            path above; 0: every bucket but the last overlaps). The default, 1 MiB, is about where an
+            all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark machine.
 
     Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
     elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
@@ -97,7 +112,10 @@ class DistributedDataParallel(Module):
         RuntimeError: some parameter got no gradient on some rank (names it; see above).
         CollectiveMismatchError: some rank had called :meth:`join` (it had no batches left) while
             this one ran another backward pass.
-        ValueError: ``bucket_cap_mb <= 0`` (at construction); TypeError: ``module`` is not a Module.
+        ValueError (at construction, on every rank): ``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``,
+            or the ranks passed different ``bucket_cap_mb``, ``overlap`` or ``small_bucket_bytes`` (they
+            would start their all-reduces in different orders and hang). TypeError: ``module`` is not a
+            Module.
 
     Limitation: a rank whose backward reaches *none* of the parameters runs no hook, so it does not
     take part at all and the other ranks wait for it.
@@ -110,15 +128,27 @@ class DistributedDataParallel(Module):
         bucket_cap_mb: float = 25,
         overlap: bool = True,
         find_unused_parameters: bool = False,
+        small_bucket_bytes: int = 2**20,
     ) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        self.module = module
         self.group = group if group is not None else dist.init()
+        error = None
+        if not bucket_cap_mb > 0:
+            error = ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        elif not small_bucket_bytes >= 0:
+            error = ValueError(f"small_bucket_bytes must be >= 0, got {small_bucket_bytes}")
+        # Collective: the options decide the order of the all-reduces, so every rank must pass the same.
+        options = {
+            "bucket_cap_mb": bucket_cap_mb,
+            "overlap": overlap,
+            "small_bucket_bytes": small_bucket_bytes,
+        }
+        dist.agree(options, error, self.group, what="DistributedDataParallel")
+        self.module = module
         self.bucket_cap_mb = bucket_cap_mb
+        self.small_bucket_bytes = small_bucket_bytes
         self.find_unused_parameters = find_unused_parameters
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self._named]
@@ -150,7 +180,12 @@ class DistributedDataParallel(Module):
             )
             overlap = False
         self.overlap = overlap
-        self._thread = CommThread("ddp-comm") if overlap and self._comm is not None else None
+        # The lean path (module docstring): which buckets the thread all-reduces during backward, in
+        # index order, and the order of all of them: the thread's first, then the rest at the end.
+        threaded = overlap and self._comm is not None
+        self._early = [b for b in self._buckets[:-1] if b.nbytes >= small_bucket_bytes] if threaded else []
+        self._order = self._early + [b for b in self._buckets if b not in self._early]
+        self._thread = CommThread("ddp-comm") if self._early else None
         if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
             weakref.finalize(self, self._thread.close, False)
 
@@ -193,7 +228,7 @@ class DistributedDataParallel(Module):
         last = self._buckets[-1]
         with trace.span("join", trace.WAIT):
             checks.write_flags(last.extra, None, training=False)  # no gradients, not training
-            for bucket in self._buckets:
+            for bucket in self._order:  # the order of the training ranks' all-reduces
                 bucket.pack_zeros()
                 dist.all_reduce(bucket.flat, op="avg", group=self._comm)
         _, training = checks.read_counts(last.extra, self._comm.size)
@@ -222,9 +257,10 @@ class DistributedDataParallel(Module):
             return
         self._ready[i] = True
         self._missing[self._bucket_of[i]] -= 1
-        if self.overlap and self._comm is not None:
-            # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
-            while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
+        if self._thread is not None:
+            # Strict index order: hand over early[k] only when it is full and early[0..k-1] have gone.
+            early = self._early
+            while len(self._jobs) < len(early) and self._missing[early[len(self._jobs)].index] == 0:
                 self._start_next_bucket()
         # END SOLUTION
 
@@ -242,20 +278,14 @@ class DistributedDataParallel(Module):
         self._reset_pass()
 
     def _start_next_bucket(self) -> None:
-        bucket = self._buckets[len(self._jobs)]
-        if bucket is self._buckets[-1]:
-            # Final now: if this runs during backward, every gradient is ready (all earlier buckets
-            # started and this one is full), so the flags cannot change any more.
-            checks.write_flags(bucket.extra, self._ready, training=True)
+        """Hand the next of the thread's buckets to the communication thread."""
+        bucket = self._early[len(self._jobs)]
         job = Job(functools.partial(self._all_reduce_bucket, bucket))
         self._jobs.append(job)
-        if self._thread is not None:
-            # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread
-            # is the time the job waited for the thread (and the thread for a core).
-            with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
-                self._thread.submit(job)
-        else:
-            job.run()
+        # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread is
+        # the time the job waited for the thread (and the thread for a core).
+        with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
+            self._thread.submit(job)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
         """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
@@ -276,10 +306,14 @@ class DistributedDataParallel(Module):
                         p.grad = backend.xp().zeros_like(p.data)
                 return
             with trace.span("wait for gradients", trace.WAIT):
-                while len(self._jobs) < len(self._buckets):
-                    self._start_next_bucket()
-                for job in self._jobs:
+                for job in self._jobs:  # the buckets handed to the thread during backward
                     job.wait()
+                # The rest run here, after the thread's (one channel, so one at a time) in launch order:
+                # the lean path's buckets, and any of the thread's that a missing gradient held back.
+                # Every gradient is final now, and so are the flags that travel in the last bucket.
+                checks.write_flags(self._buckets[-1].extra, self._ready, training=True)
+                for bucket in self._order[len(self._jobs) :]:
+                    self._all_reduce_bucket(bucket)
             self._check(*checks.read_counts(self._buckets[-1].extra, self._comm.size), self._comm.size)
         finally:
             self._reset_pass()
