@@ -183,9 +183,10 @@ class DistributedDataParallel(Module):
         # The lean path (module docstring): which buckets the thread all-reduces during backward, in
         # index order, and the order of all of them: the thread's first, then the rest at the end.
         threaded = overlap and self._comm is not None
-        self._early = [b for b in self._buckets[:-1] if b.nbytes >= small_bucket_bytes] if threaded else []
-        self._order = self._early + [b for b in self._buckets if b not in self._early]
-        self._thread = CommThread("ddp-comm") if self._early else None
+        big = {b.index for b in self._buckets[:-1] if b.nbytes >= small_bucket_bytes}
+        self._threaded = big if threaded else set()
+        self._order = sorted(self._buckets, key=lambda b: b.index not in self._threaded)  # stable sort
+        self._thread = CommThread("ddp-comm") if self._threaded else None
         if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
             weakref.finalize(self, self._thread.close, False)
 
@@ -241,6 +242,8 @@ class DistributedDataParallel(Module):
         self._ready = np.zeros(len(self._named), dtype=bool)  # which gradients this pass has finished
         self._missing = [len(b.params) for b in self._buckets]  # per bucket: gradients not yet ready
         self._jobs: list[Job] = []  # one per started bucket, in bucket order
+        self._queued: list[Job] = []  # those handed to the communication thread
+        self._here: list[Job] = []  # those left to _finish_pass on this thread (the lean path)
 
     def _on_grad_ready(self, param: Parameter) -> None:
         if not self._sync_enabled:
@@ -257,10 +260,9 @@ class DistributedDataParallel(Module):
             return
         self._ready[i] = True
         self._missing[self._bucket_of[i]] -= 1
-        if self._thread is not None:
-            # Strict index order: hand over early[k] only when it is full and early[0..k-1] have gone.
-            early = self._early
-            while len(self._jobs) < len(early) and self._missing[early[len(self._jobs)].index] == 0:
+        if self.overlap and self._comm is not None:
+            # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
+            while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
                 self._start_next_bucket()
         # END SOLUTION
 
@@ -270,7 +272,7 @@ class DistributedDataParallel(Module):
         Without this, the flag "callback queued" would stay set forever and every later backward would
         skip communication: replicas would drift apart silently.
         """
-        for job in self._jobs:
+        for job in self._queued:  # (the lean path's never ran)
             try:
                 job.wait()
             except Exception:  # noqa: BLE001  (the failed pass is discarded, its errors with it)
@@ -278,14 +280,21 @@ class DistributedDataParallel(Module):
         self._reset_pass()
 
     def _start_next_bucket(self) -> None:
-        """Hand the next of the thread's buckets to the communication thread."""
-        bucket = self._early[len(self._jobs)]
+        bucket = self._buckets[len(self._jobs)]
+        if bucket is self._buckets[-1]:
+            # Final now: if this runs during backward, every gradient is ready (all earlier buckets
+            # started and this one is full), so the flags cannot change any more.
+            checks.write_flags(bucket.extra, self._ready, training=True)
         job = Job(functools.partial(self._all_reduce_bucket, bucket))
         self._jobs.append(job)
-        # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread is
-        # the time the job waited for the thread (and the thread for a core).
-        with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
-            self._thread.submit(job)
+        if bucket.index in self._threaded:
+            self._queued.append(job)
+            # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread
+            # is the time the job waited for the thread (and the thread for a core).
+            with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
+                self._thread.submit(job)
+        else:  # the lean path: _finish_pass runs it
+            self._here.append(job)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
         """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
@@ -297,7 +306,7 @@ class DistributedDataParallel(Module):
             # END SOLUTION
 
     def _finish_pass(self) -> None:
-        """End of backward: start what is left, wait for every bucket, then check the bookkeeping."""
+        """End of backward: start what is left, finish every bucket, then check the bookkeeping."""
         try:
             if self._comm is None:  # one rank: nothing to average, only the local check
                 self._check(self._ready.astype(np.int64), 1, 1)
@@ -306,14 +315,13 @@ class DistributedDataParallel(Module):
                         p.grad = backend.xp().zeros_like(p.data)
                 return
             with trace.span("wait for gradients", trace.WAIT):
-                for job in self._jobs:  # the buckets handed to the thread during backward
+                while len(self._jobs) < len(self._buckets):
+                    self._start_next_bucket()
+                for job in self._queued:  # the thread's first: the channel carries one collective at a time
                     job.wait()
-                # The rest run here, after the thread's (one channel, so one at a time) in launch order:
-                # the lean path's buckets, and any of the thread's that a missing gradient held back.
-                # Every gradient is final now, and so are the flags that travel in the last bucket.
-                checks.write_flags(self._buckets[-1].extra, self._ready, training=True)
-                for bucket in self._order[len(self._jobs) :]:
-                    self._all_reduce_bucket(bucket)
+                for job in self._here:  # then the lean path's, in index order: self._order on every rank
+                    job.run()
+                    job.wait()  # re-raises its error
             self._check(*checks.read_counts(self._buckets[-1].extra, self._comm.size), self._comm.size)
         finally:
             self._reset_pass()
