@@ -134,18 +134,7 @@ class DistributedDataParallel(Module):
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
         self.group = group if group is not None else dist.init()
-        error = None
-        if not bucket_cap_mb > 0:
-            error = ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        elif not small_bucket_bytes >= 0:
-            error = ValueError(f"small_bucket_bytes must be >= 0, got {small_bucket_bytes}")
-        # Collective: the options decide the order of the all-reduces, so every rank must pass the same.
-        options = {
-            "bucket_cap_mb": bucket_cap_mb,
-            "overlap": overlap,
-            "small_bucket_bytes": small_bucket_bytes,
-        }
-        dist.agree(options, error, self.group, what="DistributedDataParallel")
+        checks.agree_on_options(self.group, bucket_cap_mb, overlap, small_bucket_bytes)  # collective
         self.module = module
         self.bucket_cap_mb = bucket_cap_mb
         self.small_bucket_bytes = small_bucket_bytes
