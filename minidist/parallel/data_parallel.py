@@ -286,7 +286,7 @@ class DistributedDataParallel(Module):
             self._here.append(job)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
-        """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
+        """Rule 2 for one bucket: average its gradients over the group, in place (on either thread)."""
         with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
             # BEGIN SOLUTION A3.2: average the bucket's gradients over the group
             bucket.pack()
