@@ -15,7 +15,9 @@ a round's time per step is the slowest rank's. Prints the medians and the median
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +41,7 @@ DDP_FILES = ("data_parallel", "buckets", "comm_thread", "ddp_checks")
 def load_before(root: Path) -> type:
     """The ``DistributedDataParallel`` class of the checkout at ``root``, as package ``ddp_before``."""
     package = Path(tempfile.mkdtemp()) / "ddp_before"
+    atexit.register(shutil.rmtree, package.parent, ignore_errors=True)
     package.mkdir()
     (package / "__init__.py").write_text("")
     for name in DDP_FILES:
