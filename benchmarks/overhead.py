@@ -174,7 +174,11 @@ def distributed_rows(w: Workload, rounds: int, steps: int) -> list[Row]:
     counts = {"whole training step": 1}
     if mesh.dp > 1 and mesh.pp == 1:
         pairs |= ddp_pairs(w)
-        counts |= {"DDP, per step": 1, "DDP, per extra bucket": 5}
+        counts |= {
+            "DDP, per step": 1,
+            "DDP, per extra bucket": 5,
+            "DDP, per extra bucket via the comm thread": 5,
+        }
     if mesh.pp > 1:
         pairs["pipeline executor, per microbatch"] = pipeline_pair(w)
         counts["pipeline executor, per microbatch"] = w.args.microbatches

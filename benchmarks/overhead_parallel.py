@@ -29,7 +29,10 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
       bucket bookkeeping, communication thread and checks;
     * per extra bucket: DDP with one bucket per parameter (6) against DDP with one bucket + 5 bare
       ``Allreduce``s of one float (the latency of 5 more messages; the bytes are the same): the
-      difference / 5 is what one more bucket costs DDP beyond its message.
+      difference / 5 is what one more bucket costs DDP beyond its message. These buckets are small,
+      so DDP all-reduces them on the calling thread after backward (its lean path);
+    * per extra bucket via the comm thread: the same with ``small_bucket_bytes=0``, so that the first
+      5 buckets go through the communication thread during backward, as big buckets do: the hand-off.
     """
     group = w.mesh.dp_group
     xt = md.tensor(w.x)
@@ -48,6 +51,9 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
 
     ddp_one, _ = make(lambda m: DistributedDataParallel(m, group=group))
     ddp_six, _ = make(lambda m: DistributedDataParallel(m, group=group, bucket_cap_mb=1e-9))  # a bucket each
+    ddp_six_thread, _ = make(
+        lambda m: DistributedDataParallel(m, group=group, bucket_cap_mb=1e-9, small_bucket_bytes=0)
+    )
     local, params = make(lambda m: m)
     one_float = np.zeros(1, dtype=np.float32)
 
@@ -67,6 +73,7 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
     return {
         "DDP, per step": (ddp_one, local_then_allreduce),
         "DDP, per extra bucket": (ddp_six, ddp_one_and_five_messages),
+        "DDP, per extra bucket via the comm thread": (ddp_six_thread, ddp_one_and_five_messages),
     }
 
 

@@ -121,14 +121,20 @@ def test_ddp_equivalence_property(tmp_path_factory, world_size, batch, seed, opt
 # Buckets: 1e-6 MiB is smaller than any parameter (one bucket per parameter, 6 buckets); 0.0005 MiB
 # (524 bytes) holds a few small float64 parameters per bucket (16*8 weights = 1 KiB gets its own); 25 is
 # the default (one bucket). Overlap on and off. Each row is one mpiexec run, so the rows are few.
+# small_bucket_bytes: 0 sends every bucket but the last through the comm thread; 500 splits the 0.0005
+# plan (buckets of 352, 1024, 128 and 768 bytes): bucket 1 goes to the thread during backward and the
+# others follow at the end, so the ranks all-reduce in the order 1, 0, 2, 3 (the lean path on both
+# sides of its threshold). The default (1 MiB) puts all of these small buckets on the lean path: see
+# the no_sync test below.
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "world_size, opt_name, options",
     [
-        (2, "sgd", ("--bucket-cap-mb", "1e-6")),
+        (2, "sgd", ("--bucket-cap-mb", "1e-6", "--small-bucket-bytes", "0")),
         (3, "adamw", ("--bucket-cap-mb", "1e-6", "--no-overlap")),
-        (4, "adamw", ("--bucket-cap-mb", "0.0005")),
+        (4, "adamw", ("--bucket-cap-mb", "0.0005", "--small-bucket-bytes", "0")),
         (2, "sgd", ("--bucket-cap-mb", "0.0005", "--no-overlap")),
+        (2, "sgd", ("--bucket-cap-mb", "0.0005", "--small-bucket-bytes", "500")),
     ],
 )
 def test_ddp_matches_single_process_for_bucket_sizes_and_overlap(tmp_path, world_size, opt_name, options):
@@ -139,6 +145,7 @@ def test_ddp_matches_single_process_for_bucket_sizes_and_overlap(tmp_path, world
 # by world_size / global batch on the summed loss, which is the same thing for equal shares and stays
 # exact for unequal ones), equal one step on the whole global batch in one process. 14 samples in 3
 # micro-batches (5, 5, 4) on 2 or 3 ranks also gives unequal shares.
+# The first row's 6 small buckets all take the lean path (default small_bucket_bytes).
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "world_size, opt_name, options",
@@ -153,7 +160,12 @@ def test_no_sync_accumulation_matches_one_big_step(tmp_path, world_size, opt_nam
 
 # find_unused_parameters=True: the `extra` head is used by some ranks only, and its bucket starts late;
 # the average with zeros for the ranks without it equals the gradient of the summed per-share losses.
+# With small_bucket_bytes=100 the two 256-byte weights' buckets (1 and 3) go to the thread and the
+# rest follow at the end: a rank without `extra` cannot hand over bucket 1 during backward, so it runs
+# 1 and 3 itself at the end, in the same order as the others.
 @pytest.mark.mpi
-@pytest.mark.parametrize("options", [("--bucket-cap-mb", "1e-6"), ("--no-overlap",)])
+@pytest.mark.parametrize(
+    "options", [("--bucket-cap-mb", "1e-6", "--small-bucket-bytes", "100"), ("--no-overlap",)]
+)
 def test_find_unused_parameters_matches_single_process(tmp_path, options):
     check_equivalence(tmp_path, 3, 17, 4, 12, "sgd", "float64", "--two-heads", *options)

@@ -17,11 +17,15 @@ def caught(tmp_path, world_size: int) -> list[dict[str, str]]:
 
 
 # One bucket per parameter with overlap (the ranks that have every gradient start all buckets during
-# backward while rank 1 cannot start the first one), and one single bucket without overlap.
+# backward while rank 1 cannot start the first one), and one single bucket without overlap. A third run
+# splits the buckets between the thread and the lean path (small_bucket_bytes=100: the two 256-byte
+# weights go to the thread), so join() must follow the same launch order, not index order.
 @pytest.mark.mpi
-@pytest.mark.parametrize("world_size, cap, overlap", [(3, "1e-6", 1), (2, "25", 0)])
-def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_size, cap, overlap):
-    run_mpi(world_size, "ddp/ddp_errors.py", tmp_path, cap, overlap, timeout=60)
+@pytest.mark.parametrize(
+    "world_size, cap, overlap, small", [(3, "1e-6", 1, "0"), (2, "25", 0, "0"), (2, "1e-6", 1, "100")]
+)
+def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_size, cap, overlap, small):
+    run_mpi(world_size, "ddp/ddp_errors.py", tmp_path, cap, overlap, small, timeout=60)
     seen = caught(tmp_path, world_size)
     for scenario in seen[0]:
         assert len({s[scenario] for s in seen}) == 1, f"ranks disagree on {scenario}: {seen}"
@@ -33,6 +37,11 @@ def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_s
     assert "find_unused_parameters=True" in first["unused_on_rank_1"]
     assert f"'extra.weight' (missing on {world_size} of {world_size} ranks)" in first["unused_everywhere"]
     assert first["still_works"] == "no error"
+    assert first["options_differ"].startswith("ValueError: DistributedDataParallel: the ranks of the group")
+    assert "small_bucket_bytes" in first["options_differ"]
+    assert (
+        first["negative_small"] == "ValueError: rank 0 of the group: small_bucket_bytes must be >= 0, got -1"
+    )
     names = json.loads(first["state_dict_names"])  # DDP is a Module wrapping ddp.module, as in PyTorch
     assert names == sorted(f"module.{m}.{p}" for m in ("trunk", "head", "extra") for p in ("weight", "bias"))
     assert first["zeros_if_unused"] == "[true, true]"  # find_unused_parameters=True: zeros, not None

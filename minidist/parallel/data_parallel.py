@@ -13,16 +13,27 @@ train the same model as one process would (up to float rounding of the summation
 **Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped
 into buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward
 has finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts
-at once, while backward goes on computing earlier layers. Buckets start strictly in index order: a
-bucket that fills early waits until every earlier bucket has started, so all ranks issue the same
-collectives in the same order even if their gradients arrive in different orders. A callback queued
-with ``autograd.queue_callback`` runs when backward ends; it starts any bucket not yet started, waits
-for all of them, and only then does ``loss.backward()`` return. ``overlap=False`` keeps the simple
-version for teaching and comparison: nothing is sent during backward, and the callback all-reduces the
-buckets one after another. Overlap needs an autograd engine that accumulates each parameter's
-gradient (and runs its hook) as soon as that gradient is complete, i.e. right after its layer's
-backward; one that accumulates every leaf only at the end of backward leaves nothing to overlap with
-(the timeline from ``minidist.trace`` shows which case you are in).
+at once (on the communication thread, below), while backward goes on computing earlier layers. Buckets
+start strictly in index order: a bucket that fills early waits until every earlier bucket has started,
+so all ranks issue the same collectives in the same order even if their gradients arrive in different
+orders. A callback queued with ``autograd.queue_callback`` runs when backward ends; it waits for the
+buckets the thread has, all-reduces the others itself, and only then does ``loss.backward()`` return.
+``overlap=False`` keeps the simple version for teaching and comparison: nothing is sent during
+backward, and the callback all-reduces the buckets one after another. Overlap needs an autograd
+engine that accumulates each parameter's gradient (and runs its hook) as soon as that gradient is
+complete, i.e. right after its layer's backward; one that accumulates every leaf only at the end of
+backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case you are
+in).
+
+**The lean path: buckets that overlap cannot pay for.** Handing a bucket to the thread and waiting for
+it costs about 150 µs on the machine of ``benchmarks/README.md`` (waking the thread, passing the GIL
+back and forth), more than the whole all-reduce of a bucket under about 1 MiB takes on 2 ranks there.
+So two kinds of bucket never go to the thread; the callback all-reduces them at the end of backward,
+after the thread's buckets: the last bucket, which fills only when backward is (nearly) over, so there
+is nothing left to overlap it with; and every bucket under ``small_bucket_bytes``. A model whose
+gradients fit in one bucket, or whose buckets are all small, never wakes the thread. The launch order
+(the thread's buckets in index order, then the others in index order) depends only on the bucket plan
+and the options, so it is the same on every rank.
 
 **Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while
 the main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some
@@ -86,6 +97,10 @@ class DistributedDataParallel(Module):
             zeros: that parameter's ``.grad`` becomes the average over ranks with zeros for the ranks
             that lacked it (all zeros if no rank had one). Buckets after such a parameter start only
             at the end of backward.
+        small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
+            thread at the end of backward instead of on the communication thread during it (the lean
+            path above; 0: every bucket but the last overlaps). The default, 1 MiB, is about where an
+            all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark machine.
 
     Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
     elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
@@ -97,7 +112,10 @@ class DistributedDataParallel(Module):
         RuntimeError: some parameter got no gradient on some rank (names it; see above).
         CollectiveMismatchError: some rank had called :meth:`join` (it had no batches left) while
             this one ran another backward pass.
-        ValueError: ``bucket_cap_mb <= 0`` (at construction); TypeError: ``module`` is not a Module.
+        ValueError (at construction, on every rank): ``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``,
+            or the ranks passed different ``bucket_cap_mb``, ``overlap`` or ``small_bucket_bytes`` (they
+            would start their all-reduces in different orders and hang). TypeError: ``module`` is not a
+            Module.
 
     Limitation: a rank whose backward reaches *none* of the parameters runs no hook, so it does not
     take part at all and the other ranks wait for it.
@@ -110,15 +128,16 @@ class DistributedDataParallel(Module):
         bucket_cap_mb: float = 25,
         overlap: bool = True,
         find_unused_parameters: bool = False,
+        small_bucket_bytes: int = 2**20,
     ) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        self.module = module
         self.group = group if group is not None else dist.init()
+        checks.agree_on_options(self.group, bucket_cap_mb, overlap, small_bucket_bytes)  # collective
+        self.module = module
         self.bucket_cap_mb = bucket_cap_mb
+        self.small_bucket_bytes = small_bucket_bytes
         self.find_unused_parameters = find_unused_parameters
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self._named]
@@ -150,7 +169,13 @@ class DistributedDataParallel(Module):
             )
             overlap = False
         self.overlap = overlap
-        self._thread = CommThread("ddp-comm") if overlap and self._comm is not None else None
+        # The lean path (module docstring): which buckets the thread all-reduces during backward, in
+        # index order, and the order of all of them: the thread's first, then the rest at the end.
+        threaded = overlap and self._comm is not None
+        big = {b.index for b in self._buckets[:-1] if b.nbytes >= small_bucket_bytes}
+        self._threaded = big if threaded else set()
+        self._order = sorted(self._buckets, key=lambda b: b.index not in self._threaded)  # stable sort
+        self._thread = CommThread("ddp-comm") if self._threaded else None
         if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
             weakref.finalize(self, self._thread.close, False)
 
@@ -193,7 +218,7 @@ class DistributedDataParallel(Module):
         last = self._buckets[-1]
         with trace.span("join", trace.WAIT):
             checks.write_flags(last.extra, None, training=False)  # no gradients, not training
-            for bucket in self._buckets:
+            for bucket in self._order:  # the order of the training ranks' all-reduces
                 bucket.pack_zeros()
                 dist.all_reduce(bucket.flat, op="avg", group=self._comm)
         _, training = checks.read_counts(last.extra, self._comm.size)
@@ -206,6 +231,8 @@ class DistributedDataParallel(Module):
         self._ready = np.zeros(len(self._named), dtype=bool)  # which gradients this pass has finished
         self._missing = [len(b.params) for b in self._buckets]  # per bucket: gradients not yet ready
         self._jobs: list[Job] = []  # one per started bucket, in bucket order
+        self._queued: list[Job] = []  # those handed to the communication thread
+        self._here: list[Job] = []  # those left to _finish_pass on this thread (the lean path)
 
     def _on_grad_ready(self, param: Parameter) -> None:
         if not self._sync_enabled:
@@ -234,7 +261,7 @@ class DistributedDataParallel(Module):
         Without this, the flag "callback queued" would stay set forever and every later backward would
         skip communication: replicas would drift apart silently.
         """
-        for job in self._jobs:
+        for job in self._queued:  # (the lean path's never ran)
             try:
                 job.wait()
             except Exception:  # noqa: BLE001  (the failed pass is discarded, its errors with it)
@@ -249,16 +276,17 @@ class DistributedDataParallel(Module):
             checks.write_flags(bucket.extra, self._ready, training=True)
         job = Job(functools.partial(self._all_reduce_bucket, bucket))
         self._jobs.append(job)
-        if self._thread is not None:
+        if bucket.index in self._threaded:
+            self._queued.append(job)
             # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread
             # is the time the job waited for the thread (and the thread for a core).
             with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
                 self._thread.submit(job)
-        else:
-            job.run()
+        else:  # the lean path: _finish_pass runs it
+            self._here.append(job)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
-        """Rule 2 for one bucket: average its gradients over the group, in place (on the comm thread)."""
+        """Rule 2 for one bucket: average its gradients over the group, in place (on either thread)."""
         with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
             # BEGIN SOLUTION A3.2: average the bucket's gradients over the group
             bucket.pack()
@@ -267,7 +295,7 @@ class DistributedDataParallel(Module):
             # END SOLUTION
 
     def _finish_pass(self) -> None:
-        """End of backward: start what is left, wait for every bucket, then check the bookkeeping."""
+        """End of backward: start what is left, finish every bucket, then check the bookkeeping."""
         try:
             if self._comm is None:  # one rank: nothing to average, only the local check
                 self._check(self._ready.astype(np.int64), 1, 1)
@@ -278,8 +306,11 @@ class DistributedDataParallel(Module):
             with trace.span("wait for gradients", trace.WAIT):
                 while len(self._jobs) < len(self._buckets):
                     self._start_next_bucket()
-                for job in self._jobs:
+                for job in self._queued:  # the thread's first: the channel carries one collective at a time
                     job.wait()
+                for job in self._here:  # then the lean path's, in index order: self._order on every rank
+                    job.run()
+                    job.wait()  # re-raises its error
             self._check(*checks.read_counts(self._buckets[-1].extra, self._comm.size), self._comm.size)
         finally:
             self._reset_pass()

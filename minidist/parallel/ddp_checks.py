@@ -8,7 +8,7 @@ from a rank that called ``join()``). The all-reduce with ``op="avg"`` turns them
 group; multiplied by ``n`` they are counts that *every* rank receives identically, so every rank raises
 the same error with the same message, and none is left waiting.
 (These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
-per step; argument checks made once, at construction, use ``minidist.distributed.agreement`` instead.)
+per step; the options, checked once at construction, use ``minidist.distributed.agree`` instead.)
 """
 
 from __future__ import annotations
@@ -17,8 +17,26 @@ from typing import Any
 
 import numpy as np
 
+import minidist.distributed as dist
 from minidist import backend
 from minidist.distributed import CollectiveMismatchError
+
+
+def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:
+    """Collective over ``group``: raise ``ValueError`` on every rank if some rank passed a value out of
+    range (``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``) or if the ranks passed different options.
+
+    The options decide which all-reduces a backward pass runs and in which order (the bucket plan, and
+    which buckets go to the communication thread), so ranks with different ones would hang. One
+    all-gather of a few hundred bytes, once per DDP construction.
+    """
+    error = None
+    if not bucket_cap_mb > 0:
+        error = ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    elif not small_bucket_bytes >= 0:
+        error = ValueError(f"small_bucket_bytes must be >= 0, got {small_bucket_bytes}")
+    options = {"bucket_cap_mb": bucket_cap_mb, "overlap": overlap, "small_bucket_bytes": small_bucket_bytes}
+    dist.agree(options, error, group, what="DistributedDataParallel")
 
 
 def write_flags(extra: Any, ready: np.ndarray | None, training: bool) -> None:

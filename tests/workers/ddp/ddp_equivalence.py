@@ -1,6 +1,7 @@
 """MPI worker: train with DistributedDataParallel and save each rank's parameters and losses.
 
 argv: out_dir seed steps global_batch optimizer dtype [--bucket-cap-mb MB] [--no-overlap]
+      [--small-bucket-bytes N]
       [--grad-accum K] [--two-heads]
 Each global batch is cut into K micro-batches (numpy.array_split order) and each micro-batch into the
 ranks' shares. A rank's loss for one share is its summed loss times world_size / global_batch, so that
@@ -36,6 +37,7 @@ for name, kind in [
     parser.add_argument(name, type=kind)
 parser.add_argument("--bucket-cap-mb", type=float, default=25)
 parser.add_argument("--no-overlap", action="store_true")
+parser.add_argument("--small-bucket-bytes", type=int, default=None)
 parser.add_argument("--grad-accum", type=int, default=1)
 parser.add_argument("--two-heads", action="store_true")
 args = parser.parse_args()
@@ -49,6 +51,7 @@ module = ddp_common.TwoHeads(seed, dtype) if args.two_heads else ddp_common.make
 model = DistributedDataParallel(
     module, group=world, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap,
     find_unused_parameters=args.two_heads,
+    **({} if args.small_bucket_bytes is None else {"small_bucket_bytes": args.small_bucket_bytes}),
 )  # fmt: skip
 opt = ddp_common.make_optimizer(args.opt, model.parameters())
 losses = []

@@ -1,6 +1,6 @@
 """MPI worker: DDP's collective error checks. Every rank records what it saw in errors_rank{r}.json.
 
-argv: out_dir bucket_cap_mb overlap(0|1)
+argv: out_dir bucket_cap_mb overlap(0|1) [small_bucket_bytes]
 Scenarios, run one after the other on the same ranks (so they also show that DDP keeps working after an
 error was raised and caught):
   unused_on_rank_1  rank 1 leaves TwoHeads.extra without a gradient, the others do not
@@ -8,6 +8,8 @@ error was raised and caught):
   still_works       a normal step afterwards
   zeros_if_unused   find_unused_parameters=True and no rank uses extra: its .grad must be zeros
   uneven_batches    the last rank runs one step fewer and calls join(); the others run another step
+  options_differ    the ranks pass different small_bucket_bytes (they would all-reduce in different orders)
+  negative_small    only rank 0 passes small_bucket_bytes=-1: every rank raises its error
 (and state_dict_names: the names of the wrapped model's state_dict)
 """
 
@@ -26,6 +28,7 @@ from minidist import nn  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 out_dir, cap, overlap = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
+small = {"small_bucket_bytes": int(sys.argv[4])} if len(sys.argv) > 4 else {}
 world = dist.init()
 x, y = ddp_common.make_data(0, 8)
 xb, yb = md.tensor(x, dtype=np.float64), y
@@ -48,7 +51,7 @@ def expect_error(name: str, model, use_extra: bool) -> None:
 def make(find_unused: bool = False):
     module = ddp_common.TwoHeads(0, np.float64)
     return DistributedDataParallel(
-        module, group=world, bucket_cap_mb=cap, overlap=overlap, find_unused_parameters=find_unused
+        module, group=world, bucket_cap_mb=cap, overlap=overlap, find_unused_parameters=find_unused, **small
     )
 
 
@@ -66,6 +69,13 @@ seen["zeros_if_unused"] = json.dumps(
         for p in (lenient.module.extra.weight, lenient.module.extra.bias)
     ]
 )
+
+for name, small in (("options_differ", world.rank), ("negative_small", -1 if world.rank == 0 else 0)):
+    try:
+        DistributedDataParallel(ddp_common.TwoHeads(0, np.float64), group=world, small_bucket_bytes=small)
+        seen[name] = "no error"
+    except ValueError as error:
+        seen[name] = f"{type(error).__name__}: {error}"
 
 batches = 2 if world.rank == world.size - 1 else 3
 try:

@@ -12,7 +12,10 @@ from minidist.parallel import DistributedDataParallel
 
 world = dist.init()
 md.manual_seed(world.rank)
-model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), bucket_cap_mb=1e-6)
+# small_bucket_bytes=0: the buckets filled before the failure go to the comm thread, still running then.
+model = DistributedDataParallel(
+    nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), bucket_cap_mb=1e-6, small_bucket_bytes=0
+)
 x = md.tensor(np.ones((2, 4), dtype=np.float32) * (world.rank + 1))
 fired = []
 model.module[1].bias.register_post_accumulate_grad_hook(lambda p: fired.append(True))

@@ -41,7 +41,10 @@ md.manual_seed(0)
 module = nn.Sequential(
     nn.Linear(64, 256), nn.ReLU(), MarkLayer(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)
 )
-model = DistributedDataParallel(module, group=world, bucket_cap_mb=1e-6, overlap=overlap)
+# small_bucket_bytes=0: every bucket but the last goes to the comm thread, however small.
+model = DistributedDataParallel(
+    module, group=world, bucket_cap_mb=1e-6, overlap=overlap, small_bucket_bytes=0
+)
 opt = optim.SGD(model.parameters(), lr=0.1)
 x, y = ddp_common.make_data(world.rank, 512, n_in=64)
 world.barrier()

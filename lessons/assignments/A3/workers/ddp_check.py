@@ -116,6 +116,7 @@ def body(world, config: dict) -> list[str]:
         group=world,
         bucket_cap_mb=config["bucket_cap_mb"],
         overlap=config["overlap"],
+        small_bucket_bytes=0,  # these buckets are tiny: without this they would all skip the comm thread
     )  # different seeds per rank: DDP's broadcast must make the replicas start from rank 0's weights
     train(ddp, data, r, n, check_first_gradients)
     trace.disable()
