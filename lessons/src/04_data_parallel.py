@@ -134,7 +134,11 @@ md.manual_seed(0)
 layers = []
 for _ in range(4):
     layers += [nn.Linear(512, 512), nn.ReLU()]
-ddp = DistributedDataParallel(nn.Sequential(*layers[:-1]), bucket_cap_mb=1, overlap=True)
+# small_bucket_bytes=0: show every bucket overlapping. By default DDP all-reduces buckets under 1 MiB on
+# the main thread after backward: handing such a bucket to the thread costs more than it can hide.
+ddp = DistributedDataParallel(
+    nn.Sequential(*layers[:-1]), bucket_cap_mb=1, overlap=True, small_bucket_bytes=0
+)
 opt = optim.SGD(ddp.parameters(), lr=1e-3)
 xb = md.tensor(np.random.default_rng(world.rank).standard_normal((128, 512)), dtype=np.float32)
 yb = np.random.default_rng(world.rank).integers(0, 512, 128)
@@ -202,8 +206,10 @@ print(f"Chrome trace: {path} ({len(json.loads(path.read_text())['traceEvents'])}
 # %% [markdown]
 # **Reading the trace.** Each red box on a "comm" row is one bucket's all-reduce. Buckets start in
 # reverse layer order (backward finishes the last layer first), *inside* the orange backward box of
-# the main thread: that is the overlap. A gray "wait for gradients" box at the end of backward is time
-# the main thread could not hide. Open the JSON file in https://ui.perfetto.dev (or
+# the main thread: that is the overlap. The last bucket (the first layer's gradients) is ready only
+# when backward ends, so nothing is left to hide it behind: the main thread all-reduces it itself,
+# the red box on its own row at the end of backward. A gray "wait for gradients" box is time the main
+# thread could not hide. Open the JSON file in https://ui.perfetto.dev (or
 # chrome://tracing) to zoom into single spans. On a 2-core laptop with 2 ranks, the cores are busy
 # computing, so hiding communication saves less than it would on a GPU, where a separate engine moves
 # the bytes (`benchmarks/README.md`, DDP section, discusses the numbers).
