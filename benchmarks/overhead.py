@@ -193,7 +193,7 @@ def distributed_rows(w: Workload, rounds: int, steps: int) -> list[Row]:
     med = {name: (float(np.median(a)), float(np.median(b))) for name, (a, b) in times.items()}
     rows = [(name, *med[name], counts[name]) for name in pairs]
     if world.size > 1:
-        a = np.zeros(1024, dtype=np.float32)  # 4 KiB; zeros: ~1000 sums of ones overflow float32
+        a = np.zeros(1024, dtype=np.float32)  # 4 KiB; zeros: in-place sums double ones to inf
         calls = {"auto": call("all_reduce", "auto", a), "mpi": call("all_reduce", "mpi", a)}
         res = timed_together(world, calls, iters=rounds * 30, warmup=10)
         rows.append(("all_reduce 4 KiB, per message", res["auto"], res["mpi"], 1))
