@@ -33,7 +33,6 @@ Source: glibc ``mallopt(3)`` (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD and their dynam
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -58,8 +57,9 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or any(name in os.environ for name in _USER_SETTINGS):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt  # AttributeError on a C library without it (musl)
+        # The C library the interpreter already runs on: CDLL(None) looks up symbols in the process
+        # itself (ctypes.util.find_library would spawn ldconfig, ~30 ms at every import, every rank).
+        mallopt = ctypes.CDLL(None).mallopt  # AttributeError on a C library without it (musl)
     except (OSError, AttributeError):
         return False
     # mallopt returns 1 on success. The mmap threshold first: the trim threshold then stays put.
