@@ -23,6 +23,22 @@ def _chain(a: md.Tensor, b: md.Tensor) -> None:
     y.sum().backward()
 
 
+def _python_calls(fn) -> int:
+    """How many Python-level function calls ``fn()`` makes (``sys.setprofile``'s "call" events)."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def test_same_shape_and_scalar_operands_skip_the_broadcast_check(monkeypatch):
     calls = []
     real = np.broadcast_shapes
@@ -45,17 +61,7 @@ def test_python_calls_per_op_stay_within_budget():
     a = md.tensor(np.arange(8.0), dtype=np.float32, requires_grad=True)
     b = md.tensor(np.arange(8.0) + 1, dtype=np.float32, requires_grad=True)
     _chain(a, b)  # warm up (first-call imports and caches)
-    calls = 0
-
-    def count(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-
-    sys.setprofile(count)
-    try:
-        _chain(a, b)
-    finally:
-        sys.setprofile(None)
+    calls = _python_calls(lambda: _chain(a, b))
     ops = 26
     assert calls / ops <= 22, f"{calls / ops:.1f} Python calls per op (budget 22): see benchmarks/README.md"
     assert a.grad is not None and np.all(np.isfinite(a.grad))
@@ -80,17 +86,7 @@ def test_python_calls_per_training_step_of_a_small_mlp_stay_within_budget():
         opt.step()
 
     step()  # warm up
-    calls = 0
-
-    def count(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-
-    sys.setprofile(count)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
+    calls = _python_calls(step)
     assert calls <= 160, f"{calls} Python calls per step (budget 160): see benchmarks/README.md"
 
 
