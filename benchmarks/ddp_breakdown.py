@@ -27,6 +27,7 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
+from minidist.parallel.buckets import flatten, unflatten_into  # noqa: E402
 
 KINDS = ("ddp", "ours", "mpi", "none")
 
@@ -46,26 +47,20 @@ def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) 
 
         return ddp_step
     params = list(model.parameters())
-    flat = np.zeros(sum(p.size for p in params), np.float32)
     comm = world.mpi.Dup()  # MPI's own messages on a communicator of their own
     opt = optim.SGD(params, lr=0.05)
 
     def by_hand() -> None:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
-        offset = 0
-        for p in params:  # pack
-            flat[offset : offset + p.size] = p.grad.reshape(-1)
-            offset += p.size
+        grads = [p.grad for p in params]
+        flat = flatten(grads)  # pack, as DDP's buckets do
         if kind == "mpi":
             comm.Allreduce(MPI.IN_PLACE, flat)
         elif kind == "ours":
             dist.all_reduce(flat, group=world)
-        flat[:] /= world.size
-        offset = 0
-        for p in params:  # unpack
-            p.grad[...] = flat[offset : offset + p.size].reshape(p.shape)
-            offset += p.size
+        flat /= world.size
+        unflatten_into(flat, grads)
         opt.step()
 
     return by_hand

@@ -25,15 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 from ddp import time_round  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from overhead_parallel import averaged_by_hand, backward_step  # noqa: E402
 from small_mlp import add_workload_args, make_workload  # noqa: E402
 
-import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
-from minidist import nn  # noqa: E402
-from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
-from minidist.parallel.buckets import flatten, unflatten_into  # noqa: E402
 
 DDP_FILES = ("data_parallel", "buckets", "comm_thread", "ddp_checks")
 
@@ -67,32 +63,13 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     w = make_workload(args)
-    comm, group, xt = dist.init().mpi, w.mesh.dp_group, md.tensor(w.x)
+    comm, group = dist.init().mpi, w.mesh.dp_group
     extra = {} if args.small is None else {"small_bucket_bytes": args.small}
-
-    def make(wrap):
-        md.manual_seed(0)
-        model = wrap(MLP(64, [256, 256], 10))
-        params = list(model.parameters())
-
-        def step() -> None:
-            for p in params:
-                p.grad = None
-            nn.functional.cross_entropy(model(xt), w.y).backward()
-
-        return step, params
-
-    before, _ = make(lambda m: load_before(args.before)(m, group=group, bucket_cap_mb=args.cap))
-    after, _ = make(lambda m: DistributedDataParallel(m, group=group, bucket_cap_mb=args.cap, **extra))
-    local, params = make(lambda m: m)
-
-    def by_hand() -> None:
-        local()
-        grads = [p.grad for p in params]
-        flat = flatten(grads)
-        w.dp_comm.Allreduce(MPI.IN_PLACE, flat)
-        flat /= group.size
-        unflatten_into(flat, grads)
+    before, _ = backward_step(w, lambda m: load_before(args.before)(m, group=group, bucket_cap_mb=args.cap))
+    after, _ = backward_step(
+        w, lambda m: DistributedDataParallel(m, group=group, bucket_cap_mb=args.cap, **extra)
+    )
+    by_hand = averaged_by_hand(w, *backward_step(w, lambda m: m))
 
     steps = {"before": before, "after": after, "by hand": by_hand}
     for fn in steps.values():

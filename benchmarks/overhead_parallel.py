@@ -7,6 +7,7 @@ time per step) and prints the difference.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -19,6 +20,37 @@ from minidist.models import MLP
 from minidist.parallel import DistributedDataParallel
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline import PipelineParallel
+
+
+def backward_step(w: Workload, wrap: Callable) -> tuple[Callable, list]:
+    """(forward + backward of the small MLP from seed 0, wrapped by ``wrap``, on this rank's batch,
+    gradients set to None first; its parameters). No optimizer."""
+    md.manual_seed(0)
+    model = wrap(MLP(64, [256, 256], 10))
+    params = list(model.parameters())
+    xt = md.tensor(w.x)
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        nn.functional.cross_entropy(model(xt), w.y).backward()
+
+    return step, params
+
+
+def averaged_by_hand(w: Workload, local: Callable, params: list) -> Callable:
+    """``local()``, then what DDP does after the backward, by hand: pack the gradients, one mpi4py
+    ``Allreduce`` over the dp group, divide, unpack."""
+
+    def step() -> None:
+        local()
+        grads = [p.grad for p in params]
+        flat = flatten(grads)
+        w.dp_comm.Allreduce(MPI.IN_PLACE, flat)
+        flat /= w.mesh.dp_group.size
+        unflatten_into(flat, grads)
+
+    return step
 
 
 def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
@@ -35,19 +67,7 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
       5 buckets go through the communication thread during backward, as big buckets do: the hand-off.
     """
     group = w.mesh.dp_group
-    xt = md.tensor(w.x)
-
-    def make(wrap: Callable) -> tuple[Callable, list]:
-        md.manual_seed(0)
-        model = wrap(MLP(64, [256, 256], 10))
-        params = list(model.parameters())
-
-        def step() -> None:
-            for p in params:
-                p.grad = None
-            nn.functional.cross_entropy(model(xt), w.y).backward()
-
-        return step, params
+    make = functools.partial(backward_step, w)
 
     ddp_one, _ = make(lambda m: DistributedDataParallel(m, group=group))
     ddp_six, _ = make(lambda m: DistributedDataParallel(m, group=group, bucket_cap_mb=1e-9))  # a bucket each
@@ -57,13 +77,7 @@ def ddp_pairs(w: Workload) -> dict[str, tuple[Callable, Callable]]:
     local, params = make(lambda m: m)
     one_float = np.zeros(1, dtype=np.float32)
 
-    def local_then_allreduce() -> None:
-        local()
-        grads = [p.grad for p in params]
-        flat = flatten(grads)
-        w.dp_comm.Allreduce(MPI.IN_PLACE, flat)
-        flat /= group.size
-        unflatten_into(flat, grads)
+    local_then_allreduce = averaged_by_hand(w, local, params)
 
     def ddp_one_and_five_messages() -> None:
         ddp_one()
