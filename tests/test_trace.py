@@ -162,3 +162,18 @@ def test_ddp_run_gives_a_trace_with_every_bucket_in_order(tmp_path, overlap):
             marks = [e["ts"] for e in mine if e["name"] == "backward reached layer 0"]
             fourth = [e["ts"] for e in starts if e["name"] == "start bucket 3"]
             assert len(marks) == 3 and all(b < m for b, m in zip(fourth, marks)), (fourth, marks)
+
+
+def test_a_span_while_tracing_is_off_is_one_shared_no_op_and_builds_no_name():
+    """``trace.span`` is on every pipeline message and DDP bucket: off, it must cost a flag check only."""
+    trace.disable()
+    names = []
+    assert trace.span(lambda: names.append("built") or "x") is trace.span("y")
+    with trace.span(lambda: names.append("built") or "x"):
+        pass
+    assert names == []
+    trace.enable()
+    with trace.span(lambda: names.append("built") or "lazy", "cat"):
+        pass
+    trace.disable()
+    assert names == ["built"] and [(e["name"], e["cat"]) for e in trace.events()] == [("lazy", "cat")]

@@ -39,7 +39,6 @@ from minidist.parallel.pipeline.messages import (
     header_buffer,
 )
 from minidist.parallel.pipeline.schedules import RECV_GRAD, SEND_ACT, SEND_GRAD, Instruction, Step, parts
-from minidist.parallel.pipeline.spans import traced
 
 if TYPE_CHECKING:
     from minidist.parallel.pipeline.executor import StageExecutor
@@ -82,7 +81,7 @@ class BatchedMessaging:
                 arrivals.append((ins, irecv(self.group, buffer, peer, self._tag(b, i, ACT))))
             else:
                 unknown.append((ins, b, irecv(self.group, header_buffer(), peer, self._tag(b, 0, HEADER))))
-        with traced(trace.WAIT, str, step):
+        with trace.span(step.__str__, trace.WAIT):
             if unknown:  # everything else is in flight; the activations' receives follow their headers
                 wait_all(self.group, [request for _, _, request in unknown])
                 for ins, b, request in unknown:

@@ -58,7 +58,6 @@ from minidist.parallel.pipeline.schedules import (
     Step,
     parts,
 )
-from minidist.parallel.pipeline.spans import traced
 
 
 @dataclass
@@ -149,7 +148,7 @@ class StageExecutor:
         g = c * self.p + self.stage
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
         start = time.perf_counter()
-        with traced(FORWARD, _name, FORWARD, i, c):
+        with trace.span(lambda: _name(FORWARD, i, c), FORWARD):
             out = None
             if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
                 out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
@@ -173,7 +172,7 @@ class StageExecutor:
         g = c * self.p + self.stage
         out, error = self._outputs.pop((i, c)), None
         start = time.perf_counter()
-        with traced(BACKWARD, _name, BACKWARD, i, c):
+        with trace.span(lambda: _name(BACKWARD, i, c), BACKWARD):
             if g == self.last:
                 if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
                     # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
@@ -284,18 +283,18 @@ class BlockingMessaging:
         if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
             array, buffer = self._outgoing(step.send), self._incoming(step.recv)
             peer = self.ex.peer(step.send)
-            with traced(trace.WAIT, str, step):
+            with trace.span(step.__str__, trace.WAIT):
                 self.group.sendrecv(
                     array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv)
                 )
             self.ex.received(step.recv, buffer)
         elif step.kind in (SEND_ACT, SEND_GRAD):
             array = self._outgoing(step)
-            with traced(trace.WAIT, str, step):
+            with trace.span(step.__str__, trace.WAIT):
                 self.group.send(array, self.ex.peer(step), tag=_tag(step))
         else:
             buffer = self._incoming(step)
-            with traced(trace.WAIT, str, step):
+            with trace.span(step.__str__, trace.WAIT):
                 self.group.recv(buffer, self.ex.peer(step), tag=_tag(step))
             self.ex.received(step, buffer)
         # END SOLUTION
