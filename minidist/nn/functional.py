@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
-from minidist.ops import cross_entropy, dropout, gelu, linear, log_softmax, relu, sigmoid, softmax, tanh
+from minidist.ops import (
+    cross_entropy,
+    dropout,
+    embedding,
+    gelu,
+    layer_norm,
+    linear,
+    log_softmax,
+    relu,
+    sigmoid,
+    softmax,
+    tanh,
+)
 
-__all__ = ["linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "dropout"]
+__all__ = [
+    "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "dropout",
+    "embedding", "layer_norm",
+]  # fmt: skip
