@@ -34,7 +34,6 @@ for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse
 import contextlib
 import io
-import math
 import sys
 import time
 
@@ -43,9 +42,11 @@ from tqdm import tqdm
 
 import minidist as md
 import minidist.distributed as dist
-from minidist import checkpoint, nn, optim
-from minidist.data import CharTokenizer, TextBatches, load_shakespeare, load_text, train_val_split
+from minidist import checkpoint, optim
+from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.models import GPT, GPTConfig
+from minidist.nn import functional as F
+from minidist.optim.lr_scheduler import cosine_with_warmup
 from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_
 
 parser = argparse.ArgumentParser(
@@ -79,166 +80,178 @@ parser.add_argument("--resume", action="store_true", help="continue from the new
 parser.add_argument("--sample-tokens", type=int, default=300, help="characters to generate at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
 
-# --- setup: start MPI; parse the same command line on every rank (only rank 0 prints argparse's errors).
-sys.stdout.reconfigure(line_buffering=True)  # under mpirun stdout is a pipe: show each line as it comes
-world = dist.init()
-rank, world_size = world.rank, world.size
-with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
-    with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
-        args = parser.parse_args()
-if args.batch_size % (world_size * args.grad_accum):
-    # Every rank must hold an equal share of every micro-batch, so that the average DDP computes is the
-    # mean over the global batch. Raised on every rank alike (they parse the same arguments).
-    raise SystemExit(
-        f"--batch-size {args.batch_size} must be divisible by ranks x --grad-accum = "
-        f"{world_size} x {args.grad_accum}; choose e.g. --batch-size {world_size * args.grad_accum * 2}"
-    )
 
-# --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB); the batches come
-# from one seeded generator that all ranks share, each rank taking its slice of every global batch.
-text = load_text(args.data) if args.data else load_shakespeare()
-tokenizer = CharTokenizer(text)  # the vocabulary: every distinct character, sorted
-train_ids, val_ids = train_val_split(tokenizer.encode(text))  # first 90 % train, last 10 % validation
-batches = TextBatches(
-    train_ids, args.block_size, args.batch_size // args.grad_accum, seed=args.seed,
-    rank=rank, world_size=world_size,
-)  # fmt: skip
-
-# --- model: the same seed gives every rank the same initial weights (DDP/ZeRO broadcast rank 0's anyway).
-md.manual_seed(args.seed)
-config = GPTConfig(
-    vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-    n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
-)  # fmt: skip
-gpt = GPT(config)
-if rank == 0:
-    print(f"{gpt.num_parameters():,} parameters, vocabulary {tokenizer.vocab_size}, {world_size} rank(s)")
-
-# --- optimizer: AdamW with weight decay on the matrices only (Loshchilov & Hutter 2019): decaying the
-# biases and LayerNorm gains toward 0 would only fight the normalisation, it regularises nothing.
-decay = [p for p in gpt.parameters() if p.ndim >= 2]
-no_decay = [p for p in gpt.parameters() if p.ndim < 2]
-groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-betas = (0.9, args.beta2)
-if args.zero:
-    # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
-    # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
-    model = gpt
-    optimizer = ZeroRedundancyOptimizer(groups, optim.AdamW, stage=args.zero, lr=args.lr, betas=betas)
-else:
-    model = DistributedDataParallel(gpt)  # averages the gradients over the ranks during backward
-    optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
-# Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
-scheduler = optim.lr_scheduler.cosine_with_warmup(
-    optimizer, args.warmup_iters, args.max_iters, eta_min=args.min_lr
-)
-
-
-def estimate_loss() -> dict[str, float]:
-    """Mean loss on --eval-iters batches of train and of validation windows: the same windows at every
-    evaluation (a generator seeded afresh), split over the ranks, then averaged over them."""
-    model.eval()  # no dropout
+def estimate_loss(gpt: GPT, splits: dict, eval_iters: int) -> dict[str, float]:
+    """Mean loss on ``eval_iters`` global batches of each split's windows (the same windows at every
+    evaluation: they come from the windows' own evaluation stream), each rank scoring its slice."""
+    gpt.eval()  # no dropout
     losses = {}
     with md.no_grad():  # no graph: forward only
-        for split, ids in (("train", train_ids), ("val", val_ids)):
-            windows = TextBatches(ids, args.block_size, args.batch_size, seed=0, rank=rank, world_size=world_size)
-            total = np.zeros(1)
-            for _ in range(args.eval_iters):
-                x, y = windows.next()
+        for split, windows in splits.items():
+            total = np.zeros(2)  # [sum of micro-batch mean losses, micro-batches]
+            for x, y in windows.eval_batches(eval_iters):
                 logits = gpt(x)
-                total += nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)).item()
-            dist.all_reduce(total, op="sum")
-            losses[split] = float(total[0]) / (args.eval_iters * world_size)
-    model.train()
+                total += (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item(), 1)
+            dist.all_reduce(total, op="sum")  # equal micro-batches everywhere: the mean of means is the mean
+            losses[split] = float(total[0] / total[1])
+    gpt.train()
     return losses
 
 
-def save(step: int, losses: list[float]) -> None:
-    """A checkpoint of everything needed to continue bit for bit: weights, AdamW state, the data
-    generator, the schedule and the vocabulary (collective; atomic; keeps the newest 2)."""
-    checkpoint.save(
-        args.checkpoint_dir, model, optimizer, step=step, sampler=batches, keep_last=2,
-        extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(), "losses": losses},
+def matmul_rate(world: dist.Communicator) -> float:
+    """FLOP/s of a float32 (512 x 512) product, summed over the ranks, all timing at once: what this
+    machine delivers to the job when every rank computes. The denominator of the MFU (model FLOPs
+    utilisation, PaLM, Chowdhery et al. 2022, appendix B)."""
+    a = np.ones((512, 512), dtype=np.float32)
+    world.barrier()
+    seconds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ a
+        seconds.append(time.perf_counter() - start)
+    rate = np.array([2 * 512**3 / np.median(seconds)])
+    dist.all_reduce(rate, op="sum")
+    return float(rate[0])
+
+
+def main() -> None:
+    # --- setup: start MPI; parse the same command line on every rank (only rank 0 prints argparse's
+    # messages; a bad flag still exits every rank, with argparse's code 2).
+    sys.stdout.reconfigure(line_buffering=True)  # under mpirun stdout is a pipe: show each line as it comes
+    world = dist.init()
+    rank, world_size = world.rank, world.size
+    with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
+        with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
+            args = parser.parse_args()
+
+    # --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB).
+    text = load_text(args.data) if args.data else load_shakespeare()
+    tokenizer = CharTokenizer(text)  # the vocabulary: every distinct character, sorted
+    train_ids, val_ids = train_val_split(tokenizer.encode(text))  # first 90 % train, last 10 % validation
+    # Each step draws --batch-size random windows, the same on every rank (from the seed and the step
+    # number); this rank takes its slice, as --grad-accum micro-batches. --batch-size must divide by
+    # ranks x --grad-accum (a ValueError on every rank otherwise, saying which sizes work).
+    batches, val_batches = (
+        RandomWindows(ids, args.block_size, args.batch_size, seed=args.seed, rank=rank,
+                      world_size=world_size, accumulation_steps=args.grad_accum)
+        for ids in (train_ids, val_ids)
     )  # fmt: skip
 
+    # --- model: the same seed gives every rank the same initial weights (DDP/ZeRO broadcast rank 0's).
+    md.manual_seed(args.seed)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
+    )  # fmt: skip
+    gpt = GPT(config)
+    if rank == 0:
+        print(
+            f"GPT: {gpt.num_parameters():,} parameters, {tokenizer.vocab_size} characters, {world_size} ranks"
+        )
 
-# --- the matmul rate this machine reaches, measured now, as the denominator of the MFU (model FLOPs
-# utilisation, PaLM appendix B): every rank times the same float32 product at once, so the sum over
-# the ranks is what the machine delivers to this job when all of them compute.
-a = np.ones((512, 512), dtype=np.float32)
-world.barrier()
-rates = []
-for _ in range(5):
-    start = time.perf_counter()
-    a @ a
-    rates.append(2 * 512**3 / (time.perf_counter() - start))
-peak = np.array([np.median(rates)])
-dist.all_reduce(peak, op="sum")
-flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
+    # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
+    # pulling them toward 0 regularises nothing and fights the normalisation).
+    decay = [p for p in gpt.parameters() if p.ndim >= 2]
+    no_decay = [p for p in gpt.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    betas = (0.9, args.beta2)
+    if args.zero:
+        # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
+        # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
+        model = gpt
+        optimizer = ZeroRedundancyOptimizer(groups, optim.AdamW, stage=args.zero, lr=args.lr, betas=betas)
+    else:
+        model = DistributedDataParallel(gpt)  # averages the gradients over the ranks during backward
+        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
+    scheduler = cosine_with_warmup(optimizer, args.warmup_iters, args.max_iters, eta_min=args.min_lr)
 
-# --- resume: weights, optimizer state, data generator and schedule from the newest checkpoint.
-step, losses = 0, []
-if args.resume and args.checkpoint_dir:
-    info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
-    if info is not None:
-        step, losses = info["step"], list(info["extra"]["losses"])
-        scheduler.load_state_dict(info["extra"]["scheduler"])
-        if rank == 0:
-            print(f"resumed from {info['path']} at step {step}")
+    # --- resume: weights, AdamW state, the position in the data stream and the schedule.
+    step, losses = 0, []
+    if args.resume and args.checkpoint_dir:
+        info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
+        if info is not None:
+            step, losses = info["step"], list(info["extra"]["losses"])
+            scheduler.load_state_dict(info["extra"]["scheduler"])
+            if rank == 0:
+                print(f"resumed from {info['path']} at step {step}")
+        elif rank == 0:
+            print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
 
-# --- training loop
-bar = tqdm(total=args.max_iters, initial=step, disable=rank != 0, file=sys.stdout, unit="step")
-evaluated_at, est = None, None
-logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
-while step < args.max_iters:
-    start, step_loss = time.perf_counter(), np.zeros(1)
-    for k in range(args.grad_accum):
-        x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
-        logits = model(x)  # (b, T, vocab)
-        # The mean over this rank's windows; / grad_accum: DDP's average over equal shares of every
-        # micro-batch then gives the gradient of the mean loss over the global batch.
-        loss = nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
-        last = k == args.grad_accum - 1
-        # All but the last backward accumulate locally (no_sync); the last one all-reduces the sum once.
-        with contextlib.nullcontext() if last or args.zero else model.no_sync():
-            loss.backward()
-        step_loss += loss.item()
-    if args.grad_clip:
-        # The norm of the averaged gradient, as one process would compute it (Pascanu et al. 2013).
-        # Under ZeRO the averaged gradient exists only as shards after the reduce-scatter: it clips those.
-        if args.zero:
-            optimizer.clip_grad_norm_(args.grad_clip)
-        else:
-            clip_grad_norm_(gpt.parameters(), args.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad()
-    scheduler.step()
-    dist.all_reduce(step_loss, op="sum")  # the mean loss over the global batch (a one-number all-reduce)
-    losses.append(float(step_loss[0]) / world_size)
-    step += 1
-    seconds += time.perf_counter() - start
-    bar.update()
-    if step % args.log_interval == 0 or step == args.max_iters:
-        steps = step - logged_at
-        tokens_per_s = steps * args.batch_size * args.block_size / seconds
-        mfu = steps * flops_per_step / seconds / peak[0]  # achieved FLOP/s over the measured matmul rate
-        bar.write(f"step {step:5d}: loss {np.mean(losses[-steps:]):.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
-        logged_at, seconds = step, 0.0
-    if step % args.eval_interval == 0 or step == args.max_iters:
-        est, evaluated_at = estimate_loss(), step
-        if rank == 0:
-            bar.write(f"step {step:5d}: train loss {est['train']:.4f}, val loss {est['val']:.4f}")
-        if args.checkpoint_dir:
-            save(step, losses)
-bar.close()
+    # --- training loop
+    peak = matmul_rate(world)  # FLOP/s, for the MFU
+    flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
+    bar = tqdm(total=args.max_iters, initial=step, disable=rank != 0, file=sys.stdout, unit="step")
+    evaluated_at, estimate = None, None
+    logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
+    while step < args.max_iters:
+        start, step_loss = time.perf_counter(), np.zeros(1)
+        for k in range(args.grad_accum):
+            x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
+            logits = model(x)  # (b, T, vocab)
+            # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
+            # micro-batch then gives the gradient of the mean loss over the global batch.
+            loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
+            last = k == args.grad_accum - 1
+            # All but the last backward accumulate locally (no_sync); the last one all-reduces the sum once.
+            with contextlib.nullcontext() if last or args.zero else model.no_sync():
+                loss.backward()
+            step_loss += loss.item()
+        if args.grad_clip:
+            # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
+            # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
+            if args.zero:
+                optimizer.clip_grad_norm_(args.grad_clip)
+            else:
+                clip_grad_norm_(gpt.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        dist.all_reduce(step_loss, op="sum")  # the mean loss over the global batch (a one-number all-reduce)
+        losses.append(float(step_loss[0]) / world_size)
+        step += 1
+        seconds += time.perf_counter() - start
+        bar.update()
+        if step % args.log_interval == 0 or step == args.max_iters:
+            steps = step - logged_at
+            tokens_per_s = steps * args.batch_size * args.block_size / seconds
+            mfu = steps * flops_per_step / seconds / peak  # achieved FLOP/s over the measured matmul rate
+            loss_now = np.mean(losses[-steps:])  # the mean over the steps since the last line
+            bar.write(f"step {step:5d}: loss {loss_now:.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
+            logged_at, seconds = step, 0.0
+        if step % args.eval_interval == 0 or step == args.max_iters:
+            estimate, evaluated_at = (
+                estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters),
+                step,
+            )
+            bar.write(f"step {step:5d}: train loss {estimate['train']:.4f}, val loss {estimate['val']:.4f}")
+            if args.checkpoint_dir:  # collective and atomic; keeps the newest 2
+                checkpoint.save(
+                    args.checkpoint_dir, model, optimizer, step=step, sampler=batches, keep_last=2,
+                    extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
+                           "losses": losses},
+                )  # fmt: skip
+            logged_at, seconds = step, 0.0  # evaluating and saving are not training time
+    bar.close()
 
-# --- the result: validation loss and a sample from the model.
-final = est if evaluated_at == step else estimate_loss()  # (resuming a finished run trains nothing)
-if rank == 0:
-    print(f"val loss: {final['val']:.4f}")
-    prompt = tokenizer.encode("\n")[None, :]  # (1, 1): start from a newline
-    sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=np.random.default_rng(0))
-    print(tokenizer.decode(sample[0]))
-    if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
-        weights = {name: p.numpy() for name, p in gpt.named_parameters()}
-        np.savez(args.out, losses=np.array(losses), val_loss=final["val"], **weights)
+    # --- the result: the validation loss and a sample from the model.
+    if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated
+        estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+    if rank == 0:
+        print(f"val loss: {estimate['val']:.4f}")
+        prompt = tokenizer.encode("\n")[None, :]  # (1, 1): start from a newline
+        rng = np.random.default_rng(args.seed)  # its own generator: sampling leaves training's untouched
+        sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=rng)
+        print(tokenizer.decode(sample[0]))
+        if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
+            weights = {name: p.numpy() for name, p in gpt.named_parameters()}
+            np.savez(args.out, losses=np.array(losses), val_loss=estimate["val"], **weights)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, OSError, checkpoint.CheckpointError) as error:
+        # Bad input, a missing data file, no checkpoint that loads: one message (not a traceback per rank)
+        # and exit code 2 on every rank.
+        dist.exit_with_error(error, code=2)

@@ -86,7 +86,9 @@ class GPT(Module):
         self.wte = Embedding(c.vocab_size, c.n_embd, dtype=c.dtype)
         self.wpe = Embedding(c.block_size, c.n_embd, dtype=c.dtype)
         self.drop = Dropout(c.dropout)
-        self.h = Sequential(*[Block(c.n_embd, c.n_head, c.dropout, c.bias, c.dtype) for _ in range(c.n_layer)])
+        self.h = Sequential(
+            *[Block(c.n_embd, c.n_head, c.dropout, c.bias, c.dtype) for _ in range(c.n_layer)]
+        )
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias, dtype=c.dtype)
         self.lm_head = None if c.tie_weights else Linear(c.n_embd, c.vocab_size, bias=False, dtype=c.dtype)
         self._init_weights()
@@ -153,7 +155,9 @@ class GPT(Module):
         Raises ``ValueError`` for temperature <= 0, top_k < 1 or max_new_tokens < 0.
         """
         if temperature <= 0:
-            raise ValueError(f"generate: temperature must be > 0, got {temperature} (use a small value, e.g. 0.01)")
+            raise ValueError(
+                f"generate: temperature must be > 0, got {temperature} (use a small value, e.g. 0.01)"
+            )
         if top_k is not None and top_k < 1:
             raise ValueError(f"generate: top_k must be >= 1 or None, got {top_k}")
         if max_new_tokens < 0:
@@ -166,13 +170,17 @@ class GPT(Module):
             with no_grad():
                 for _ in range(max_new_tokens):
                     logits = backend.to_numpy(self(out[:, -self.config.block_size :]).data[:, -1, :])
-                    out = np.concatenate([out, _sample(logits.astype(np.float64), temperature, top_k, gen)], 1)
+                    out = np.concatenate(
+                        [out, _sample(logits.astype(np.float64), temperature, top_k, gen)], 1
+                    )
         finally:
             self.train(was_training)
         return out
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: int | None, gen: np.random.Generator) -> np.ndarray:
+def _sample(
+    logits: np.ndarray, temperature: float, top_k: int | None, gen: np.random.Generator
+) -> np.ndarray:
     """One token id per row of ``logits`` (B, V), drawn from softmax(logits / temperature) restricted to
     the top_k largest; returns (B, 1). Inverse-CDF sampling with one uniform draw per row."""
     logits = logits / temperature
