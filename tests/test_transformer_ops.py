@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import strategies as S
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_gradcheck import gradcheck
 
@@ -165,3 +165,125 @@ def test_layer_norm_matches_torch(normalized, weight, bias):
     for mine, reference, used in zip(ours, theirs, (True, weight, bias)):
         if used:
             np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------- scaled_dot_product_attention
+@given(
+    data=st.data(),
+    batch=S.shapes(min_dims=0, max_dims=2, max_side=3),
+    sizes=st.tuples(*[st.integers(1, 4)] * 4),  # L, S, E, Ev
+    mask=st.sampled_from(["none", "causal", "bool", "float"]),
+    scale=st.sampled_from([None, 0.7]),
+)
+def test_attention_gradient(data, batch, sizes, mask, scale):
+    length, keys, features, value_features = sizes
+    q = data.draw(S.arrays(batch + (length, features)))
+    k = data.draw(S.arrays(batch + (keys, features)))
+    v = data.draw(S.arrays(batch + (keys, value_features)))
+    rng = np.random.default_rng(data.draw(S.seeds))
+    attn_mask = {
+        "bool": rng.random((length, keys)) < 0.7,  # some rows may be all False: zero output there
+        "float": rng.standard_normal(batch + (length, keys)),
+    }.get(mask)
+    gradcheck(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask, is_causal=mask == "causal", scale=scale
+        ),
+        q,
+        k,
+        v,
+    )
+
+
+@settings(max_examples=10)  # 3 inputs x 12 elements x 2 forwards each per example: keep it cheap
+@given(data=st.data(), p=st.sampled_from([0.2, 0.5]), seed=S.seeds, causal=st.booleans())
+def test_attention_gradient_with_seeded_dropout(data, p, seed, causal):
+    q, k, v = (data.draw(S.arrays((2, 3, 2))) for _ in range(3))
+    gradcheck(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal),
+        q,
+        k,
+        v,
+        before_each=lambda: md.manual_seed(seed),  # the same mask in every evaluation
+    )
+
+
+def test_attention_dropout_mask_follows_the_seed():
+    q = md.tensor(np.random.default_rng(0).standard_normal((2, 8, 4)))
+    outs = []
+    for seed in (1, 1, 2):
+        md.manual_seed(seed)
+        outs.append(F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_keeps_the_dtype_and_is_stable_for_large_scores(dtype):
+    q = md.tensor(np.full((1, 3, 2), 300.0, dtype=dtype), requires_grad=True)  # scores ~ 1e5: e^s overflows
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    out.sum().backward()
+    assert out.dtype == dtype and q.grad.dtype == dtype
+    assert np.isfinite(out.numpy()).all() and np.isfinite(q.grad).all()
+    np.testing.assert_allclose(out.numpy(), 300.0)  # equal keys: any weights average 300 to 300
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kwargs", "words"),
+    [
+        (
+            ((2, 3), (2, 3), (2, 3)),
+            {"attn_mask": np.ones((2, 2), bool), "is_causal": True},
+            "should not be set",
+        ),
+        (((2, 3), (2, 4), (2, 3)), {}, "same last axis"),
+        (((2, 3), (2, 3), (5, 3)), {}, "same length"),
+        (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((2, 2), np.int64)}, "attn_mask dtype"),
+        (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((3, 2), bool)}, "does not broadcast"),
+    ],
+)
+def test_attention_bad_arguments_raise_runtime_error_as_torch(shapes, kwargs, words):
+    q, k, v = (md.tensor(np.ones(s)) for s in shapes)
+    with pytest.raises(RuntimeError, match=words):
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if torch is not None:
+        tq, tk, tv = (torch.ones(s, dtype=torch.float64) for s in shapes)
+        torch_kwargs = {key: torch.tensor(a) if isinstance(a, np.ndarray) else a for key, a in kwargs.items()}
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, **torch_kwargs)
+
+
+def test_attention_mixed_dtypes_raise_runtime_error():
+    q32, q64 = md.tensor(np.ones((2, 3), np.float32)), md.tensor(np.ones((2, 3)))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        F.scaled_dot_product_attention(q32, q64, q64)
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("kv_length", "mask", "scale"),
+    [(5, "none", None), (5, "causal", None), (7, "causal", 0.3), (3, "causal", None), (6, "bool", None),
+     (6, "float", 2.0), (6, "bool-empty-row", None)],
+)  # fmt: skip
+def test_attention_matches_torch(kv_length, mask, scale):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s) for s in ((2, 3, 5, 4), (2, 3, kv_length, 4), (2, 3, kv_length, 6))]
+    attn_mask = {
+        "bool": rng.random((5, kv_length)) < 0.6,
+        "bool-empty-row": np.arange(kv_length) < np.array([[0], [1], [2], [0], [3]]),  # rows 0, 3: no key
+        "float": rng.standard_normal((3, 5, kv_length)),
+    }.get(mask)
+    ours = [md.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    causal = mask == "causal"
+    out = F.scaled_dot_product_attention(*ours, attn_mask, is_causal=causal, scale=scale)
+    torch_mask = None if attn_mask is None else torch.tensor(attn_mask)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *theirs, torch_mask, is_causal=causal, scale=scale
+    )
+    g = rng.standard_normal(out.shape)
+    out.backward(g)
+    expected.backward(torch.tensor(g))
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for mine, reference in zip(ours, theirs):
+        np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)

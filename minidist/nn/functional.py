@@ -11,6 +11,7 @@ from minidist.ops import (
     linear,
     log_softmax,
     relu,
+    scaled_dot_product_attention,
     sigmoid,
     softmax,
     tanh,
@@ -18,5 +19,5 @@ from minidist.ops import (
 
 __all__ = [
     "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "dropout",
-    "embedding", "layer_norm",
+    "embedding", "layer_norm", "scaled_dot_product_attention",
 ]  # fmt: skip
