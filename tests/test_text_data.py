@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
+import minidist as md
 from minidist import checkpoint, nn
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.data.text import SHAKESPEARE_PATH
@@ -34,6 +35,25 @@ def test_tokenizer_round_trip_and_ids_are_places_in_the_sorted_vocabulary(text, 
     assert tok.decode(ids) == text and tok.decode(ids.tolist()) == text
     restored = CharTokenizer.from_state_dict(json.loads(json.dumps(tok.state_dict())))
     assert restored.chars == tok.chars and restored.encode(text).tolist() == ids.tolist()
+
+
+class _DeviceArray:
+    """A stand-in for a CuPy array (``backend.is_gpu_array`` reads its module name); ``get()`` copies."""
+
+    __module__ = "cupy._core.core"
+
+    def __init__(self, host):
+        self.host, self.data = host, object()  # CuPy's .data is a device pointer, not the values
+
+    def get(self):
+        return self.host
+
+
+def test_decode_takes_a_list_an_array_a_tensor_or_device_ids():
+    tok = CharTokenizer("hello")
+    ids = tok.encode("hole")
+    for given_ids in (ids.tolist(), ids, ids.astype(np.int32), md.tensor(ids), _DeviceArray(ids)):
+        assert tok.decode(given_ids) == "hole"
 
 
 def test_tokenizer_errors_name_the_problem():

@@ -36,7 +36,8 @@ class RandomWindows:
         batch_size: B, the GLOBAL number of windows per optimizer step, summed over ranks and
             accumulation steps; must divide by ``world_size * accumulation_steps``.
         seed: the stream's seed, an int >= 0, the same on every rank.
-        rank, world_size: this data-parallel rank r and the number of ranks W.
+        rank, world_size: this data-parallel rank r and the number of ranks W (no default from MPI:
+            pass ``dist.get_rank()``, ``dist.get_world_size()``; this module never imports MPI).
         accumulation_steps: k, the microbatches per optimizer step on each rank (gradient accumulation).
 
     Each global batch draws B starting places, uniform on ``[0, N - T)``, from
@@ -47,9 +48,18 @@ class RandomWindows:
     sees as its microbatch m exactly rank m's rows of a W-rank run without accumulation.
 
     Returns (from :meth:`next`, also ``next(windows)`` and ``for x, y in windows``, which never ends):
-        ``x, y``: int64 NumPy arrays of shape ``(B / (W*k), T)``, ``y[:, t] == x[:, t + 1]`` and
-        ``y[:, -1]`` the token after the window. They are host arrays; the training loop moves them to
-        the GPU if there is one (as with ``DataLoader``).
+        ``x, y``: int64 NumPy arrays of shape ``(B / (W*k), T)``, ``y[:, t] == x[:, t + 1]`` for
+        ``t < T - 1`` and ``y[:, -1]`` the token after the window. They are host arrays; the training loop
+        moves them to the GPU if there is one (as with ``DataLoader``).
+
+    A training step (DDP averages over the W ranks, the ``/ k`` over the microbatches, so the gradient
+    is the mean over all B windows, as one process with the whole batch computes it)::
+
+        for micro in range(k):
+            x, y = windows.next()
+            with ddp.no_sync() if micro < k - 1 else contextlib.nullcontext():
+                (cross_entropy(model(x).reshape(-1, V), y.reshape(-1)) / k).backward()
+        opt.step(); opt.zero_grad()
 
     Resuming: ``state_dict()`` / ``load_state_dict()`` (``checkpoint.save(..., sampler=windows)`` and
     ``checkpoint.load(..., sampler=windows)`` call them) carry the count of global batches drawn and of
