@@ -164,7 +164,9 @@ def main() -> None:
         model = DistributedDataParallel(gpt)  # averages the gradients over the ranks during backward
         optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
     # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
-    scheduler = cosine_with_warmup(optimizer, args.warmup_iters, args.max_iters, eta_min=args.min_lr)
+    # A run shorter than the warmup (a quick look) warms up over its first half instead.
+    warmup = max(1, min(args.warmup_iters, args.max_iters // 2))
+    scheduler = cosine_with_warmup(optimizer, warmup, max(args.max_iters, 2), eta_min=args.min_lr)
 
     # --- resume: weights, AdamW state, the position in the data stream and the schedule.
     step, losses = 0, []
