@@ -17,6 +17,7 @@ from test_gradcheck import gradcheck
 
 import minidist as md
 from minidist import nn
+from minidist.backend import _try_import_cupy
 from minidist.nn import functional as F
 from minidist.ops.embedding import ONE_HOT_MAX_ROWS
 
@@ -306,3 +307,34 @@ def test_slicing_q_k_v_out_of_one_projection_routes_each_gradient_back():
     for i, g in enumerate(grads):  # each slice's backward alone (basic indexing: a plain copy)
         qkv[..., 2 * i : 2 * i + 2].backward(g)
     np.testing.assert_array_equal(qkv.grad, np.concatenate(grads, axis=-1))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(_try_import_cupy() is None, reason="needs CuPy and a CUDA GPU")
+def test_the_ops_on_cupy_arrays_equal_numpy():
+    import cupy  # noqa: PLC0415  (only with a GPU)
+
+    rng = np.random.default_rng(5)
+    arrays = {
+        "w": rng.standard_normal((300, 4)),  # > ONE_HOT_MAX_ROWS: the scatter path (the one-hot one below)
+        "small": rng.standard_normal((7, 4)),
+        "x": rng.standard_normal((2, 5, 4)),
+        "gamma": rng.standard_normal(4),
+        "beta": rng.standard_normal(4),
+    }
+    idx = np.array([[1, 2, 1, 6, 0], [3, 3, 3, 5, 6]])
+
+    def run(device_array):
+        t = {name: md.Tensor(device_array(a), requires_grad=True) for name, a in arrays.items()}
+        x = F.embedding(idx, t["w"]) + F.embedding(idx, t["small"]) + t["x"]
+        x = F.layer_norm(x, (4,), t["gamma"], t["beta"])
+        q = x.reshape(2, 5, 2, 2).transpose(1, 2)
+        md.manual_seed(0)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.3)
+        out.backward(device_array(np.ones(out.shape)))
+        to_host = cupy.asnumpy if device_array is cupy.asarray else np.asarray
+        return [to_host(out.data)] + [to_host(t[name].grad) for name in arrays]
+
+    for cpu, gpu in zip(run(np.asarray), run(cupy.asarray)):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-10, atol=1e-12)
