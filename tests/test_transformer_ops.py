@@ -291,9 +291,9 @@ def test_attention_matches_torch(kv_length, mask, scale):
 
 
 # ------------------------------------------------------------------------------ the Tensor methods a GPT uses
-def test_view_and_contiguous_act_as_reshape():
+def test_view_acts_as_reshape():
     x = md.tensor(np.arange(24.0).reshape(2, 3, 4), requires_grad=True)
-    y = x.transpose(1, 2).contiguous().view(2, 12)  # torch's spelling of "heads back into one axis"
+    y = x.transpose(1, 2).view(2, 12)  # torch's spelling of "heads back into one axis"
     np.testing.assert_array_equal(
         y.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12)
     )
@@ -338,3 +338,17 @@ def test_the_ops_on_cupy_arrays_equal_numpy():
 
     for cpu, gpu in zip(run(np.asarray), run(cupy.asarray)):
         np.testing.assert_allclose(gpu, cpu, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- GELU (exact)
+@needs_torch
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-12), (np.float32, 1e-6)])
+def test_exact_gelu_matches_torch(dtype, tol):
+    x = np.linspace(-8, 8, 2001).astype(dtype)  # both tails and the curved middle
+    ours, theirs = md.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, expected = F.gelu(ours), torch.nn.functional.gelu(theirs)
+    out.sum().backward()
+    expected.sum().backward()
+    assert out.dtype == dtype and ours.grad.dtype == dtype
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=tol, atol=tol)

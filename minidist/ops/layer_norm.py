@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module
@@ -96,7 +98,8 @@ def layer_norm(
             another shape (torch's texts), or their dtype differs from the input's.
         ValueError: ``normalized_shape`` is empty.
     """
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    single = isinstance(normalized_shape, (int, np.integer))
+    shape = (int(normalized_shape),) if single else tuple(normalized_shape)
     if not shape:
         raise ValueError("layer_norm: normalized_shape must name at least one axis, got ()")
     k = len(shape)
