@@ -241,6 +241,7 @@ def test_attention_keeps_the_dtype_and_is_stable_for_large_scores(dtype):
         (((2, 3), (2, 3), (5, 3)), {}, "same length"),
         (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((2, 2), np.int64)}, "attn_mask dtype"),
         (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((3, 2), bool)}, "does not broadcast"),
+        (((2, 2, 3), (3, 2, 3), (3, 2, 3)), {}, "do not broadcast"),
     ],
 )
 def test_attention_bad_arguments_raise_runtime_error_as_torch(shapes, kwargs, words):

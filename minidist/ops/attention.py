@@ -127,7 +127,7 @@ def scaled_dot_product_attention(
     Raises:
         RuntimeError: both ``attn_mask`` and ``is_causal`` given; query, key and value of different
             dtypes; a mask of another dtype or of a shape that does not broadcast; E or S differ
-            between the inputs (torch's texts for these).
+            between the inputs, or their leading axes do not broadcast (torch's texts where it has them).
         ValueError: an input with fewer than 2 axes, or ``dropout_p`` outside [0, 1].
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -146,6 +146,13 @@ def scaled_dot_product_attention(
             f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and value {value.shape} "
             "do not fit: query and key need the same last axis (E), key and value the same length (S)"
         )
+    try:
+        np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except ValueError:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: the leading (batch, head) axes of query {query.shape}, key "
+            f"{key.shape} and value {value.shape} do not broadcast against each other"
+        ) from None
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout probability must be between 0 and 1, got {dropout_p}")
     bias = None
