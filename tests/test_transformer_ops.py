@@ -17,6 +17,7 @@ from test_gradcheck import gradcheck
 
 import minidist as md
 from minidist import nn
+from minidist.backend import _try_import_cupy
 from minidist.nn import functional as F
 from minidist.ops.embedding import ONE_HOT_MAX_ROWS
 
@@ -170,7 +171,7 @@ def test_layer_norm_matches_torch(normalized, weight, bias):
 # ------------------------------------------------------------------------- scaled_dot_product_attention
 @given(
     data=st.data(),
-    batch=S.shapes(min_dims=0, max_dims=2, max_side=3),
+    batch=S.shapes(min_dims=0, max_dims=2, max_side=2),  # small: 3 inputs, 2 forwards per element
     sizes=st.tuples(*[st.integers(1, 4)] * 4),  # L, S, E, Ev
     mask=st.sampled_from(["none", "causal", "bool", "float"]),
     scale=st.sampled_from([None, 0.7]),
@@ -195,7 +196,7 @@ def test_attention_gradient(data, batch, sizes, mask, scale):
     )
 
 
-@settings(max_examples=10)  # 3 inputs x 12 elements x 2 forwards each per example: keep it cheap
+@settings(max_examples=6)  # 3 inputs x 12 elements x 2 forwards each per example: keep it cheap
 @given(data=st.data(), p=st.sampled_from([0.2, 0.5]), seed=S.seeds, causal=st.booleans())
 def test_attention_gradient_with_seeded_dropout(data, p, seed, causal):
     q, k, v = (data.draw(S.arrays((2, 3, 2))) for _ in range(3))
@@ -240,6 +241,7 @@ def test_attention_keeps_the_dtype_and_is_stable_for_large_scores(dtype):
         (((2, 3), (2, 3), (5, 3)), {}, "same length"),
         (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((2, 2), np.int64)}, "attn_mask dtype"),
         (((2, 3), (2, 3), (2, 3)), {"attn_mask": np.ones((3, 2), bool)}, "does not broadcast"),
+        (((2, 2, 3), (3, 2, 3), (3, 2, 3)), {}, "do not broadcast"),
     ],
 )
 def test_attention_bad_arguments_raise_runtime_error_as_torch(shapes, kwargs, words):
@@ -287,3 +289,67 @@ def test_attention_matches_torch(kv_length, mask, scale):
     np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
     for mine, reference in zip(ours, theirs):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ the Tensor methods a GPT uses
+def test_view_acts_as_reshape():
+    x = md.tensor(np.arange(24.0).reshape(2, 3, 4), requires_grad=True)
+    y = x.transpose(1, 2).view(2, 12)  # torch's spelling of "heads back into one axis"
+    np.testing.assert_array_equal(
+        y.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12)
+    )
+    y.backward(np.arange(24.0).reshape(2, 12))
+    np.testing.assert_array_equal(x.grad, np.arange(24.0).reshape(2, 4, 3).transpose(0, 2, 1))
+
+
+def test_slicing_q_k_v_out_of_one_projection_routes_each_gradient_back():
+    qkv = md.tensor(np.random.default_rng(4).standard_normal((2, 3, 6)), requires_grad=True)
+    grads = [np.full((2, 3, 2), float(i + 1)) for i in range(3)]
+    for i, g in enumerate(grads):  # each slice's backward alone (basic indexing: a plain copy)
+        qkv[..., 2 * i : 2 * i + 2].backward(g)
+    np.testing.assert_array_equal(qkv.grad, np.concatenate(grads, axis=-1))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(_try_import_cupy() is None, reason="needs CuPy and a CUDA GPU")
+def test_the_ops_on_cupy_arrays_equal_numpy():
+    import cupy  # noqa: PLC0415  (only with a GPU)
+
+    rng = np.random.default_rng(5)
+    arrays = {
+        "w": rng.standard_normal((300, 4)),  # > ONE_HOT_MAX_ROWS: the scatter path (the one-hot one below)
+        "small": rng.standard_normal((7, 4)),
+        "x": rng.standard_normal((2, 5, 4)),
+        "gamma": rng.standard_normal(4),
+        "beta": rng.standard_normal(4),
+    }
+    idx = np.array([[1, 2, 1, 6, 0], [3, 3, 3, 5, 6]])
+
+    def run(device_array):
+        t = {name: md.Tensor(device_array(a), requires_grad=True) for name, a in arrays.items()}
+        x = F.embedding(idx, t["w"]) + F.embedding(idx, t["small"]) + t["x"]
+        x = F.layer_norm(x, (4,), t["gamma"], t["beta"])
+        q = x.reshape(2, 5, 2, 2).transpose(1, 2)
+        md.manual_seed(0)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.3)
+        out.backward(device_array(np.ones(out.shape)))
+        to_host = cupy.asnumpy if device_array is cupy.asarray else np.asarray
+        return [to_host(out.data)] + [to_host(t[name].grad) for name in arrays]
+
+    for cpu, gpu in zip(run(np.asarray), run(cupy.asarray)):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- GELU (exact)
+@needs_torch
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-12), (np.float32, 1e-6)])
+def test_exact_gelu_matches_torch(dtype, tol):
+    x = np.linspace(-8, 8, 2001).astype(dtype)  # both tails and the curved middle
+    ours, theirs = md.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, expected = F.gelu(ours), torch.nn.functional.gelu(theirs)
+    out.sum().backward()
+    expected.sum().backward()
+    assert out.dtype == dtype and ours.grad.dtype == dtype
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=tol, atol=tol)
