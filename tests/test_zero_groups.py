@@ -108,3 +108,53 @@ def test_resume_with_groups_is_bit_identical(groups_run, stage):
         assert report["checkpoint_bit_identical"], f"rank {rank}: checkpoint.load into ZeRO"
         # Into a plain AdamW: other summation order (one process), so allclose, not bit-identical.
         assert report["plain_max_diff"] < 1e-12, f"rank {rank}: checkpoint.load into a plain AdamW"
+
+
+def test_the_reference_recipe_is_pytorchs():
+    """The one-process reference (groups, clipping, schedule, accumulation) step by step against
+    PyTorch in float64 (an optional oracle: skipped without torch). Same float64 arithmetic in another
+    order (torch's fused kernels): 1e-12 is ~1e4 ulps, and any semantic difference (decay on the
+    wrong group, clipping after instead of before, a schedule off by one step) is above 1e-5."""
+    torch = pytest.importorskip("torch")
+    ref_params, ref_losses, ref_norms, ref_lrs = single_process()
+    x, y = zc.make_data(SEED)
+    model, _ = zc.make_model(SEED, np.float64)
+    tnn = torch.nn
+    net = tnn.Sequential(
+        tnn.Linear(6, 16), tnn.Tanh(), tnn.Linear(16, 8), tnn.GELU(), tnn.Linear(8, 4)
+    ).double()
+    net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
+    decay, no_decay = ([p for p in net.parameters() if (p.ndim >= 2) == want] for want in (True, False))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0, "lr": 0.01}],
+        lr=0.02,
+    )
+    sched = torch.optim.lr_scheduler
+    scheduler = sched.SequentialLR(
+        opt,
+        [
+            sched.LinearLR(opt, start_factor=0.1, total_iters=2),
+            sched.CosineAnnealingLR(opt, T_max=zc.GROUP_STEPS - 2),
+        ],
+        milestones=[2],
+    )
+    losses, norms, lrs = [], [], []
+    for step in range(zc.GROUP_STEPS):
+        xb, yb = zc.global_batch(x, y, step, zc.GROUP_BATCH)
+        opt.zero_grad()
+        total = 0.0
+        for micro in np.array_split(np.arange(zc.GROUP_BATCH), zc.MICROBATCHES):
+            out = net(torch.from_numpy(xb[micro]))
+            loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(yb[micro]), reduction="sum")
+            (loss / zc.GROUP_BATCH).backward()
+            total += loss.item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), zc.MAX_NORM)))
+        lrs.append([g["lr"] for g in opt.param_groups])
+        opt.step()
+        scheduler.step()
+        losses.append(total / zc.GROUP_BATCH)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
+    np.testing.assert_allclose(norms, ref_norms, rtol=1e-12)
+    np.testing.assert_allclose(lrs, ref_lrs, rtol=1e-12)
+    for name, p in net.state_dict().items():
+        np.testing.assert_allclose(p.numpy(), ref_params[name], rtol=1e-12, atol=1e-14, err_msg=name)
