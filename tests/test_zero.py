@@ -274,8 +274,10 @@ def test_errors_are_raised_on_every_rank(tmp_path):
         # Afterwards the group still works, even with P = 2 < N = 3 (rank 2 owns nothing):
         # p = 1 - 0.1 * 2p = 0.8.
         assert seen["tiny model"] == ["[0.8, 0.8]", "1" if rank < 2 else "0"]
-        norm, expected = seen["clip norm"]
-        assert float(norm) == pytest.approx(float(expected), rel=1e-15)
+        for case in ("clip norm", "clip inf norm"):
+            norm, expected = seen[case]
+            assert float(norm) == pytest.approx(float(expected), rel=1e-15), case
+        assert seen["clip nan norm"] == ["nan", "nan"]
 
 
 @pytest.mark.mpi

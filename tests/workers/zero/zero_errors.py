@@ -76,6 +76,19 @@ def caught(out_dir: str) -> None:
     attempt("negative max_norm on rank 1", lambda: zero.clip_grad_norm_(-1.0 if r == 1 else 1.0))
     # After the errors the group still clips: 10 gradient elements of 1, norm sqrt(10), on every rank.
     seen["clip norm"] = [repr(zero.clip_grad_norm_(1.0)), repr(float(np.sqrt(10.0)))]
+    # Every element was scaled by 1 / (sqrt(10) + 1e-6): the inf-norm (the largest |g|) is that now.
+    seen["clip inf norm"] = [
+        repr(zero.clip_grad_norm_(5.0, norm_type=np.inf)),
+        repr(float(1 / (np.sqrt(10.0) + 1e-6))),
+    ]
+    # A NaN in one rank's local gradient reaches every rank's norm (whichever rank owns that element).
+    zero.zero_grad()
+    for p in (a, b):
+        p.grad = np.ones(p.shape)
+    if r == 1:
+        b.grad[2] = np.nan
+    seen["clip nan norm"] = [repr(zero.clip_grad_norm_(1.0)), "nan"]
+    attempt("non-finite norm", lambda: zero.clip_grad_norm_(1.0, error_if_nonfinite=True))
 
     zero = Zero(ok, optim.AdamW, stage=2)
     sd = zero.state_dict()
