@@ -72,7 +72,9 @@ def save(
         mesh: the run's ``ProcessMesh`` (None: pure data parallelism over the world).
         extra: anything JSON-serialisable (rank 0's is stored), returned by ``load`` as ``info["extra"]``.
         sampler: a ``DistributedSampler`` whose ``state_dict()`` (epoch, position) each rank stores, or
-            the ``DataLoader`` drawing from it (it hands over its sampler's state).
+            the ``DataLoader`` drawing from it (it hands over its sampler's state), or any object with a
+            JSON-serialisable ``state_dict()`` and a ``load_state_dict()`` (``data.RandomWindows``); if it
+            has ``resume_point(state)``, ``load`` calls it first to check the state fits.
         keep_last: after committing, delete all but the newest ``keep_last`` checkpoints (None: keep all).
 
     Returns:

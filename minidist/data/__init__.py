@@ -1,7 +1,10 @@
-"""Data: two digit data sets, a DataLoader, and the DistributedSampler that shards them across ranks.
+"""Data: two digit data sets, a DataLoader, and the DistributedSampler that shards them across ranks;
+text for language models and its random-window batches.
 
 Reading order: ``digits.py`` (the bundled data set) -> ``mnist.py`` (the IDX file format) ->
-``loader.py`` (batching) -> ``sampler.py`` (which rank reads which samples).
+``loader.py`` (batching) -> ``sampler.py`` (which rank reads which samples); for text, ``text.py``
+(the bundled Shakespeare, the character tokenizer, the train/validation split) -> ``windows.py``
+(random-window batches, the same global batch on every rank).
 """
 
 from __future__ import annotations
@@ -14,8 +17,21 @@ from minidist.data.digits import load_digits
 from minidist.data.loader import DataLoader
 from minidist.data.mnist import load_mnist
 from minidist.data.sampler import DistributedSampler
+from minidist.data.text import CharTokenizer, load_shakespeare, load_text, train_val_split
+from minidist.data.windows import RandomWindows
 
-__all__ = ["DataLoader", "DistributedSampler", "load_dataset", "load_digits", "load_mnist"]
+__all__ = [
+    "CharTokenizer",
+    "DataLoader",
+    "DistributedSampler",
+    "RandomWindows",
+    "load_dataset",
+    "load_digits",
+    "load_mnist",
+    "load_shakespeare",
+    "load_text",
+    "train_val_split",
+]
 
 _DATASETS = ("digits", "mnist")
 

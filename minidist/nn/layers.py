@@ -1,4 +1,4 @@
-"""Layers: ``Linear``, the activation modules, ``Dropout`` and the ``Sequential`` container."""
+"""Layers: ``Linear``, ``Embedding``, ``LayerNorm``, the activations, ``Dropout`` and ``Sequential``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from minidist import random
+import numpy as np
+
+from minidist import backend, random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.nn import functional as F
 from minidist.nn.module import Module, Parameter
@@ -49,6 +51,74 @@ class Linear(Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
         )
+
+
+class Embedding(Module):
+    """A table of ``num_embeddings`` vectors of size ``embedding_dim``, looked up by integer index.
+
+    ``weight`` (num_embeddings, embedding_dim) starts from N(0, 1), as torch's; the row
+    ``padding_idx`` (if given) starts at zero and gets no gradient. Input: integer indices of any
+    shape (B, T) -> (B, T, embedding_dim). Raises ``ValueError`` for non-positive sizes; lookup errors:
+    :func:`minidist.nn.functional.embedding`.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        dtype: Any = DEFAULT_DTYPE,
+    ):
+        super().__init__()
+        if num_embeddings <= 0 or embedding_dim <= 0:
+            raise ValueError(f"Embedding needs positive sizes, got {num_embeddings} x {embedding_dim}")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"Embedding: padding_idx must be within num_embeddings, got {padding_idx}")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        values = random.generator().standard_normal((num_embeddings, embedding_dim)).astype(dtype)
+        if padding_idx is not None:
+            values[padding_idx] = 0
+        self.weight = Parameter(values)
+
+    def forward(self, input: Any) -> Tensor:
+        return F.embedding(input, self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        padding = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{padding}"
+
+
+class LayerNorm(Module):
+    """Layer normalization over the last axes (Ba et al. 2016), as ``torch.nn.LayerNorm``.
+
+    Input (..., *normalized_shape) -> the same shape. With ``elementwise_affine`` a ``weight`` (ones)
+    and, if ``bias``, a ``bias`` (zeros) of ``normalized_shape`` are learned. Errors:
+    :func:`minidist.nn.functional.layer_norm`.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...] | list[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        dtype: Any = DEFAULT_DTYPE,
+    ):
+        super().__init__()
+        single = isinstance(normalized_shape, (int, np.integer))
+        shape = (int(normalized_shape),) if single else tuple(normalized_shape)
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        xp = backend.xp()
+        self.weight = Parameter(xp.ones(shape, dtype=dtype)) if elementwise_affine else None
+        self.bias = Parameter(xp.zeros(shape, dtype=dtype)) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class ReLU(Module):

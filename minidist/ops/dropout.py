@@ -15,7 +15,8 @@ False)``) needs a different mask per rank, or every slice would drop the same un
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from minidist import random
 from minidist.autograd.function import Function
@@ -29,13 +30,30 @@ class Dropout(Function):
     """y = x * m / (1 - p), m_i ~ Bernoulli(1 - p);  dL/dx = dL/dy * m / (1 - p)."""
 
     def forward(self, x, p=0.5):
-        keep = random.generator().random(x.shape) >= p  # drawn on the host: same masks on CPU and GPU
-        scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-        self.mask = array_module(x).asarray(keep, dtype=x.dtype) * x.dtype.type(scale)
+        self.mask = scaled_keep_mask(x, p)
         return x * self.mask
 
     def backward(self, grad):
         return (grad * self.mask,)
+
+
+def scaled_keep_mask(x: Any, p: float) -> Any:
+    """m / (1 - p) with m_i ~ Bernoulli(1 - p), an array of x's shape, dtype and device.
+
+    Drawn from minidist's default generator on the host (the same masks on CPU and GPU); also used by
+    attention's dropout on its weights (``ops/attention.py``).
+    """
+    keep = random.generator().random(x.shape) >= p
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    return array_module(x).asarray(keep, dtype=x.dtype) * x.dtype.type(scale)
+
+
+def mask_stream(x: Any) -> AbstractContextManager:
+    """The context to draw the dropout mask of (something computed from) tensor ``x`` in: the per-rank
+    stream if ``x`` is a tensor-parallel shard and one is registered, else the default generator."""
+    if getattr(x, "sharded_over", None) is not None and _sharded_stream is not None:
+        return _sharded_stream()
+    return nullcontext()
 
 
 def set_sharded_stream(stream: Callable[[], AbstractContextManager] | None) -> None:
@@ -58,7 +76,5 @@ def dropout(x, p: float = 0.5, training: bool = True):
         raise ValueError(f"dropout probability must be between 0 and 1, got {p}")
     if not training or p == 0.0:
         return x
-    if getattr(x, "sharded_over", None) is not None and _sharded_stream is not None:
-        with _sharded_stream():
-            return Dropout.apply(x, p=float(p))
-    return Dropout.apply(x, p=float(p))
+    with mask_stream(x):
+        return Dropout.apply(x, p=float(p))

@@ -1,0 +1,259 @@
+"""Train a character-level GPT on Shakespeare, data-parallel: ``mpirun -n 8 python examples/train_gpt.py``.
+
+Read it top to bottom: arguments -> data -> model -> optimizer -> resume -> training loop (evaluation,
+logging, checkpoints) -> the final validation loss and a generated sample. Every rank runs this same
+file (SPMD). Each optimizer step uses ``--batch-size`` windows of ``--block-size`` characters in all, cut
+into ``--grad-accum`` micro-batches and split across the ranks; DistributedDataParallel averages the
+gradients (or, with ``--zero 1|2``, the ZeRO optimizer reduce-scatters them and keeps 1/N of the AdamW
+state per rank). Any number of ranks trains the same model as one process, from the same seed.
+
+    mpirun -n 8 python examples/train_gpt.py                          # the defaults: val loss <= 2.0
+    python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
+    mpirun -n 4 python examples/train_gpt.py --zero 2 --grad-accum 2  # same model, sharded AdamW state
+    mpirun -n 8 python examples/train_gpt.py --data my_text.txt       # any UTF-8 text file
+    mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
+
+What the flags cost and buy (measured on a 2-core laptop; see benchmarks/README.md, "GPT"):
+  --n-layer/--n-embd/--block-size  a bigger model learns more per step but each step costs more: the
+                                   matmul work per token is about 6 x parameters + 12 x layers x block x width
+  --batch-size    more windows per step: smoother gradients, proportionally more time per step
+  --max-iters     more steps: lower loss until the model starts to memorise (watch val vs train loss)
+  --dropout       regularises long runs on small data; costs a little time; 0 for short runs
+  --grad-accum    the same global batch in k smaller pieces: less activation memory, same result
+  --zero 1|2      AdamW state (and gradients) sharded over the ranks: less memory, same result
+"""
+
+# ruff: noqa: E402  (NumPy, imported below, must start after OMP_NUM_THREADS is set)
+import os
+
+# One BLAS thread per rank, set before NumPy loads its BLAS: 8 ranks on a 2-core laptop would
+# otherwise each start a thread per core, and the threads would fight over the cores.
+for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(threads, "1")
+
+import argparse
+import contextlib
+import io
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import minidist as md
+import minidist.distributed as dist
+from minidist import checkpoint, optim
+from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
+from minidist.models import GPT, GPTConfig
+from minidist.nn import functional as F
+from minidist.optim.lr_scheduler import cosine_with_warmup
+from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_
+
+parser = argparse.ArgumentParser(
+    description="Train a character-level GPT data-parallel (flags follow nanoGPT's names).",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+)
+parser.add_argument("--data", default=None, help="a UTF-8 text file (default: the bundled Shakespeare)")
+parser.add_argument("--max-iters", type=int, default=2000, help="optimizer steps")
+parser.add_argument("--eval-interval", type=int, default=250, help="estimate train/val loss every N steps")
+parser.add_argument("--eval-iters", type=int, default=20, help="batches per loss estimate")
+parser.add_argument("--log-interval", type=int, default=50, help="print step, loss, tokens/s, MFU every N")
+parser.add_argument("--batch-size", type=int, default=16, help="GLOBAL windows per step (split over ranks)")
+parser.add_argument("--block-size", type=int, default=64, help="context length, characters")
+parser.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
+parser.add_argument("--n-head", type=int, default=4, help="attention heads per block")
+parser.add_argument("--n-embd", type=int, default=128, help="width of the residual stream")
+parser.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
+parser.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True, help="biases in Linear/LN")
+parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
+parser.add_argument("--min-lr", type=float, default=2e-4, help="learning rate at the end of the cosine")
+parser.add_argument("--warmup-iters", type=int, default=100, help="linear warmup steps")
+parser.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decay (matrices only)")
+parser.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 (0.99: few tokens per step)")
+parser.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
+parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
+parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
+parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
+parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
+parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
+parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
+parser.add_argument("--sample-tokens", type=int, default=300, help="characters to generate at the end")
+parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+
+
+def estimate_loss(gpt: GPT, splits: dict, eval_iters: int) -> dict[str, float]:
+    """Mean loss on ``eval_iters`` global batches of each split's windows (the same windows at every
+    evaluation: they come from the windows' own evaluation stream), each rank scoring its slice."""
+    gpt.eval()  # no dropout
+    losses = {}
+    with md.no_grad():  # no graph: forward only
+        for split, windows in splits.items():
+            total = np.zeros(2)  # [sum of micro-batch mean losses, micro-batches]
+            for x, y in windows.eval_batches(eval_iters):
+                logits = gpt(x)
+                total += (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item(), 1)
+            dist.all_reduce(total, op="sum")  # equal micro-batches everywhere: the mean of means is the mean
+            losses[split] = float(total[0] / total[1])
+    gpt.train()
+    return losses
+
+
+def matmul_rate(world: dist.Communicator) -> float:
+    """FLOP/s of a float32 (512 x 512) product, summed over the ranks, all timing at once: what this
+    machine delivers to the job when every rank computes. The denominator of the MFU (model FLOPs
+    utilisation, PaLM, Chowdhery et al. 2022, appendix B)."""
+    a = np.ones((512, 512), dtype=np.float32)
+    world.barrier()
+    seconds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ a
+        seconds.append(time.perf_counter() - start)
+    rate = np.array([2 * 512**3 / np.median(seconds)])
+    dist.all_reduce(rate, op="sum")
+    return float(rate[0])
+
+
+def main() -> None:
+    # --- setup: start MPI; parse the same command line on every rank (only rank 0 prints argparse's
+    # messages; a bad flag still exits every rank, with argparse's code 2).
+    sys.stdout.reconfigure(line_buffering=True)  # under mpirun stdout is a pipe: show each line as it comes
+    world = dist.init()
+    rank, world_size = world.rank, world.size
+    with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
+        with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
+            args = parser.parse_args()
+
+    # --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB).
+    text = load_text(args.data) if args.data else load_shakespeare()
+    tokenizer = CharTokenizer(text)  # the vocabulary: every distinct character, sorted
+    train_ids, val_ids = train_val_split(tokenizer.encode(text))  # first 90 % train, last 10 % validation
+    # Each step draws --batch-size random windows, the same on every rank (from the seed and the step
+    # number); this rank takes its slice, as --grad-accum micro-batches. --batch-size must divide by
+    # ranks x --grad-accum (a ValueError on every rank otherwise, saying which sizes work).
+    batches, val_batches = (
+        RandomWindows(ids, args.block_size, args.batch_size, seed=args.seed, rank=rank,
+                      world_size=world_size, accumulation_steps=args.grad_accum)
+        for ids in (train_ids, val_ids)
+    )  # fmt: skip
+
+    # --- model: the same seed gives every rank the same initial weights (DDP/ZeRO broadcast rank 0's).
+    md.manual_seed(args.seed)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
+    )  # fmt: skip
+    gpt = GPT(config)
+    if rank == 0:
+        print(
+            f"GPT: {gpt.num_parameters():,} parameters, {tokenizer.vocab_size} characters, {world_size} ranks"
+        )
+
+    # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
+    # pulling them toward 0 regularises nothing and fights the normalisation).
+    decay = [p for p in gpt.parameters() if p.ndim >= 2]
+    no_decay = [p for p in gpt.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    betas = (0.9, args.beta2)
+    if args.zero:
+        # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
+        # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
+        model = gpt
+        optimizer = ZeroRedundancyOptimizer(groups, optim.AdamW, stage=args.zero, lr=args.lr, betas=betas)
+    else:
+        model = DistributedDataParallel(gpt)  # averages the gradients over the ranks during backward
+        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
+    # A run shorter than the warmup (a quick look) warms up over its first half instead.
+    warmup = max(1, min(args.warmup_iters, args.max_iters // 2))
+    scheduler = cosine_with_warmup(optimizer, warmup, max(args.max_iters, 2), eta_min=args.min_lr)
+
+    # --- resume: weights, AdamW state, the position in the data stream and the schedule.
+    step, losses = 0, []
+    if args.resume and args.checkpoint_dir:
+        info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
+        if info is not None:
+            step, losses = info["step"], list(info["extra"]["losses"])
+            scheduler.load_state_dict(info["extra"]["scheduler"])
+            if rank == 0:
+                print(f"resumed from {info['path']} at step {step}")
+        elif rank == 0:
+            print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+
+    # --- training loop
+    peak = matmul_rate(world)  # FLOP/s, for the MFU
+    flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
+    bar = tqdm(total=args.max_iters, initial=step, disable=rank != 0, file=sys.stdout, unit="step")
+    evaluated_at, estimate = None, None
+    logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
+    while step < args.max_iters:
+        start, step_loss = time.perf_counter(), np.zeros(1)
+        for k in range(args.grad_accum):
+            x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
+            logits = model(x)  # (b, T, vocab)
+            # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
+            # micro-batch then gives the gradient of the mean loss over the global batch.
+            loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
+            last = k == args.grad_accum - 1
+            # All but the last backward accumulate locally (no_sync); the last one all-reduces the sum once.
+            with contextlib.nullcontext() if last or args.zero else model.no_sync():
+                loss.backward()
+            step_loss += loss.item()
+        if args.grad_clip:
+            # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
+            # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
+            if args.zero:
+                optimizer.clip_grad_norm_(args.grad_clip)
+            else:
+                clip_grad_norm_(gpt.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        dist.all_reduce(step_loss, op="sum")  # the mean loss over the global batch (a one-number all-reduce)
+        losses.append(float(step_loss[0]) / world_size)
+        step += 1
+        seconds += time.perf_counter() - start
+        bar.update()
+        if step % args.log_interval == 0 or step == args.max_iters:
+            steps = step - logged_at
+            tokens_per_s = steps * args.batch_size * args.block_size / seconds
+            mfu = steps * flops_per_step / seconds / peak  # achieved FLOP/s over the measured matmul rate
+            loss_now = np.mean(losses[-steps:])  # the mean over the steps since the last line
+            bar.write(f"step {step:5d}: loss {loss_now:.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
+            logged_at, seconds = step, 0.0
+        if step % args.eval_interval == 0 or step == args.max_iters:
+            estimate, evaluated_at = (
+                estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters),
+                step,
+            )
+            bar.write(f"step {step:5d}: train loss {estimate['train']:.4f}, val loss {estimate['val']:.4f}")
+            if args.checkpoint_dir:  # collective and atomic; keeps the newest 2
+                checkpoint.save(
+                    args.checkpoint_dir, model, optimizer, step=step, sampler=batches, keep_last=2,
+                    extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
+                           "losses": losses},
+                )  # fmt: skip
+            logged_at, seconds = step, 0.0  # evaluating and saving are not training time
+    bar.close()
+
+    # --- the result: the validation loss and a sample from the model.
+    if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated
+        estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+    if rank == 0:
+        print(f"val loss: {estimate['val']:.4f}")
+        prompt = tokenizer.encode("\n")[None, :]  # (1, 1): start from a newline
+        rng = np.random.default_rng(args.seed)  # its own generator: sampling leaves training's untouched
+        sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=rng)
+        print(tokenizer.decode(sample[0]))
+        if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
+            weights = {name: p.numpy() for name, p in gpt.named_parameters()}
+            np.savez(args.out, losses=np.array(losses), val_loss=estimate["val"], **weights)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, OSError, checkpoint.CheckpointError) as error:
+        # Bad input, a missing data file, no checkpoint that loads: one message (not a traceback per rank)
+        # and exit code 2 on every rank.
+        dist.exit_with_error(error, code=2)
