@@ -55,6 +55,7 @@ class LayerNorm(Function):
         return y.reshape(x.shape)
 
     def backward(self, grad):
+        # BEGIN SOLUTION A8.1: LayerNorm's backward: dL/dx, dL/dgamma, dL/dbeta from xhat and 1/sigma
         n = self.xhat.shape[1]
         dy = grad.reshape(-1, n)
         xhat, weight = self.xhat, self.weight
@@ -77,6 +78,7 @@ class LayerNorm(Function):
         if self.has_bias:
             grads.append(dy.sum(axis=0).reshape(inputs[-1].shape) if inputs[-1].requires_grad else None)
         return tuple(grads)
+        # END SOLUTION
 
 
 def layer_norm(
