@@ -7,7 +7,8 @@ holds no solutions). A failing cell fails the test. The wrong answers of ``lesso
 to the check functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
-ipyparallel, matplotlib). About 3.5 minutes on 2 cores.
+ipyparallel, matplotlib). About 3.5 minutes on 2 cores, and about 1 more for lesson 10 (its two runs took
+20 s and 36 s at a load average of 8).
 """
 
 from __future__ import annotations
