@@ -299,6 +299,21 @@ MUTANTS = [
      '                    "shard file corrupt: its sha256 checksum differs from the manifest", path\n'
      "                )\n            # END SOLUTION",
      "            pass\n            # END SOLUTION", "silently different model", None),
+    ("A8", "A8.1", "minidist/ops/layer_norm.py", "g -= xhat * mean_g_xhat", "pass",  # sigma as a constant
+     "orthogonal to that row's xhat", None),
+    ("A8", "A8.1", "minidist/ops/layer_norm.py", "mean_g = (dy @ weight)[:, None] / n",
+     "mean_g = (dy @ weight)[:, None]", "must sum to 0", None),  # a sum where the mean belongs: no 1/n
+    ("A8", "A8.2", "minidist/ops/attention.py", "grad_q *= grad_q.dtype.type(self.scale)", "pass",
+     "times the right one", None),  # the scale forgotten in dL/dq
+    ("A8", "A8.2", "minidist/ops/attention.py", "dp -= (dp * p).sum(axis=-1, keepdims=True)", "pass",
+     "sum to zero over the keys", None),  # the softmax Jacobian's rowsum term forgotten
+    ("A8", "A8.2", "minidist/ops/attention.py",  # P recomputed in backward from Q and K, without the mask
+     "qs, k, v, p, keep = self.qs, self.k, self.v, self.p, self.keep",
+     "qs, k, v, keep = self.qs, self.k, self.v, self.keep\n"
+     "        p = np.exp(qs @ _swap(k))\n        p /= p.sum(axis=-1, keepdims=True)",
+     "cannot see keys", None),
+    ("A8", "A8.2", "minidist/ops/attention.py", "        if keep is not None:\n            dp *= keep\n", "",
+     "dropout_p=0.4", None),  # the dropout mask forgotten on the way back through P
 ]  # fmt: skip
 
 
@@ -411,6 +426,16 @@ RULE_BREAKERS = [
      'averaged = dist.all_reduce(flat, op="avg", group=self.group)'
      "[self.layout.start : self.layout.stop].copy()",
      "A7.1 (ZeroRedundancyOptimizer._reduce_scatter_gradients) uses dist.all_reduce", None),
+    # The softmax's backward taken from minidist's autograd (the softmax of log P is P): the right numbers,
+    # but the handout asks for it by hand.
+    ("A8", "A8.2", "minidist/ops/attention.py",
+     "        dp -= (dp * p).sum(axis=-1, keepdims=True)\n        dp *= p\n",
+     "        from minidist import tensor\n        from minidist.nn.functional import softmax\n\n"
+     "        logs = np.log(np.where(p > 0, p, 1)) + np.where(p > 0, 0, -np.inf)\n"
+     "        logs = tensor(logs, requires_grad=True)\n"
+     "        softmax(logs, dim=-1).backward(dp)\n        dp = logs.grad\n",
+     "A8.2 (ScaledDotProductAttention.backward) uses tensor.Tensor.backward (called from "
+     "minidist/ops/attention.py line", None),
 ]  # fmt: skip
 
 

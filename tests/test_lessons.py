@@ -7,7 +7,8 @@ holds no solutions). A failing cell fails the test. The wrong answers of ``lesso
 to the check functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
-ipyparallel, matplotlib). About 3.5 minutes on 2 cores.
+ipyparallel, matplotlib). About 3.5 minutes on 2 cores, and about 1 more for lesson 10 (its two runs took
+20 s and 36 s at a load average of 8).
 """
 
 from __future__ import annotations
@@ -281,6 +282,9 @@ FORMULAS = {
     "shards": ["max(lo,k*saved)", "k*saved"],
     "rank": ["pp_rank*dp*tp", "dp_rank*tp+tp_rank", "pp_rank*(dp*tp)"],
     "speedup": ["one/(one/gpus+comm)", "c/(g*f)", "c/(gf)", "\\frac{c}{gf}", "(g-1)alpha"],
+    "layernorm": ["g-mean(g)-xhat*mean(g*xhat)", "mean(g*xhat)", "mean(gxhat)", "g-g.mean(", "sum(g*xhat)"],
+    "params": ["12*c**2+13*c", "12c^2+13c", "12c²+13c", "l*(12*c*c+13*c)", "(12c^2+13c)"],
+    "flops": ["24c^2+4tc", "24*c**2", "24*c*c", "24c^2", "4*t*c", "4tc", "2*c*v", "2cv"],
 }
 # The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
 # turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
@@ -506,7 +510,7 @@ def test_the_answer_after_a_check_stays_collapsed_until_opened(source: Path):
         elif key is not None:
             leaked = [f for f in map(_squash, FORMULAS[key]) if f in _squash(cell.source)]
             assert not leaked, f"{source.stem}: the text after check {key!r} shows {leaked}, not collapsed"
-    if source.stem[:2] in ("03", "05", "07", "09"):  # the lessons that give the answer after a check
+    if source.stem[:2] in ("03", "05", "07", "09", "10"):  # the lessons that give the answer after a check
         assert revealed, f"{source.stem}: no collapsed answer"
 
 
@@ -700,6 +704,40 @@ def test_lesson_09_mesh_rank_and_dp_speedup_are_the_librarys():
                 want = perfmodel.predict(work, hw, dp=gpus).speedup
                 args = (work.flops_per_step, gpus, params * work.bytes_per_value, hw.flops, hw.alpha, hw.beta)
                 assert dp_speedup(*args) == pytest.approx(want, rel=1e-9), (params, gpus)
+
+
+def test_lesson_10_layer_norm_backward_is_minidists_over_shapes_and_offsets():
+    import minidist as md
+    from minidist.nn import functional as F
+
+    layer_norm_backward = _reference("10_transformer", "layernorm", "layer_norm_backward")
+    rng = np.random.default_rng(10)
+    for rows, n, offset, eps in [
+        (1, 2, 0.0, 1e-5),
+        (6, 33, 100.0, 1e-5),
+        (3, 5, -1.0, 0.1),
+        (2, 64, 0.0, 1e-12),
+    ]:
+        x = rng.standard_normal((rows, n)) + offset
+        gamma, beta, dy = rng.standard_normal(n), rng.standard_normal(n), rng.standard_normal((rows, n))
+        tx, tg, tb = (md.tensor(a, dtype=np.float64, requires_grad=True) for a in (x, gamma, beta))
+        F.layer_norm(tx, (n,), tg, tb, eps=eps).backward(dy)
+        for ours, lib in zip(layer_norm_backward(x, gamma, dy, eps), (tx.grad, tg.grad, tb.grad)):
+            np.testing.assert_allclose(ours, lib, rtol=1e-9, atol=1e-11)
+
+
+def test_lesson_10_counts_are_gpts_num_parameters_and_flops_per_token():
+    from minidist.models import GPT, GPTConfig
+
+    count_parameters = _reference("10_transformer", "params", "count_parameters")
+    count_flops = _reference("10_transformer", "flops", "count_flops")
+    for vocab, block, layers, heads, width in [(3, 2, 1, 1, 2), (65, 64, 4, 4, 128), (11, 9, 5, 3, 12)]:
+        config = GPTConfig(vocab_size=vocab, block_size=block, n_layer=layers, n_head=heads, n_embd=width)
+        model = GPT(config)
+        assert (
+            count_parameters(config) == model.num_parameters() == sum(p.data.size for p in model.parameters())
+        )
+        assert count_flops(config) == model.flops_per_token()
 
 
 def test_lesson_answers_agree_with_minidist_on_real_ranks(tmp_path):

@@ -70,6 +70,7 @@ class ScaledDotProductAttention(Function):
         return (p * self.keep if self.keep is not None else p) @ v
 
     def backward(self, grad):
+        # BEGIN SOLUTION A8.2: attention's backward: dL/dq, dL/dk, dL/dv from the saved weights P
         qs, k, v, p, keep = self.qs, self.k, self.v, self.p, self.keep
         dp = grad @ _swap(v)
         if keep is not None:
@@ -90,6 +91,7 @@ class ScaledDotProductAttention(Function):
             weights = p * keep if keep is not None else p
             grad_v = unbroadcast(_swap(weights) @ grad, v_in.shape)
         return grad_q, grad_k, grad_v
+        # END SOLUTION
 
 
 @functools.lru_cache(maxsize=16)

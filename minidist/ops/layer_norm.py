@@ -62,6 +62,7 @@ class LayerNorm(Function):
         return y.reshape(x.shape)
 
     def backward(self, grad):
+        # BEGIN SOLUTION A8.1: LayerNorm's backward: dL/dx, dL/dgamma, dL/dbeta from xhat and 1/sigma
         n = self.xhat.shape[1]
         dy = grad.reshape(-1, n)
         xhat = self.xhat
@@ -78,6 +79,7 @@ class LayerNorm(Function):
         if self.has_bias:
             grads.append((ones @ dy).reshape(inputs[-1].shape) if inputs[-1].requires_grad else None)
         return tuple(grads)
+        # END SOLUTION
 
 
 def layer_norm(

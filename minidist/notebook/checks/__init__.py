@@ -24,13 +24,17 @@ from minidist.notebook.checks.lesson06_tensor_parallel import f_and_g, tp_shard_
 from minidist.notebook.checks.lesson07_pipeline_parallel import bubble_fraction, peak_activations_1f1b
 from minidist.notebook.checks.lesson08_checkpoints import files_before_latest, shards_needed
 from minidist.notebook.checks.lesson09_scaling import dp_speedup, mesh_rank
+from minidist.notebook.checks.lesson10_transformer import count_flops, count_parameters, layer_norm_backward
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
     "bubble_fraction",
+    "count_flops",
+    "count_parameters",
     "dp_speedup",
     "f_and_g",
     "files_before_latest",
+    "layer_norm_backward",
     "mesh_rank",
     "microbatch_weight",
     "numerical_grad",
