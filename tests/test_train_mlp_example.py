@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +44,22 @@ def test_default_run_on_8_ranks_reaches_95_percent():
     assert result.stdout.strip().splitlines()[-1].startswith("final test accuracy: ")
 
 
+# The short run that several tests compare against; run once per module (not once per test).
+SHORT_ARGS = ("--epochs", "4", "--hidden", "32")
+
+
+@pytest.fixture(scope="module")
+def short_dp4_output() -> str:
+    """Rank 0's output of ``SHORT_ARGS`` on 4 ranks (dp=4, tp=1): the world-size and the tp tests'
+    common reference."""
+    return run_mpi(4, EXAMPLE, *SHORT_ARGS, timeout=180).stdout
+
+
 @pytest.mark.mpi
-def test_any_world_size_gives_the_same_accuracy():
+def test_any_world_size_gives_the_same_accuracy(short_dp4_output):
     # 3, 5 and 7 do not divide the global batch of 128: the sampler splits it 43+43+42 etc.
-    args = ("--epochs", "4", "--hidden", "32")
-    accuracies = {n: final_accuracy(run_mpi(n, EXAMPLE, *args, timeout=180).stdout) for n in (1, 3, 4, 7)}
+    accuracies = {n: final_accuracy(run_mpi(n, EXAMPLE, *SHORT_ARGS, timeout=180).stdout) for n in (1, 3, 7)}
+    accuracies[4] = final_accuracy(short_dp4_output)
     assert len(set(accuracies.values())) == 1, accuracies
 
 
@@ -132,14 +144,15 @@ def test_zero_stages_train_the_same_model_as_ddp():
 
 
 @pytest.mark.mpi
-def test_tensor_parallel_trains_the_same_model_as_data_parallel():
+def test_tensor_parallel_trains_the_same_model_as_data_parallel(short_dp4_output):
     # 4 ranks as dp=4, dp=2 x tp=2 and tp=4: the same global batches and initial weights, so the same
     # model up to float32 rounding (tp changes the order of a matmul's sum), which leaves the accuracy.
-    args = ("--epochs", "4", "--hidden", "32")
+    # tp=1 is the default: the dp=4 run of the fixture.
     accuracies = {
-        tp: final_accuracy(run_mpi(4, EXAMPLE, *args, "--tp", str(tp), timeout=180).stdout)
-        for tp in (1, 2, 4)
+        tp: final_accuracy(run_mpi(4, EXAMPLE, *SHORT_ARGS, "--tp", str(tp), timeout=180).stdout)
+        for tp in (2, 4)
     }
+    accuracies[1] = final_accuracy(short_dp4_output)
     assert len(set(accuracies.values())) == 1, accuracies
 
 
@@ -160,7 +173,7 @@ def epoch_lines(output: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.mpi
-def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel():
+def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel(dp4_reference):
     # Same global batches and initial weights in every layout, so the same model up to float32
     # rounding (microbatches, stage boundaries and the tp all-reduce change summation orders; a relative
     # 1e-6 or so per step). The printed losses (4 decimals) may differ in the last digit at most, and the
@@ -182,7 +195,10 @@ def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel():
         # 128 samples on 3 replicas: shares 43 + 43 + 42, weighted exactly when combined over dp
         "dp3 x pp2 (uneven shares), m=1": (6, "--pp", "2", "--microbatches", "1"),
     }
-    plain = epoch_lines(run_mpi(4, EXAMPLE, *args, timeout=180).stdout)
+    # The plain dp=4 run is the checkpoint tests' reference (CKPT_ARGS: these args, and checkpoints
+    # every 4 steps, which read the model and never change it).
+    assert CKPT_ARGS[: len(args)] == args
+    plain = epoch_lines(dp4_reference[1])
     for name, (n, *flags) in layouts.items():
         got = epoch_lines(run_mpi(n, EXAMPLE, *args, *flags, timeout=180).stdout)
         assert [acc for _, acc in got] == [acc for _, acc in plain], (name, got, plain)
@@ -269,10 +285,25 @@ def assert_same_tensors(got: dict, expected: dict, **tolerance: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def dp4_reference(tmp_path_factory) -> tuple[Path, str]:
+def uninterrupted(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
+    """``uninterrupted(n, *flags)``: the checkpoint root and output of ``train(n, root, *flags)`` run to
+    the end, trained once per module for each (n, flags) however many tests compare against it. A test
+    that writes into the root (``--resume``) copies it first."""
+    runs: dict[tuple, tuple[Path, str]] = {}
+
+    def run(n: int, *flags: str) -> tuple[Path, str]:
+        if (n, flags) not in runs:
+            root = tmp_path_factory.mktemp(f"uninterrupted_{n}") / "ckpt"
+            runs[n, flags] = root, train(n, root, *flags).stdout
+        return runs[n, flags]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def dp4_reference(uninterrupted) -> tuple[Path, str]:
     """An uninterrupted run on 4 ranks (dp=4): its checkpoint root and its output."""
-    root = tmp_path_factory.mktemp("dp4_reference")
-    return root / "ckpt", train(4, root / "ckpt").stdout
+    return uninterrupted(4)
 
 
 @pytest.mark.mpi
@@ -281,46 +312,47 @@ def dp4_reference(tmp_path_factory) -> tuple[Path, str]:
     [(2, ()), (2, ("--zero", "2", "--grad-accum", "2")), (4, ("--pp", "2"))],
     ids=["dp2", "dp2-zero2-grad-accum2", "dp2xpp2"],
 )
-def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, n, flags):
-    full = train(n, tmp_path / "full", *flags)
+def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, uninterrupted, n, flags):
+    full_dir, full_output = uninterrupted(n, *flags)
     stopped = train(n, tmp_path / "resumed", *flags, "--max-steps", "15")
     assert "stopped at step 15 of 33 (--max-steps); continue with --resume" in stopped.stdout
     resumed = train(n, tmp_path / "resumed", *flags, "--resume")
 
     # The same float operations in the same order: the final weights and momenta are identical.
-    step, expected = final_checkpoint(tmp_path / "full")
+    step, expected = final_checkpoint(full_dir)
     assert step == 33
     step, got = final_checkpoint(tmp_path / "resumed")
     assert step == 33
     assert_same_tensors(got, expected)
-    assert final_accuracy(resumed.stdout) == final_accuracy(full.stdout)
+    assert final_accuracy(resumed.stdout) == final_accuracy(full_output)
     # It continues where it stopped: epoch 2 after its 4th batch, the bar at 15 of 33 steps, and it
     # prints epochs 2 and 3 only, the resumed epoch's loss over all its batches (carried in the
     # checkpoint), up to the order of the float64 sums.
     assert "step_000000015: step 15, epoch 2, batch 4 done" in resumed.stdout
     assert re.search(r"\| 15/33 ", resumed.stdout), resumed.stdout  # the bar shares stdout with the lines
-    assert [acc for _, acc in epoch_lines(resumed.stdout)] == [acc for _, acc in epoch_lines(full.stdout)[1:]]
+    assert [acc for _, acc in epoch_lines(resumed.stdout)] == [acc for _, acc in epoch_lines(full_output)[1:]]
     got = [loss for loss, _ in epoch_lines(resumed.stdout)]
-    assert got == pytest.approx([loss for loss, _ in epoch_lines(full.stdout)[1:]], abs=1e-4)
+    assert got == pytest.approx([loss for loss, _ in epoch_lines(full_output)[1:]], abs=1e-4)
     # keep_last=3: the periodic checkpoints 28 and 32, and the one saved when the run ended.
-    assert sorted(p.name for p in (tmp_path / "full").glob("step_*")) == [
+    assert sorted(p.name for p in full_dir.glob("step_*")) == [
         "step_000000028", "step_000000032", "step_000000033"
     ]  # fmt: skip
 
 
 @pytest.mark.mpi
-def test_resume_at_an_epoch_boundary_and_of_a_finished_run(tmp_path):
+def test_resume_at_an_epoch_boundary_and_of_a_finished_run(tmp_path, uninterrupted):
     """The example's ordinary loop (no position bookkeeping): stopped right after epoch 1's last batch,
     it resumes with epoch 2's first; resuming a finished run trains nothing and reports no epoch."""
-    full = train(2, tmp_path / "full")
+    full_dir, full_output = uninterrupted(2)
+    shutil.copytree(full_dir, tmp_path / "full")  # resumed below: the shared run stays as it was
     train(2, tmp_path / "resumed", "--max-steps", "11")  # epoch 1 is 11 steps
     resumed = train(2, tmp_path / "resumed", "--resume")
     assert "step_000000011: step 11, epoch 1, batch 11 done" in resumed.stdout
-    assert epoch_lines(resumed.stdout) == epoch_lines(full.stdout)[1:]
+    assert epoch_lines(resumed.stdout) == epoch_lines(full_output)[1:]
     assert_same_tensors(final_checkpoint(tmp_path / "resumed")[1], final_checkpoint(tmp_path / "full")[1])
     again = train(2, tmp_path / "full", "--resume")
     assert "step 33, epoch 3, batch 11 done" in again.stdout and "train loss" not in again.stdout
-    assert final_accuracy(again.stdout) == final_accuracy(full.stdout)
+    assert final_accuracy(again.stdout) == final_accuracy(full_output)
 
 
 @pytest.mark.mpi
