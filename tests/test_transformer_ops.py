@@ -287,3 +287,22 @@ def test_attention_matches_torch(kv_length, mask, scale):
     np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
     for mine, reference in zip(ours, theirs):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ the Tensor methods a GPT uses
+def test_view_and_contiguous_act_as_reshape():
+    x = md.tensor(np.arange(24.0).reshape(2, 3, 4), requires_grad=True)
+    y = x.transpose(1, 2).contiguous().view(2, 12)  # torch's spelling of "heads back into one axis"
+    np.testing.assert_array_equal(
+        y.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12)
+    )
+    y.backward(np.arange(24.0).reshape(2, 12))
+    np.testing.assert_array_equal(x.grad, np.arange(24.0).reshape(2, 4, 3).transpose(0, 2, 1))
+
+
+def test_slicing_q_k_v_out_of_one_projection_routes_each_gradient_back():
+    qkv = md.tensor(np.random.default_rng(4).standard_normal((2, 3, 6)), requires_grad=True)
+    grads = [np.full((2, 3, 2), float(i + 1)) for i in range(3)]
+    for i, g in enumerate(grads):  # each slice's backward alone (basic indexing: a plain copy)
+        qkv[..., 2 * i : 2 * i + 2].backward(g)
+    np.testing.assert_array_equal(qkv.grad, np.concatenate(grads, axis=-1))

@@ -232,6 +232,13 @@ class Tensor:
     def reshape(self, *shape) -> Tensor:
         return ops.reshape(self, *shape)
 
+    # torch's names for code written against torch (a GPT's y.transpose(1, 2).contiguous().view(B, T, C)):
+    # NumPy's reshape copies when no view exists, so view never fails as torch's can, and no array needs
+    # making contiguous first.
+    def view(self, *shape) -> Tensor: return ops.reshape(self, *shape)  # fmt: skip
+
+    def contiguous(self) -> Tensor: return self  # fmt: skip
+
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Swap axes ``dim0`` and ``dim1`` (torch's meaning, not NumPy's permutation)."""
         return ops.transpose(self, dim0, dim1)
