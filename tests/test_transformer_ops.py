@@ -17,6 +17,7 @@ from test_gradcheck import gradcheck
 
 import minidist as md
 from minidist import nn
+from minidist.backend import _try_import_cupy
 from minidist.nn import functional as F
 from minidist.ops.embedding import ONE_HOT_MAX_ROWS
 
@@ -290,9 +291,9 @@ def test_attention_matches_torch(kv_length, mask, scale):
 
 
 # ------------------------------------------------------------------------------ the Tensor methods a GPT uses
-def test_view_and_contiguous_act_as_reshape():
+def test_view_acts_as_reshape():
     x = md.tensor(np.arange(24.0).reshape(2, 3, 4), requires_grad=True)
-    y = x.transpose(1, 2).contiguous().view(2, 12)  # torch's spelling of "heads back into one axis"
+    y = x.transpose(1, 2).view(2, 12)  # torch's spelling of "heads back into one axis"
     np.testing.assert_array_equal(
         y.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12)
     )
@@ -306,3 +307,48 @@ def test_slicing_q_k_v_out_of_one_projection_routes_each_gradient_back():
     for i, g in enumerate(grads):  # each slice's backward alone (basic indexing: a plain copy)
         qkv[..., 2 * i : 2 * i + 2].backward(g)
     np.testing.assert_array_equal(qkv.grad, np.concatenate(grads, axis=-1))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(_try_import_cupy() is None, reason="needs CuPy and a CUDA GPU")
+def test_the_ops_on_cupy_arrays_equal_numpy():
+    import cupy  # noqa: PLC0415  (only with a GPU)
+
+    rng = np.random.default_rng(5)
+    arrays = {
+        "w": rng.standard_normal((300, 4)),  # > ONE_HOT_MAX_ROWS: the scatter path (the one-hot one below)
+        "small": rng.standard_normal((7, 4)),
+        "x": rng.standard_normal((2, 5, 4)),
+        "gamma": rng.standard_normal(4),
+        "beta": rng.standard_normal(4),
+    }
+    idx = np.array([[1, 2, 1, 6, 0], [3, 3, 3, 5, 6]])
+
+    def run(device_array):
+        t = {name: md.Tensor(device_array(a), requires_grad=True) for name, a in arrays.items()}
+        x = F.embedding(idx, t["w"]) + F.embedding(idx, t["small"]) + t["x"]
+        x = F.layer_norm(x, (4,), t["gamma"], t["beta"])
+        q = x.reshape(2, 5, 2, 2).transpose(1, 2)
+        md.manual_seed(0)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.3)
+        out.backward(device_array(np.ones(out.shape)))
+        to_host = cupy.asnumpy if device_array is cupy.asarray else np.asarray
+        return [to_host(out.data)] + [to_host(t[name].grad) for name in arrays]
+
+    for cpu, gpu in zip(run(np.asarray), run(cupy.asarray)):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- GELU (exact)
+@needs_torch
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-12), (np.float32, 1e-6)])
+def test_exact_gelu_matches_torch(dtype, tol):
+    x = np.linspace(-8, 8, 2001).astype(dtype)  # both tails and the curved middle
+    ours, theirs = md.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, expected = F.gelu(ours), torch.nn.functional.gelu(theirs)
+    out.sum().backward()
+    expected.sum().backward()
+    assert out.dtype == dtype and ours.grad.dtype == dtype
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=tol, atol=tol)

@@ -229,15 +229,9 @@ class Tensor:
     def max(self, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
         return ops.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def reshape(self, *shape) -> Tensor:
-        return ops.reshape(self, *shape)
+    def reshape(self, *shape) -> Tensor: return ops.reshape(self, *shape)  # fmt: skip
 
-    # torch's names for code written against torch (a GPT's y.transpose(1, 2).contiguous().view(B, T, C)):
-    # NumPy's reshape copies when no view exists, so view never fails as torch's can, and no array needs
-    # making contiguous first.
-    def view(self, *shape) -> Tensor: return ops.reshape(self, *shape)  # fmt: skip
-
-    def contiguous(self) -> Tensor: return self  # fmt: skip
+    view = reshape  # torch's name; NumPy's reshape copies where no view exists (torch's view would raise)
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Swap axes ``dim0`` and ``dim1`` (torch's meaning, not NumPy's permutation)."""
@@ -302,6 +296,5 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     return Tensor(array, requires_grad=requires_grad)
 
 
-# ops import Tensor from this module and Function from function.py (which imports this module): so
-# they can be loaded only here, once Tensor exists.
+# ops import Tensor from here and Function from function.py (which imports this module): load them last.
 from minidist import ops  # noqa: E402

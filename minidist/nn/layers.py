@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from minidist import backend, random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.nn import functional as F
@@ -105,7 +107,8 @@ class LayerNorm(Module):
         dtype: Any = DEFAULT_DTYPE,
     ):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        single = isinstance(normalized_shape, (int, np.integer))
+        shape = (int(normalized_shape),) if single else tuple(normalized_shape)
         self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
         xp = backend.xp()
         self.weight = Parameter(xp.ones(shape, dtype=dtype)) if elementwise_affine else None

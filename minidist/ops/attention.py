@@ -26,7 +26,7 @@ import numpy as np
 
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
-from minidist.backend import array_module, asarray, is_gpu_array
+from minidist.backend import array_module, is_gpu_array
 from minidist.ops.arithmetic import unbroadcast
 from minidist.ops.dropout import mask_stream, scaled_keep_mask
 
@@ -165,7 +165,7 @@ def scaled_dot_product_attention(
 
 def _mask_to_bias(attn_mask: Any, query: Tensor, key: Tensor, scores_shape: tuple[int, int]) -> Any:
     """The additive bias of a boolean or float mask (checked): 0 / -inf, or the float mask itself."""
-    mask = attn_mask.data if isinstance(attn_mask, Tensor) else asarray(attn_mask)
+    mask = array_module(query.data).asarray(attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask)
     if mask.dtype != bool and mask.dtype != query.dtype:
         raise RuntimeError(
             "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "

@@ -22,7 +22,7 @@ import numpy as np
 
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
-from minidist.backend import array_module, asarray, is_gpu_array
+from minidist.backend import array_module, is_gpu_array
 
 # Up to this many rows the one-hot matmul beats np.add.at (module docstring: 0.8 vs 1.3 ms at 256).
 ONE_HOT_MAX_ROWS = 256
@@ -80,7 +80,8 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
             before any work.
         ValueError: ``weight`` is not 2-D, or ``padding_idx`` is outside [-V, V).
     """
-    indices = input.data if isinstance(input, Tensor) else asarray(input)
+    # the indices on the weight's device (a NumPy batch for a CuPy table is moved there)
+    indices = array_module(weight.data).asarray(input.data if isinstance(input, Tensor) else input)
     if indices.dtype.kind not in "iu":
         raise RuntimeError(
             "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, "
