@@ -5,6 +5,9 @@
 The step is benchmarks/gpt.py's (nanoGPT's CPU config, AdamW, clipping, the bundled Shakespeare).
 It prints:
 
+All times are this process's CPU time (``time.process_time``; one thread): on a shared machine the
+wall clock also counts the time other processes hold the core.
+
 * the phases of a step (forward, loss, backward, clip_grad_norm_, AdamW, zero_grad), timed apart;
 * per op (``Function`` subclass): calls per step, the time in its ``forward`` and ``backward``, and
   the whole op's share of the step. Each is timed by wrapping the methods of every Function subclass
@@ -65,7 +68,7 @@ class OpTimer:
     def _wrap(self, cls: type, method: str):
         inner = cls.__dict__[method]
         key = (cls.__name__, method)
-        seconds, calls, clock = self.seconds, self.calls, time.perf_counter
+        seconds, calls, clock = self.seconds, self.calls, time.process_time
 
         @functools.wraps(inner)
         def timed(*args, **kwargs):
@@ -103,10 +106,10 @@ def wrapper_cost(repeats: int = 20000) -> float:
     timed = timer._wrap(Nop, "forward")
     results = []
     for fn in (Nop.forward, timed):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(repeats):
             fn(nop, 0)
-        results.append((time.perf_counter() - start) / repeats)
+        results.append((time.process_time() - start) / repeats)
     return results[1] - results[0]
 
 
@@ -125,7 +128,7 @@ def count_nodes(loss: md.Tensor) -> int:
 
 def phased_step(run: MinidistRun, x: np.ndarray, y: np.ndarray, phases: dict) -> int:
     """One training step with each phase timed into ``phases``; returns the graph's node count."""
-    clock = time.perf_counter
+    clock = time.process_time
     t0 = clock()
     logits = run.model(x)
     t1 = clock()
@@ -163,19 +166,19 @@ def main() -> None:
     batches = [windows.next() for _ in range(args.steps)]
 
     phases: dict = collections.defaultdict(float)
-    start = time.perf_counter()
+    start = time.process_time()
     nodes = [phased_step(run, x, y, phases) for x, y in batches]
-    total = time.perf_counter() - start
+    total = time.process_time() - start
     per_step = total / args.steps
     print(f"{per_step * 1e3:.1f} ms per step ({768 / per_step:,.0f} tokens/s); load {os.getloadavg()[0]:.2f}")
     for name, seconds in phases.items():
         print(f"  {name:<22} {seconds / args.steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
 
     with OpTimer() as timer:
-        start = time.perf_counter()
+        start = time.process_time()
         for x, y in batches:
             run.step(x, y)
-        timed_total = time.perf_counter() - start
+        timed_total = time.process_time() - start
     cost = wrapper_cost()
     calls = sum(timer.calls.values())
     in_ops = sum(timer.seconds.values()) - calls * cost
@@ -183,8 +186,9 @@ def main() -> None:
         {name for name, _ in timer.seconds},
         key=lambda n: -sum(timer.seconds[n, m] for m in ("forward", "backward")),
     )
+    step_ms = timed_total / args.steps * 1e3
     print(
-        f"\nper op (wrapper cost {cost * 1e6:.2f} us per call, subtracted; {timed_total / args.steps * 1e3:.1f} ms per timed step)"
+        f"\nper op (wrapper cost {cost * 1e6:.2f} us per call, subtracted; {step_ms:.1f} ms per timed step)"
     )
     print(f"  {'op':<26} {'calls':>6} {'forward ms':>11} {'backward ms':>12} {'share':>7}")
     for name in ops:
@@ -194,7 +198,7 @@ def main() -> None:
               f"{(fwd + bwd - n * cost * 1e3) / (timed_total / args.steps * 1e3):7.1%}")  # fmt: skip
     outside = timed_total - sum(timer.seconds.values())  # the wrappers' own cost is inside the ops' times
     print(
-        f"graph nodes per step: {np.mean(nodes):.0f}; forward+backward calls per step: {calls / args.steps:.0f}; "
+        f"graph nodes per step: {np.mean(nodes):.0f}; forward+backward calls: {calls / args.steps:.0f}; "
         f"time outside the ops: {outside / args.steps * 1e3:.2f} ms per step "
         f"({outside / timed_total:.1%}), {outside / calls * 1e6:.1f} us per op call"
     )
