@@ -63,21 +63,24 @@ class OpTimer:
     def __init__(self) -> None:
         self.seconds: dict = collections.defaultdict(float)
         self.calls: dict = collections.defaultdict(int)
+        self.dtypes: dict = collections.defaultdict(set)  # the float dtypes each op returned
         self.saved: list = []
 
     def _wrap(self, cls: type, method: str):
         inner = cls.__dict__[method]
         key = (cls.__name__, method)
-        seconds, calls, clock = self.seconds, self.calls, time.process_time
+        seconds, calls, dtypes, clock = self.seconds, self.calls, self.dtypes, time.process_time
 
         @functools.wraps(inner)
         def timed(*args, **kwargs):
             start = clock()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                seconds[key] += clock() - start
-                calls[key] += 1
+            result = inner(*args, **kwargs)
+            seconds[key] += clock() - start
+            calls[key] += 1
+            for a in result if isinstance(result, tuple) else (result,):
+                if getattr(a, "dtype", None) is not None and a.dtype.kind == "f":
+                    dtypes[key].add(a.dtype.name)
+            return result
 
         return timed
 
@@ -203,9 +206,11 @@ def main() -> None:
         f"({outside / timed_total:.1%}), {outside / calls * 1e6:.1f} us per op call"
     )
     print(f"  (time inside the ops: {in_ops / args.steps * 1e3:.2f} ms per step)")
+    promoted = sorted(f"{n}.{m}" for (n, m), kinds in timer.dtypes.items() if kinds != {"float32"})
+    print(f"ops returning other than float32 in this float32 model: {', '.join(promoted) or 'none'}")
 
     if args.cprofile:
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.process_time)
         profiler.enable()
         for x, y in batches:
             run.step(x, y)
