@@ -1,10 +1,11 @@
 """Before/after, in one run: a GPT training step with an older version of some classes against the current.
 
     OMP_NUM_THREADS=1 python benchmarks/gpt_ab.py REV minidist/ops/linear.py:Linear [FILE:Class ...]
-    OMP_NUM_THREADS=1 python benchmarks/gpt_ab.py REV minidist/optim/adamw.py:AdamW --rounds 20
+    OMP_NUM_THREADS=1 python benchmarks/gpt_ab.py REV minidist/nn/utils.py:norm_contribution
 
 For each FILE:Class, the file as it was at git revision REV is executed in a scratch module and the
-methods its Class defines are swapped into the current Class for the "before" blocks. The step is
+methods its Class defines are swapped into the current Class for the "before" blocks (a module-level
+function is swapped in its module). The step is
 benchmarks/gpt.py's (nanoGPT's CPU config, AdamW, clipping); blocks of ``--block`` steps alternate
 between before and after (order swapped every round, the first round left out), each timed by this
 process's CPU time (one thread: the load of other processes does not inflate it) and the wall clock.
@@ -33,8 +34,9 @@ from minidist.models import GPTConfig  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def old_methods(rev: str, spec: str) -> tuple[type, dict]:
-    """(current class, {name: old function}) for ``FILE:Class`` at git revision ``rev``."""
+def old_methods(rev: str, spec: str) -> tuple[object, dict]:
+    """(current class, {name: old function}) for ``FILE:Class`` at git revision ``rev``; for
+    ``FILE:function``, (its module, {function: old function})."""
     path, name = spec.split(":")
     source = subprocess.run(
         ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -42,9 +44,11 @@ def old_methods(rev: str, spec: str) -> tuple[type, dict]:
     module_name = path.removesuffix(".py").replace("/", ".")
     scratch = types.ModuleType(module_name + "_old")
     exec(compile(source, f"{rev}:{path}", "exec"), scratch.__dict__)  # noqa: S102  (our own file)
-    current = getattr(__import__(module_name, fromlist=[name]), name)
+    module = __import__(module_name, fromlist=[name])
     old = getattr(scratch, name)
-    return current, {k: v for k, v in vars(old).items() if isinstance(v, types.FunctionType)}
+    if isinstance(old, types.FunctionType):  # callers in other modules that imported it keep the new one
+        return module, {name: old}
+    return getattr(module, name), {k: v for k, v in vars(old).items() if isinstance(v, types.FunctionType)}
 
 
 def main() -> None:
@@ -55,12 +59,12 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=2)
     args = parser.parse_args()
     swaps = [old_methods(args.rev, spec) for spec in args.specs]
-    new = [(cls, {k: cls.__dict__[k] for k in methods if k in cls.__dict__}) for cls, methods in swaps]
+    new = [(owner, {k: vars(owner)[k] for k in methods if k in vars(owner)}) for owner, methods in swaps]
 
     def install(which: list) -> None:
-        for cls, methods in which:
+        for owner, methods in which:
             for k, fn in methods.items():
-                setattr(cls, k, fn)
+                setattr(owner, k, fn)
 
     text = load_shakespeare()
     tokenizer = CharTokenizer(text)
