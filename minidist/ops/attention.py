@@ -39,13 +39,14 @@ def _swap(a: Any) -> Any:
 class ScaledDotProductAttention(Function):
     """O = dropout(softmax(scale Q K^T + bias)) V (module docstring for the math and the backward).
 
-    ``bias``: an additive (L, S)-broadcastable array (0 or -inf for a boolean mask) or None.
+    ``bias``: an additive (L, S)-broadcastable array (0 or -inf for a boolean mask) or None;
+    ``empty_rows``: whether a row may have no key left (never with the causal mask: key 0 is always there).
     """
 
     saved_inputs = (1, 2)  # K and V; Q is kept scaled, as the op's own array
     returns_new_arrays = True
 
-    def forward(self, q, k, v, bias=None, scale=1.0, dropout_p=0.0):
+    def forward(self, q, k, v, bias=None, empty_rows=False, scale=1.0, dropout_p=0.0):
         xp = array_module(q)
         qs = q * q.dtype.type(scale)  # scaling Q (L x E values) is cheaper than scaling S (L x S)
         scores = qs @ _swap(k)
@@ -55,14 +56,14 @@ class ScaledDotProductAttention(Function):
         # mathematically (softmax(s) = softmax(s - c)) but keeps every exponent <= 0, so e^s cannot
         # overflow in float32 (e^89 already does). The masked entries are -inf and become exactly 0.
         row_max = scores.max(axis=-1, keepdims=True)
-        if bias is not None:  # a row whose keys are all masked: 0 weights (and output), as torch
+        if empty_rows:  # a row whose keys are all masked: 0 weights (and output), as torch
             row_max = xp.where(xp.isneginf(row_max), 0, row_max)
         scores -= row_max
         xp.exp(scores, out=scores)
         total = scores.sum(axis=-1, keepdims=True)
-        if bias is not None:
+        if empty_rows:
             total[total == 0] = 1  # only an all-masked row sums to 0 (else its maximum gives e^0 = 1)
-        scores /= total
+        scores *= 1 / total  # one division per row, then products
         p = scores
         self.keep = scaled_keep_mask(p, dropout_p) if dropout_p > 0 else None
         self.qs, self.k, self.v, self.p, self.scale = qs, k, v, p, scale
@@ -126,7 +127,7 @@ def scaled_dot_product_attention(
     Raises:
         RuntimeError: both ``attn_mask`` and ``is_causal`` given; query, key and value of different
             dtypes; a mask of another dtype or of a shape that does not broadcast; E or S differ
-            between the inputs (torch's texts for these).
+            between the inputs, or their leading axes do not broadcast (torch's texts where it has them).
         ValueError: an input with fewer than 2 axes, or ``dropout_p`` outside [0, 1].
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -145,6 +146,13 @@ def scaled_dot_product_attention(
             f"scaled_dot_product_attention: query {query.shape}, key {key.shape} and value {value.shape} "
             "do not fit: query and key need the same last axis (E), key and value the same length (S)"
         )
+    try:
+        np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except ValueError:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: the leading (batch, head) axes of query {query.shape}, key "
+            f"{key.shape} and value {value.shape} do not broadcast against each other"
+        ) from None
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout probability must be between 0 and 1, got {dropout_p}")
     bias = None
@@ -159,7 +167,13 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(features) if scale is None else float(scale)
     with mask_stream(query):
         return ScaledDotProductAttention.apply(
-            query, key, value, bias=bias, scale=scale, dropout_p=float(dropout_p)
+            query,
+            key,
+            value,
+            bias=bias,
+            empty_rows=attn_mask is not None,
+            scale=scale,
+            dropout_p=float(dropout_p),
         )
 
 
