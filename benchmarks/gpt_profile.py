@@ -11,11 +11,11 @@ wall clock also counts the time other processes hold the core.
 * the phases of a step (forward, loss, backward, clip_grad_norm_, AdamW, zero_grad), timed apart;
 * per op (``Function`` subclass): calls per step, the time in its ``forward`` and ``backward``, and
   the whole op's share of the step. Each is timed by wrapping the methods of every Function subclass
-  for the length of the measurement: the wrapper adds a little to each call (it is reported as a
-  measured per-call cost), so the table says where the time goes, the phases how long a step takes;
-* graph nodes per step (ops that recorded themselves for backward) and the Python overhead per op:
-  the step's time outside every op's forward and backward (module calls, Function.apply, the graph
-  walk, the optimizer's loop), divided by the number of ops;
+  for a second pass over the same batches (the wrappers slow that pass down, so the shares are of the
+  untimed step);
+* graph nodes per step (ops that recorded themselves for backward), the time of forward, loss and
+  backward outside every op (module calls, Function.apply, the graph walk and its gradient sums), and
+  the fixed cost per op call, measured on the same GPT shrunk until its arrays cost nothing;
 * with ``--cprofile N``, the N functions of most own time in cProfile over the same steps.
 """
 
@@ -98,22 +98,21 @@ class OpTimer:
         self.saved.clear()
 
 
-def wrapper_cost(repeats: int = 20000) -> float:
-    """Seconds one OpTimer wrapper adds to a call (a wrapped no-op minus the bare no-op)."""
-
-    class Nop(Function):
-        def forward(self, x):
-            return x
-
-    nop, timer = Nop(), OpTimer()
-    timed = timer._wrap(Nop, "forward")
-    results = []
-    for fn in (Nop.forward, timed):
-        start = time.process_time()
-        for _ in range(repeats):
-            fn(nop, 0)
-        results.append((time.process_time() - start) / repeats)
-    return results[1] - results[0]
+def fixed_cost_per_call(train_ids: np.ndarray, steps: int = 50) -> float:
+    """CPU seconds per op call (forward or backward) of a forward + backward of the same GPT shrunk to
+    width 8 on 4 tokens: the arrays are tiny, so this is what every op costs whatever its size (Python,
+    Function.apply, the graph walk, NumPy's per-call overhead)."""
+    config = GPTConfig(vocab_size=65, block_size=4, n_layer=4, n_head=4, n_embd=8)
+    run = MinidistRun(config, 100)
+    x, y = RandomWindows(train_ids, 4, 1, seed=0).next()
+    for _ in range(3):
+        run.loss(x, y).backward()
+    start = time.process_time()
+    for _ in range(steps):
+        loss = run.loss(x, y)
+        nodes = count_nodes(loss)
+        loss.backward()
+    return (time.process_time() - start) / steps / (2 * nodes)
 
 
 def count_nodes(loss: md.Tensor) -> int:
@@ -177,40 +176,35 @@ def main() -> None:
     for name, seconds in phases.items():
         print(f"  {name:<22} {seconds / args.steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
 
-    timed_phases: dict = collections.defaultdict(float)
     with OpTimer() as timer:
-        start = time.process_time()
         for x, y in batches:
-            phased_step(run, x, y, timed_phases)
-        timed_total = time.process_time() - start
-    cost = wrapper_cost()
+            run.step(x, y)
     calls = sum(timer.calls.values())
-    in_ops = sum(timer.seconds.values()) - calls * cost
+    in_ops = sum(timer.seconds.values())
     ops = sorted(
         {name for name, _ in timer.seconds},
         key=lambda n: -sum(timer.seconds[n, m] for m in ("forward", "backward")),
     )
-    step_ms = timed_total / args.steps * 1e3
-    print(
-        f"\nper op (wrapper cost {cost * 1e6:.2f} us per call, subtracted; {step_ms:.1f} ms per timed step)"
-    )
+    print("\nper op (share: of the untimed step above; each time includes one clock read, ~1-2 us)")
     print(f"  {'op':<26} {'calls':>6} {'forward ms':>11} {'backward ms':>12} {'share':>7}")
     for name in ops:
         fwd, bwd = (timer.seconds[name, m] / args.steps * 1e3 for m in ("forward", "backward"))
-        n = (timer.calls[name, "forward"] + timer.calls[name, "backward"]) / args.steps
         print(f"  {name:<26} {timer.calls[name, 'forward'] / args.steps:6.0f} {fwd:11.2f} {bwd:12.2f} "
-              f"{(fwd + bwd - n * cost * 1e3) / (timed_total / args.steps * 1e3):7.1%}")  # fmt: skip
-    # Python overhead: the forward, loss and backward phases' time outside every op's forward and
-    # backward (module calls, Function.apply, the graph walk and its gradient sums), per op call. The
-    # wrappers' own cost is inside the ops' times, so it does not inflate this.
-    graph = sum(timed_phases[k] for k in ("forward", "loss", "backward"))
-    outside = graph - sum(timer.seconds.values())
+              f"{(fwd + bwd) / (per_step * 1e3):7.1%}")  # fmt: skip
+    # Outside the ops: the forward, loss and backward phases of the untimed steps less the ops' own
+    # time (module calls, Function.apply, the graph walk and its gradient sums, reshapes of arrays).
+    graph = sum(phases[k] for k in ("forward", "loss", "backward"))
+    outside = graph - in_ops
     print(
         f"graph nodes per step: {np.mean(nodes):.0f}; forward+backward calls: {calls / args.steps:.0f}; "
         f"forward/loss/backward time outside the ops: {outside / args.steps * 1e3:.2f} ms per step "
-        f"({outside / timed_total:.1%}), {outside / calls * 1e6:.1f} us per op call"
+        f"({outside / total:.1%})"
     )
-    print(f"  (time inside the ops: {in_ops / args.steps * 1e3:.2f} ms per step)")
+    fixed = fixed_cost_per_call(train_ids)
+    print(
+        f"fixed cost per op call (the same GPT 8 wide on 4 tokens, where the arrays cost ~nothing): "
+        f"{fixed * 1e6:.1f} us, {fixed * calls / args.steps * 1e3:.2f} ms per step of this size"
+    )
     promoted = sorted(f"{n}.{m}" for (n, m), kinds in timer.dtypes.items() if kinds != {"float32"})
     print(f"ops returning other than float32 in this float32 model: {', '.join(promoted) or 'none'}")
 
