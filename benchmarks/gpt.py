@@ -1,7 +1,7 @@
 """minidist's GPT against the same GPT in PyTorch: tokens/s, MFU and the loss both reach (issue 17, item 6).
 
-    OMP_NUM_THREADS=1 python benchmarks/gpt.py                # quick: 40 steps each, ~1 minute
-    OMP_NUM_THREADS=1 python benchmarks/gpt.py --steps 500    # the loss comparison (several minutes)
+    OMP_NUM_THREADS=1 python benchmarks/gpt.py                # quick: 40 steps each, ~30 s on a quiet core
+    OMP_NUM_THREADS=1 python benchmarks/gpt.py --steps 500    # the loss comparison (~2.5 min)
 
 The config is nanoGPT's CPU "baby GPT" (block 64, batch 12, 4 layers, 4 heads, width 128, dropout 0 so
 that the two runs draw no random numbers), trained on the bundled Shakespeare exactly as
