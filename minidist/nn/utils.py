@@ -43,11 +43,17 @@ def check_clip_args(max_norm: float, norm_type: float) -> float:
 def norm_contribution(grads: Iterable[Any], norm_type: float) -> float:
     """What ``grads`` add to a global norm: sum of |g|^p over all elements, or max |g| for p = inf.
 
-    Computed in float64 so that float32 gradients of many elements do not lose the small ones.
+    Computed in float64 so that float32 gradients of many elements do not lose the small ones. For
+    p = 2 (the usual case) as a dot product: two passes over each gradient instead of four (abs, power
+    and sum each make one), 3x faster on a GPT's gradients (benchmarks/README.md, "GPT").
     """
     total = 0.0
     for g in grads:
         if g.size == 0:
+            continue
+        if norm_type == 2.0:
+            a = g.astype(np.float64).ravel()
+            total += float(a @ a)
             continue
         a = abs(g.astype(np.float64))
         if math.isinf(norm_type):  # np.maximum, not max(): max(0.0, nan) is 0.0, and NaN must show
