@@ -231,6 +231,33 @@ ERROR_CASES = [
     ("empty", "ValueError", "ValueError", ["empty parameter list"]),
     ("mixed dtypes", "ValueError", "ValueError", ["one dtype", "float32", "float64"]),
     ("load another rank's state", "ValueError", "ValueError", ["different layout", "rank"]),
+    (
+        "group value differs",
+        "ValueError",
+        "ValueError",
+        ["group 0 weight_decay (0.1 on ranks 0, 2; 0.0 on rank 1)"],
+    ),
+    ("group count differs", "ValueError", "ValueError", ["parameter groups (1 on ranks 0, 2; 2 on rank 1)"]),
+    (
+        "groups split differently",
+        "ValueError",
+        "ValueError",
+        ["group 0 elements (6 on ranks 0, 2; 4 on rank 1)"],
+    ),
+    ("parameter in two groups", "ValueError", "ValueError", ["more than one parameter group"]),
+    ("bad group value on rank 1", "ValueError", "ValueError", ["rank 1 of the group", "weight_decay (-1.0)"]),
+    (
+        "max_norm differs",
+        "ValueError",
+        "ValueError",
+        ["clip_grad_norm_", "max_norm (2.0 on ranks 0, 2; 1.0 on"],
+    ),
+    (
+        "negative max_norm on rank 1",
+        "ValueError",
+        "ValueError",
+        ["rank 1 of the group", "max_norm must be >= 0"],
+    ),
 ]
 
 
@@ -247,6 +274,10 @@ def test_errors_are_raised_on_every_rank(tmp_path):
         # Afterwards the group still works, even with P = 2 < N = 3 (rank 2 owns nothing):
         # p = 1 - 0.1 * 2p = 0.8.
         assert seen["tiny model"] == ["[0.8, 0.8]", "1" if rank < 2 else "0"]
+        for case in ("clip norm", "clip inf norm"):
+            norm, expected = seen[case]
+            assert float(norm) == pytest.approx(float(expected), rel=1e-15), case
+        assert seen["clip nan norm"] == ["nan", "nan"]
 
 
 @pytest.mark.mpi

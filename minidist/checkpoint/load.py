@@ -187,7 +187,7 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
             or (isinstance(v, list) and len(v) != len(ours[k]))
         ):
             raise CheckpointError(f"optimizer hyperparameter {k}={v!r} does not fit this {wanted}", where)
-    groups, ours_groups = header.get("param_groups"), optim_state.inner(optimizer).param_groups
+    groups, ours_groups = header.get("param_groups"), optimizer.param_groups  # ZeRO's: the user's groups
     if groups is not None and len(groups) != len(ours_groups):  # checked before anything is restored
         raise CheckpointError(
             f"the checkpoint's optimizer has {len(groups)} parameter groups, this one {len(ours_groups)}; "

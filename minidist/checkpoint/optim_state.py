@@ -49,9 +49,11 @@ def header(optimizer: Any) -> dict[str, Any] | None:
     opt = inner(optimizer)
     defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in opt.defaults.items()}
     # Each group's current values (a scheduled "lr" differs from the defaults), without its tensors.
+    # ZeRO's own param_groups are the user's groups, the same on every rank (its wrapped optimizer
+    # has groups of this rank's shards only, maybe fewer).
     groups = [
         {k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}
-        for g in opt.param_groups
+        for g in optimizer.param_groups
     ]
     return {
         "class": type(opt).__name__,
@@ -81,6 +83,12 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
         {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
         for g in header.get("param_groups", [])
     ]
+    if _is_zero(optimizer):
+        # The saved groups are ZeRO's outer groups: restore their values there; each step hands them
+        # to the wrapped optimizer's groups of shards.
+        for ours, saved in zip(optimizer.param_groups, groups or [defaults] * len(optimizer.param_groups)):
+            ours.update(saved)
+        groups = []
     inner(optimizer).load_state_dict(
         {"state": per_index, "defaults": defaults, "step_count": header["step_count"]}
         | ({"param_groups": groups} if groups else {}),

@@ -8,7 +8,7 @@ Models", SC 2020, §5) removes the redundancy. Rank r of N owns 1/N of the flatt
 * stage 1 (P_os, §5.1): only the optimizer state of the owned elements;
 * stage 2 (P_os+g, §5.2): also only the (averaged) gradient of the owned elements.
 
-One ``step()`` is three moves:
+One ``step()`` is three moves (``clip_grad_norm_`` between backward and step does the first early):
 
 1. reduce-scatter the flat gradient with op="avg": each rank receives the group-average gradient of
    exactly the elements it owns (``dist.reduce_scatter`` uses the same chunk layout);
@@ -30,12 +30,13 @@ The paper writes (2 + 2 + K) Psi for mixed precision: fp16 parameters and gradie
 Adam (fp32 master weights, momentum, variance). minidist trains in one dtype with no master copy, so
 in fp32 b = 4 and K = 8 for AdamW (exp_avg, exp_avg_sq) or 4 for SGD (momentum buffer).
 
-Simplification: the reduce-scatter runs in ``step()``, after backward, so every rank briefly holds all
-of its local gradients, as in stage 1, and stage 2 frees them only then. The paper's stage 2 reduces
-bucket by bucket *during* backward and frees each bucket at once, so the full gradient never exists;
-that needs the overlapped bucketing of ``data_parallel.py``. ``memory_report()`` shows what stays
-between steps. ``step()`` also allocates two transient buffers of P elements (the flat gradient it
-reduce-scatters and the all-gathered parameters), which a bucketed version would shrink to a bucket.
+Simplification: the reduce-scatter runs in ``step()`` (or ``clip_grad_norm_``), after backward, so
+every rank briefly holds all of its local gradients, as in stage 1, and stage 2 frees them only then.
+The paper's stage 2 reduces bucket by bucket *during* backward and frees each bucket at once, so the
+full gradient never exists; that needs the overlapped bucketing of ``data_parallel.py``.
+``memory_report()`` shows what stays between steps. ``step()`` also allocates two transient buffers of
+P elements (the flat gradient it reduce-scatters and the all-gathered parameters), which a bucketed
+version would shrink to a bucket.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd import Tensor, bump_version
 from minidist.optim.optimizer import Optimizer, clear_grads
+from minidist.parallel import zero_groups
 from minidist.parallel.zero_checks import check_optimizer_class, check_params, check_stage
+from minidist.parallel.zero_clip import clip_shards_
 from minidist.parallel.zero_layout import ShardLayout, unique_nbytes
 
 
@@ -61,39 +64,50 @@ class ZeroRedundancyOptimizer:
     equal averages is the same numbers) and would hold the full averaged gradients that stage 2 frees::
 
         model = build_model()                                 # no DDP
-        zero = ZeroRedundancyOptimizer(model.parameters(), optim.AdamW, stage=2, lr=1e-3)
+        zero = ZeroRedundancyOptimizer(model.parameters(), optim.AdamW, stage=2, lr=1e-3)  # or groups
+        scheduler = lr_scheduler.cosine_with_warmup(zero, warmup_steps=100, total_steps=5000)
         for x, y in my_share_of_each_global_batch:
             zero.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()   # local gradients, no communication
-            zero.step()                                           # reduce-scatter, step shard, all-gather
+            norm = zero.clip_grad_norm_(1.0)                      # optional: reduce-scatter, clip shards
+            zero.step()                                           # (reduce-scatter,) step shard, all-gather
+            scheduler.step()
 
     If every rank's loss is the mean over an equal share of the global batch, this trains exactly like
-    one process on the whole batch.
+    one process on the whole batch (with ``minidist.nn.utils.clip_grad_norm_`` and the same schedule).
 
     Args:
-        params: the model's parameters (duplicates are kept once), same count, sizes and dtype on every
-            rank; they are flattened in this order. Constructing is *collective*: it checks that the
-            ranks agree and overwrites every rank's parameters with rank 0's (one broadcast of P
-            elements), as DDP does, so the replicas start identical.
+        params: the model's parameters (duplicates are kept once), or parameter groups as for any
+            optimizer: dicts whose values override ``optimizer_kwargs``, e.g. ``[{"params": matrices,
+            "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}]``. The same count, sizes,
+            dtype and groups on every rank; flattened in this order. Constructing is *collective*: it
+            checks that the ranks agree and overwrites every rank's parameters with rank 0's (one
+            broadcast of P elements), as DDP does, so the replicas start identical.
         optimizer_class: an ``Optimizer`` subclass (``optim.SGD``, ``optim.AdamW``), not an instance.
         group: the data-parallel communicator (default: the world).
         stage: 1 (shard optimizer state) or 2 (also shard gradients).
         **optimizer_kwargs: passed to ``optimizer_class`` (``lr=...``, ``momentum=...``).
 
-    After ``step()``, the elements of ``p.grad`` that this rank owns hold the group average. Stage 1
-    leaves the other elements as this rank's local gradient; stage 2 frees them: ``p.grad`` is None
-    unless this rank owns the whole of ``p`` (then it is a view of the averaged shard).
+    After ``clip_grad_norm_()`` or ``step()``, the elements of ``p.grad`` that this rank owns hold the
+    group average. Stage 1 leaves the other elements as this rank's local gradient; stage 2 frees them:
+    ``p.grad`` is None unless this rank owns the whole of ``p`` (then it is a view of the averaged shard).
+
+    ``param_groups`` are the user's groups (full parameters, every value filled in), the same on every
+    rank: a scheduler, or you, sets ``group["lr"]`` there, as with any optimizer, and each ``step()``
+    hands the values to the wrapped optimizer (``optimizer``), whose groups hold this rank's shards.
 
     Raises:
-        ValueError: ``stage`` not 1 or 2; parameters that differ between ranks (count, total size, dtype,
-            a parameter's size), an empty list or mixed dtypes. Raised on *every* rank, because the check
-            is an all-reduce.
-        TypeError: ``optimizer_class`` is not an ``Optimizer`` subclass; a parameter is not a tensor.
+        ValueError: ``stage`` not 1 or 2; parameters or groups that differ between ranks (count, total
+            size, dtype, a parameter's size, a group's parameter count, size or values), an empty
+            list, mixed dtypes, a parameter in two groups, a group without ``"params"`` or a value
+            ``optimizer_class`` rejects. Raised on *every* rank, because the check is collective.
+        TypeError: ``optimizer_class`` is not an ``Optimizer`` subclass; a parameter is not a tensor;
+            an argument ``optimizer_class`` does not take.
     """
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
         optimizer_class: type[Optimizer],
         group: Any = None,
         stage: int = 1,
@@ -102,59 +116,89 @@ class ZeroRedundancyOptimizer:
         self.group = group if group is not None else dist.init()
         # A bad stage or optimizer class on one rank only must raise on every rank: those checks travel
         # with the collective parameter check instead of raising here, alone.
-        argument_error = None
+        argument_error, groups = None, []
         try:
             check_stage(stage)
             check_optimizer_class(optimizer_class)
+            groups = zero_groups.fill_in_groups(params, optimizer_class, optimizer_kwargs)
         except (TypeError, ValueError) as e:
             argument_error = e
         self.stage = stage
-        self.params: list[Tensor] = check_params(params, self.group, argument_error, stage)
+        flat = [p for g in groups for p in g["params"]]
+        summary = zero_groups.group_summary(groups)
+        self.params: list[Tensor] = check_params(flat, self.group, argument_error, stage, summary)
+        self.param_groups: list[dict[str, Any]] = groups  # see the class docstring
         self.layout = ShardLayout.build([p.size for p in self.params], self.group.size, self.group.rank)
         self._broadcast_parameters()
 
-        # One shard tensor per owned segment; its .data and .grad are (re)attached in step().
+        # One shard tensor per owned segment; its .data and .grad are (re)attached in each step.
         xp = backend.array_module(self.params[0].data)
         self._shards = [
             Tensor(_flat(self.params[s.param_index].data)[s.lo : s.hi], requires_grad=True)
             for s in self.layout.segments
         ]
         # A rank that owns nothing (P < N) still gets an optimizer, so state_dict() etc. work everywhere.
-        shards = self._shards or [Tensor(xp.zeros(0, dtype=self.params[0].dtype), requires_grad=True)]
-        self.optimizer: Optimizer = optimizer_class(shards, **optimizer_kwargs)
+        empty = Tensor(xp.zeros(0, dtype=self.params[0].dtype), requires_grad=True)
+        inner, self._owner = zero_groups.shard_groups(groups, self.layout, self._shards, empty)
+        self.optimizer: Optimizer = optimizer_class(inner, **optimizer_kwargs)
+        self._reduced = False  # whether clip_grad_norm_ already averaged this step's gradients
 
     @property
     def defaults(self) -> dict[str, Any]:
-        """The wrapped optimizer's constructor hyperparameters (read when its one group was made)."""
+        """The wrapped optimizer's constructor hyperparameters (each group's values are in its dict)."""
         return self.optimizer.defaults
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's one group (of this rank's shards): a scheduler, or you, changes its
-        ``"lr"`` to schedule the rate, as with any optimizer."""
-        return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' gradients (None, or zeros with ``set_to_none=False``) and the shards'."""
         clear_grads(self.params, set_to_none)
         for shard in self._shards:
             shard.grad = None
+        self._reduced = False
+
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> float:
+        """Average the gradients now and clip them by the global norm of the average (``zero_clip.py``).
+
+        Call it after the last ``backward()`` of a step, before ``step()``, as PyTorch's
+        ``FullyShardedDataParallel.clip_grad_norm_`` (``minidist.nn.utils.clip_grad_norm_`` would see only
+        local, un-averaged gradients). It does step()'s reduce-scatter early; the clipped step equals
+        one process's ``clip_grad_norm_`` + step. Returns the norm before clipping, a Python float, the
+        same on every rank (NaN or inf if a gradient is: the gradients are then left unchanged, skip the
+        step). Collective, with the same arguments on every rank: the reduce-scatter (once per step)
+        and one all-gather of five numbers. Raises on every rank: ``TypeError``/``ValueError`` for
+        ``max_norm < 0``, ``norm_type <= 0`` or arguments that differ between ranks; ``RuntimeError``
+        for a non-finite norm if ``error_if_nonfinite``.
+        """
+        self._average_gradients()
+        grads = [shard.grad for shard in self._shards]
+        return clip_shards_(grads, self.group, max_norm, norm_type, error_if_nonfinite)
 
     def step(self) -> None:
         """Average the gradients over the group, update this rank's shard, all-gather the parameters.
 
         Collective: every rank of the group must call it. A parameter with no gradient on any rank is
         skipped (as a plain optimizer skips it); one with a gradient on some ranks only counts as zero
-        on the others. Communication: one all-reduce of ``len(params)`` flags, one reduce-scatter and
-        one all-gather of P elements; transient buffers of P elements for each.
+        on the others. Each group's current values (``param_groups``) are used. Communication: one
+        all-reduce of ``len(params)`` flags and one reduce-scatter (unless ``clip_grad_norm_`` did
+        them), one all-gather of P elements; transient buffers of P elements for each.
         """
+        self._average_gradients()
+        zero_groups.push_values(self.param_groups, self.optimizer.param_groups, self._owner)
+        self.optimizer.step()  # the wrapped optimizer, on this rank's shard tensors only
+        self._all_gather_parameters()
+        self._reduced = False
+
+    def _average_gradients(self) -> None:
+        """Reduce-scatter the local gradients and point the shards at the averages, once per step."""
+        if self._reduced:
+            return
         used = self._used_everywhere()
         averaged = self._reduce_scatter_gradients()
         self._attach_shards(used, averaged)
         if self.stage == 2:
             self._free_full_gradients()
-        self.optimizer.step()  # the wrapped optimizer, on this rank's shard tensors only
-        self._all_gather_parameters()
+        self._reduced = True
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds now: ``{"parameters", "gradients", "optimizer_state", "total"}``.
@@ -175,7 +219,8 @@ class ZeroRedundancyOptimizer:
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"optimizer": <the wrapped optimizer's state_dict of this rank's shard>, "layout": {...}}``.
+        """``{"optimizer": <the wrapped optimizer's state_dict of this rank's shard>, "layout": {...},
+        "param_groups": [{name: value, ..., "params": [indices into params]}]}``.
 
         ``state["optimizer"]["state"][k]`` belongs to segment k of ``layout["segments"]``
         (``[param_index, lo, hi]``: elements lo:hi of that flattened parameter), with 1-D arrays of
@@ -183,25 +228,22 @@ class ZeroRedundancyOptimizer:
         range [start, stop) of the flat vector, enough to reassemble the full state from all ranks.
         """
         layout = {**self.layout.describe(), "stage": self.stage}
-        return {"optimizer": self.optimizer.state_dict(), "layout": layout}
+        groups = zero_groups.groups_state(self.param_groups)
+        return {"optimizer": self.optimizer.state_dict(), "layout": layout, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` saved by the same rank of the same layout (any stage).
 
-        Raises ``ValueError`` if the layout differs (another world size, rank or model); loading a
-        shard saved under another world size needs resharding, which is the checkpoint module's job.
+        Raises ``ValueError`` if the layout or the groups' sizes differ (another world size, rank or
+        model); loading a shard saved under another world size needs resharding, which is the
+        checkpoint module's job. Each group's saved values (a scheduled ``lr``) are restored.
         """
-        saved = {k: v for k, v in state_dict["layout"].items() if k != "stage"}
-        current = self.layout.describe()
-        if saved != current:
-            differing = sorted(k for k in current if saved.get(k) != current[k])
-            raise ValueError(
-                "ZeroRedundancyOptimizer.load_state_dict: the saved shard has a different layout "
-                f"(differing: {', '.join(differing)}; saved world_size={saved.get('world_size')}, "
-                f"rank={saved.get('rank')}, numel={saved.get('numel')}; "
-                f"here world_size={current['world_size']}, rank={current['rank']}, numel={current['numel']})"
-            )
+        self.layout.check_same({k: v for k, v in state_dict["layout"].items() if k != "stage"})
+        saved_groups = state_dict.get("param_groups", [])  # absent in state dicts of older versions
+        zero_groups.check_same_sizes(saved_groups, self.param_groups)
         self.optimizer.load_state_dict(state_dict["optimizer"])
+        for ours, saved in zip(self.param_groups, saved_groups):
+            ours.update(zero_groups.values_of(saved))
 
     # -- the shard tensors ---------------------------------------------------------------------------
     def _attach_shards(self, used: np.ndarray, averaged: Any) -> None:

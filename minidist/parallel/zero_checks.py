@@ -46,15 +46,21 @@ def check_optimizer_class(optimizer_class: Any) -> None:
 
 
 def check_params(
-    params: Iterable[Any], group: dist.Communicator, argument_error: Exception | None = None, stage: Any = 1
+    params: Iterable[Any],
+    group: dist.Communicator,
+    argument_error: Exception | None = None,
+    stage: Any = 1,
+    also_agree: dict[str, Any] | None = None,
 ) -> list[Tensor]:
     """The parameters without duplicates, after checking them on this rank and across ``group``.
 
     Collective (one agreement, one small all-reduce). ``argument_error``: this rank's problem with the
-    other arguments (a bad ``stage``), raised on every rank like the parameters' own. Raises on every
-    rank: ``TypeError`` if some rank passed a non-tensor (or ``argument_error`` is one); ``ValueError``
-    for an empty list, mixed or non-float dtypes, or a count, total size, dtype, per-parameter size or
-    ``stage`` that differs between ranks.
+    other arguments (a bad ``stage``, a bad parameter group), raised on every rank like the parameters'
+    own. ``also_agree``: more JSON values the ranks must agree on (the parameter groups, see
+    ``zero_groups.group_summary``). Raises on every rank: ``TypeError`` if some rank passed a
+    non-tensor (or ``argument_error`` is one); ``ValueError`` for an empty list, mixed or non-float
+    dtypes, or a count, total size, dtype, per-parameter size, ``stage`` or ``also_agree`` value that
+    differs between ranks.
     """
     unique: list[Any] = []
     seen: set[int] = set()
@@ -62,7 +68,7 @@ def check_params(
         if id(p) not in seen:  # a parameter shared by two layers is one parameter
             seen.add(id(p))
             unique.append(p)
-    local_error = argument_error or _local_problem(unique)
+    local_error = argument_error or local_problem(unique)
 
     # Round 1: what every rank can compare whatever its parameters (any count, or none).
     summary = {}
@@ -72,13 +78,14 @@ def check_params(
             "total number of elements": sum(p.size for p in unique),
             "dtype": str(unique[0].dtype),
             "stage": stage,
+            **(also_agree or {}),
         }
     dist.agree(
         summary,
         local_error,
         group,
         what="ZeroRedundancyOptimizer",
-        fix="every rank must pass the same model's parameters in the same order",
+        fix="every rank must pass the same model's parameters in the same order (and the same groups)",
     )
 
     # Round 2: the counts agree, so the per-parameter sizes can be compared element by element.
@@ -94,7 +101,7 @@ def check_params(
     return unique
 
 
-def _local_problem(params: list[Any]) -> Exception | None:
+def local_problem(params: list[Any]) -> Exception | None:
     """What is wrong with this rank's parameters on their own, as an exception to raise, or None."""
     for i, p in enumerate(params):
         if not isinstance(p, Tensor):

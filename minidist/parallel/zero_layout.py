@@ -110,6 +110,19 @@ class ShardLayout:
         """Whether this rank owns every element of the parameter (False for a size-0 parameter)."""
         return any(s.param_index == param_index and s.numel == self.sizes[param_index] for s in self.segments)
 
+    def check_same(self, saved: dict[str, Any]) -> None:
+        """``ValueError`` unless ``saved`` (a ``describe()``) is this layout: a ZeRO shard state fits
+        only the rank and world size that saved it (the checkpoint module reshards)."""
+        current = self.describe()
+        if saved != current:
+            differing = sorted(k for k in current if saved.get(k) != current[k])
+            raise ValueError(
+                "ZeroRedundancyOptimizer.load_state_dict: the saved shard has a different layout "
+                f"(differing: {', '.join(differing)}; saved world_size={saved.get('world_size')}, "
+                f"rank={saved.get('rank')}, numel={saved.get('numel')}; "
+                f"here world_size={current['world_size']}, rank={current['rank']}, numel={current['numel']})"
+            )
+
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary, stored in ``ZeroRedundancyOptimizer.state_dict()["layout"]``."""
         return {

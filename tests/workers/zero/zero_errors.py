@@ -57,6 +57,39 @@ def caught(out_dir: str) -> None:
     attempt("not a tensor on rank 1", lambda: Zero([*ok, "bias"] if r == 1 else ok, optim.SGD, lr=0.1))
     attempt("empty", lambda: Zero([], optim.SGD, lr=0.1))
     attempt("mixed dtypes", lambda: Zero([*ok, *params_of((2,), dtype=np.float32)], optim.SGD))
+    # Parameter groups must agree too; a bad group on one rank is an error on every rank.
+    a, b = params_of((3, 2), (4,))
+
+    def two_groups(decay: float = 0.1) -> list[dict]:
+        return [{"params": [a], "weight_decay": decay}, {"params": [b]}]
+
+    attempt("group value differs", lambda: Zero(two_groups(0.0 if r == 1 else 0.1), optim.AdamW))
+    attempt("group count differs", lambda: Zero(two_groups() if r == 1 else [a, b], optim.AdamW))
+    swapped = [{"params": [b], "weight_decay": 0.1}, {"params": [a]}]  # same count and values, other split
+    attempt("groups split differently", lambda: Zero(swapped if r == 1 else two_groups(), optim.AdamW))
+    attempt("parameter in two groups", lambda: Zero([{"params": [a]}, {"params": [a, b]}], optim.AdamW))
+    attempt("bad group value on rank 1", lambda: Zero(two_groups(decay=-1.0 if r == 1 else 0.1), optim.AdamW))
+    zero = Zero(two_groups(), optim.AdamW, stage=2)
+    for p in (a, b):
+        p.grad = np.ones(p.shape)
+    attempt("max_norm differs", lambda: zero.clip_grad_norm_(1.0 if r == 1 else 2.0))
+    attempt("negative max_norm on rank 1", lambda: zero.clip_grad_norm_(-1.0 if r == 1 else 1.0))
+    # After the errors the group still clips: 10 gradient elements of 1, norm sqrt(10), on every rank.
+    seen["clip norm"] = [repr(zero.clip_grad_norm_(1.0)), repr(float(np.sqrt(10.0)))]
+    # Every element was scaled by 1 / (sqrt(10) + 1e-6): the inf-norm (the largest |g|) is that now.
+    seen["clip inf norm"] = [
+        repr(zero.clip_grad_norm_(5.0, norm_type=np.inf)),
+        repr(float(1 / (np.sqrt(10.0) + 1e-6))),
+    ]
+    # A NaN in one rank's local gradient reaches every rank's norm (whichever rank owns that element).
+    zero.zero_grad()
+    for p in (a, b):
+        p.grad = np.ones(p.shape)
+    if r == 1:
+        b.grad[2] = np.nan
+    seen["clip nan norm"] = [repr(zero.clip_grad_norm_(1.0)), "nan"]
+    attempt("non-finite norm", lambda: zero.clip_grad_norm_(1.0, error_if_nonfinite=True))
+
     zero = Zero(ok, optim.AdamW, stage=2)
     sd = zero.state_dict()
     sd["layout"]["rank"] = (r + 1) % world.size
