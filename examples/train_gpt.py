@@ -5,7 +5,8 @@ logging, checkpoints) -> the final validation loss and a generated sample. Every
 file (SPMD). Each optimizer step uses ``--batch-size`` windows of ``--block-size`` characters in all, cut
 into ``--grad-accum`` micro-batches and split across the ranks; DistributedDataParallel averages the
 gradients (or, with ``--zero 1|2``, the ZeRO optimizer reduce-scatters them and keeps 1/N of the AdamW
-state per rank). Any number of ranks trains the same model as one process, from the same seed.
+state per rank). Any number of ranks trains the same model as one process, from the same seed (up to
+float rounding; with --dropout each rank draws its own masks, so there the layout changes the result).
 
     mpirun -n 8 python examples/train_gpt.py                          # the defaults: val loss <= 2.0
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
