@@ -12,9 +12,10 @@ over the whole batch; each such sum is exact to a few ulps, ~1e-16 relative. Fou
 update), measured over all layouts below: <= 2.2e-16 relative on the losses, <= 4.3e-17 absolute on the
 weights (|w| <= 1.01). One exception: the key bias (the middle third of ``attn.c_attn.bias``) has a
 gradient that is exactly 0 in exact arithmetic (adding a constant to every key leaves the softmax
-unchanged), so its computed gradient is pure rounding noise and AdamW's step for it is lr * noise /
-(sqrt(v) + eps), whatever the noise's size: the key bias ends as noise near 1e-16..1e-15, differing between
-layouts by up to its own size (measured 1.3e-16; 5e-16 without clipping). ``ATOL = 1e-14`` covers that
+unchanged), so its computed gradient is pure rounding noise (~1e-18), and AdamW moves it by
+lr * m / (sqrt(v) + eps) ~ lr * noise / eps (the noise is far below eps = 1e-8): the key bias ends as
+noise of 1e-16..1e-15, differing between layouts by up to its own size (measured 1.3e-16; 5e-16 without
+clipping). ``ATOL = 1e-14`` covers that
 with a 20x margin and is still 1e11 times smaller than what a real mistake moves a weight by (a wrong
 average or a wrong slice of the batch changes a step's update by ~lr = 2e-3).
 """
