@@ -188,7 +188,9 @@ def main() -> None:
 
     # Dropout masks from here on: each rank its own stream (seed + rank), as nanoGPT does. With one seed
     # for all, every rank would drop the same units of its (different) windows: the masks of the global
-    # batch would repeat once per rank instead of being drawn independently for each window.
+    # batch would repeat once per rank instead of being drawn independently for each window. (Per
+    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, would
+    # need one stream; see the README on seeds.)
     md.manual_seed(args.seed + rank)
 
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
