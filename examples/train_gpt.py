@@ -200,11 +200,13 @@ def main() -> None:
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
             scheduler.load_state_dict(info["extra"]["scheduler"])
-            saved = CharTokenizer.from_state_dict(info["extra"]["tokenizer"])
-            if saved.chars != tokenizer.chars:  # same number of characters, but id i is another one now
+            saved = CharTokenizer.from_state_dict(info["extra"]["tokenizer"]).chars
+            if saved != tokenizer.chars:  # as many characters (the weights fit), but an id means another
+                lost = "".join(sorted(set(saved) - set(tokenizer.chars)))
+                new = "".join(sorted(set(tokenizer.chars) - set(saved)))
                 raise ValueError(
-                    f"the checkpoint's vocabulary ({saved.vocab_size} characters) is not this text's "
-                    f"({tokenizer.vocab_size}): resume with the --data it was trained on."
+                    f"the checkpoint was trained on another vocabulary (this text lacks {lost!r} and has "
+                    f"{new!r} instead); resume with the --data it was trained on."
                 )
             if rank == 0:
                 print(f"resumed from {info['path']} at step {step}")

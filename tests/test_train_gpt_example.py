@@ -191,7 +191,9 @@ def test_trains_on_a_given_text_file_and_resumes_only_with_its_vocabulary(tmp_pa
     other.write_text(text.replace("q", "z"))
     result = launch(1, *TINY, "--data", str(other), "--checkpoint-dir", str(ckpt), "--resume", check=False)
     assert result.returncode == 2
-    assert result.stderr.startswith("error: the checkpoint's vocabulary"), result.stderr
+    assert result.stderr.startswith(
+        "error: the checkpoint was trained on another vocabulary (this text lacks 'q' and has 'z' instead)"
+    ), result.stderr
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -98,8 +98,10 @@ class GPT(Module):
         gen = random.generator()
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
 
-        def normal(std: float, p: Tensor) -> Any:  # drawn on the host (the same numbers on CPU and GPU),
-            return backend.asarray(gen.normal(0.0, std, size=p.shape), dtype=p.dtype)  # then copied over
+        def normal(std: float, p: Tensor) -> Any:
+            # Drawn on the host (the same numbers on CPU and GPU), then copied to the backend: CuPy does
+            # not take a host array through p.data[...] = (it raises ValueError).
+            return backend.asarray(gen.normal(0.0, std, size=p.shape), dtype=p.dtype)
 
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
