@@ -5,7 +5,8 @@ logging, checkpoints) -> the final validation loss and a generated sample. Every
 file (SPMD). Each optimizer step uses ``--batch-size`` windows of ``--block-size`` characters in all, cut
 into ``--grad-accum`` micro-batches and split across the ranks; DistributedDataParallel averages the
 gradients (or, with ``--zero 1|2``, the ZeRO optimizer reduce-scatters them and keeps 1/N of the AdamW
-state per rank). Any number of ranks trains the same model as one process, from the same seed.
+state per rank). Any number of ranks trains the same model as one process, from the same seed (up to
+float rounding; with --dropout each rank draws its own masks, so there the layout changes the result).
 
     mpirun -n 8 python examples/train_gpt.py                          # the defaults: val loss <= 2.0
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
@@ -49,15 +50,24 @@ from minidist.nn import functional as F
 from minidist.optim.lr_scheduler import cosine_with_warmup
 from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_
 
+
+def positive(text: str) -> int:
+    """An argparse type: an int >= 1 (an interval of 0 would divide by zero in the middle of training)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(
     description="Train a character-level GPT data-parallel (flags follow nanoGPT's names).",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
 )
 parser.add_argument("--data", default=None, help="a UTF-8 text file (default: the bundled Shakespeare)")
 parser.add_argument("--max-iters", type=int, default=2000, help="optimizer steps")
-parser.add_argument("--eval-interval", type=int, default=250, help="estimate train/val loss every N steps")
-parser.add_argument("--eval-iters", type=int, default=20, help="batches per loss estimate")
-parser.add_argument("--log-interval", type=int, default=50, help="print step, loss, tokens/s, MFU every N")
+parser.add_argument("--eval-interval", type=positive, default=250, help="estimate train/val loss every N")
+parser.add_argument("--eval-iters", type=positive, default=20, help="batches per loss estimate")
+parser.add_argument("--log-interval", type=positive, default=50, help="log step, loss, tokens/s, MFU every N")
 parser.add_argument("--batch-size", type=int, default=16, help="GLOBAL windows per step (split over ranks)")
 parser.add_argument("--block-size", type=int, default=64, help="context length, characters")
 parser.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
@@ -79,6 +89,14 @@ parser.add_argument("--checkpoint-dir", default=None, help="save here at every e
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
 parser.add_argument("--sample-tokens", type=int, default=300, help="characters to generate at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags (``sys.argv`` by default); a bad value or combination exits with argparse's code 2."""
+    args = parser.parse_args(argv)
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    return args
 
 
 def estimate_loss(gpt: GPT, splits: dict, eval_iters: int) -> dict[str, float]:
@@ -122,7 +140,7 @@ def main() -> None:
     rank, world_size = world.rank, world.size
     with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
         with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
-            args = parser.parse_args()
+            args = parse_arguments()
 
     # --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB).
     text = load_text(args.data) if args.data else load_shakespeare()
@@ -168,13 +186,28 @@ def main() -> None:
     warmup = max(1, min(args.warmup_iters, args.max_iters // 2))
     scheduler = cosine_with_warmup(optimizer, warmup, max(args.max_iters, 2), eta_min=args.min_lr)
 
-    # --- resume: weights, AdamW state, the position in the data stream and the schedule.
+    # Dropout masks from here on: each rank its own stream (seed + rank), as nanoGPT does. With one seed
+    # for all, every rank would drop the same units of its (different) windows: the masks of the global
+    # batch would repeat once per rank instead of being drawn independently for each window. (Per
+    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, would
+    # need one stream; see the README on seeds.)
+    md.manual_seed(args.seed + rank)
+
+    # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
-    if args.resume and args.checkpoint_dir:
+    if args.resume:
         info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
             scheduler.load_state_dict(info["extra"]["scheduler"])
+            saved = CharTokenizer.from_state_dict(info["extra"]["tokenizer"]).chars
+            if saved != tokenizer.chars:  # as many characters (the weights fit), but an id means another
+                lost = "".join(sorted(set(saved) - set(tokenizer.chars)))
+                new = "".join(sorted(set(tokenizer.chars) - set(saved)))
+                raise ValueError(
+                    f"the checkpoint was trained on another vocabulary (this text lacks {lost!r} and has "
+                    f"{new!r} instead); resume with the --data it was trained on."
+                )
             if rank == 0:
                 print(f"resumed from {info['path']} at step {step}")
         elif rank == 0:

@@ -97,13 +97,19 @@ class GPT(Module):
         """GPT-2's initialisation (module docstring), drawn in ``named_parameters`` order."""
         gen = random.generator()
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+
+        def normal(std: float, p: Tensor) -> Any:
+            # Drawn on the host (the same numbers on CPU and GPU), then copied to the backend: CuPy does
+            # not take a host array through p.data[...] = (it raises ValueError).
+            return backend.asarray(gen.normal(0.0, std, size=p.shape), dtype=p.dtype)
+
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                p.data[...] = gen.normal(0.0, residual_std, size=p.shape)
+                p.data[...] = normal(residual_std, p)
             elif name.startswith("ln_") or ".ln_" in name:
                 p.data[...] = 1.0 if name.endswith("weight") else 0.0
             elif name.endswith("weight"):  # Linear weights and both embeddings
-                p.data[...] = gen.normal(0.0, 0.02, size=p.shape)
+                p.data[...] = normal(0.02, p)
             else:  # Linear biases
                 p.data[...] = 0.0
 

@@ -1,0 +1,237 @@
+"""examples/train_gpt.py on real ranks (issue 17, items 4-5): one process and data parallelism train the
+same GPT; a resumed run is the uninterrupted one; bad flags end every rank with one message.
+
+Every run goes through the example itself, with a tiny float64 model for a few steps (``TINY``), and
+saves its losses and final weights with ``--out``. Runs are cached for the module (``trained``): the
+2-rank run is the reference of the equivalence tests and also the run whose checkpoints are resumed.
+
+Tolerances (float64, machine epsilon 1.1e-16). A layout changes only the order of sums: DDP and ZeRO add
+the ranks' gradients, accumulation adds the micro-batches', in another order than one process's matmul
+over the whole batch; each such sum is exact to a few ulps, ~1e-16 relative. Four AdamW steps keep that
+(the update m / sqrt(v) is scale-free, so a relative error in the gradient stays a relative error in the
+update), measured over all layouts below: <= 2.2e-16 relative on the losses, <= 4.3e-17 absolute on the
+weights (|w| <= 1.01). One exception: the key bias (the middle third of ``attn.c_attn.bias``) has a
+gradient that is exactly 0 in exact arithmetic (adding a constant to every key leaves the softmax
+unchanged), so its computed gradient is pure rounding noise (~1e-18), and AdamW moves it by
+lr * m / (sqrt(v) + eps) ~ lr * noise / eps (the noise is far below eps = 1e-8): the key bias ends as
+noise of 1e-16..1e-15, differing between layouts by up to its own size (measured 1.3e-16; 5e-16 without
+clipping). ``ATOL = 1e-14`` covers that
+with a 20x margin and is still 1e11 times smaller than what a real mistake moves a weight by (a wrong
+average or a wrong slice of the batch changes a step's update by ~lr = 2e-3).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi_utils import REPO, mpi_env, run_mpi
+
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+# 12 windows per step: divisible by 1, 2, 3, 4 ranks and by ranks x accumulation for the combos below.
+# --eval-interval 2 saves a checkpoint at steps 2 and 4 when --checkpoint-dir is given; evaluating has no
+# effect on training (its own windows, no dropout, no graph), so every run uses it. --grad-clip 0.1: the
+# gradient norm of this model is ~0.4, so clipping acts at every step (at the default 1.0 it never would).
+TINY = (
+    "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--batch-size", "12",
+    "--max-iters", "4", "--eval-interval", "2", "--eval-iters", "1", "--sample-tokens", "5",
+    "--dtype", "float64", "--grad-clip", "0.1",
+)  # fmt: skip
+RTOL, ATOL = 1e-13, 1e-14  # see the module docstring
+
+
+def launch(n: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The example on ``n`` ranks (``n == 1``: a plain ``python`` process, no mpiexec start-up)."""
+    if n > 1:
+        return run_mpi(n, EXAMPLE, *args, timeout=120, check=check)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, env=mpi_env(), timeout=120
+    )
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``trained(n, *flags)``: ``(stdout, {losses, val_loss, weights...}, checkpoint folder)`` of the
+    example with ``TINY`` and ``flags`` on ``n`` ranks, run once per module."""
+    runs: dict[tuple, tuple] = {}
+
+    def run(n: int, *flags: str) -> tuple[str, dict[str, np.ndarray], Path]:
+        if (n, flags) not in runs:
+            folder = tmp_path_factory.mktemp(f"gpt{n}")
+            out = folder / "out.npz"
+            ckpt = folder / "ckpt"
+            result = launch(n, *TINY, *flags, "--checkpoint-dir", str(ckpt), "--out", str(out))
+            with np.load(out) as saved:
+                runs[n, flags] = (result.stdout, dict(saved), ckpt)
+        return runs[n, flags]
+
+    return run
+
+
+def assert_same_training(got: dict, expected: dict, exact: bool = False) -> None:
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        if exact:
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------ equivalence
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("n", "flags"),
+    [
+        (1, ()),  # the whole batch at once on one process
+        (1, ("--grad-accum", "4")),  # one process, 4 micro-batches of 3: what 4 ranks see
+        (3, ("--grad-accum", "2")),  # DDP, accumulation with no_sync: 6 micro-batches of 2
+        (4, ()),
+        (2, ("--zero", "1", "--grad-accum", "3")),  # sharded AdamW state
+        (3, ("--zero", "2", "--grad-accum", "4")),  # and sharded gradients, micro-batches of 1
+    ],
+    ids=["1", "1-accum4", "3-accum2", "4", "2-zero1-accum3", "3-zero2-accum4"],
+)
+def test_data_parallel_trains_the_model_of_one_process(trained, n, flags):
+    """Each layout against DDP on 2 ranks: the same losses at every step and the same final weights."""
+    _, reference, _ = trained(2)
+    _, result, _ = trained(n, *flags)
+    assert_same_training(result, reference)
+    assert len(result["losses"]) == 4 and np.all(np.diff(result["losses"]) != 0)  # 4 real steps
+
+
+@pytest.mark.mpi
+def test_dropout_masks_differ_per_rank_so_layouts_differ_only_with_dropout(trained):
+    """With dropout each rank draws its own masks (seed + rank, nanoGPT's rule): 2 ranks then do not
+    draw the masks 1 process draws, and no layout can match another. So equivalence is tested at
+    dropout 0 (above); with dropout, resume is still bit-exact on the same layout (below)."""
+    _, no_dropout, _ = trained(2)
+    _, dropped, _ = trained(2, "--dropout", "0.2")
+    assert not np.allclose(dropped["losses"][1:], no_dropout["losses"][1:], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def checkpoint_at_step_2(ckpt: Path, into: Path) -> Path:
+    """A checkpoint root holding only the step-2 checkpoint of ``ckpt`` (as if the run had stopped after
+    saving it); ``load_latest`` resumes from its only committed step."""
+    shutil.copytree(ckpt / "step_000000002", into / "step_000000002")
+    return into
+
+
+@pytest.mark.mpi
+def test_resume_is_bit_exact_on_the_same_layout_with_dropout(trained, tmp_path):
+    """2 steps, checkpoint, 2 more == 4 uninterrupted, to the last bit: the weights, AdamW's moments,
+    the data position, the scheduler and each rank's dropout stream all come back."""
+    flags = ("--dropout", "0.2")
+    _, full, ckpt = trained(2, *flags)
+    root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
+    out = tmp_path / "resumed.npz"
+    result = launch(2, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out))
+    assert "at step 2" in result.stdout
+    with np.load(out) as resumed:
+        assert_same_training(dict(resumed), full, exact=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("n", "flags"), [(1, ()), (4, ("--zero", "2"))], ids=["1", "4-zero2"])
+def test_resume_on_another_layout(trained, tmp_path, n, flags):
+    """The 2-rank DDP checkpoint of step 2 resumed on 1 process, or on 4 ranks with ZeRO-2 (AdamW's
+    state resharded), ends where the uninterrupted 2-rank run ends (same tolerances as above)."""
+    _, full, ckpt = trained(2)
+    root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
+    out = tmp_path / "resumed.npz"
+    result = launch(n, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out))
+    assert "at step 2" in result.stdout
+    with np.load(out) as resumed:
+        assert_same_training(dict(resumed), full)
+
+
+@pytest.mark.mpi
+def test_checkpoint_carries_the_vocabulary_and_the_schedule(trained):
+    import json  # noqa: PLC0415
+
+    _, _, ckpt = trained(2)
+    extra = json.loads((ckpt / "step_000000002" / "manifest.json").read_text())["extra"]
+    text = (REPO / "minidist" / "data" / "shakespeare.txt").read_text()
+    assert extra["tokenizer"] == {"kind": "char", "chars": "".join(sorted(set(text)))}
+    assert extra["scheduler"]["last_epoch"] == 2 and len(extra["losses"]) == 2
+
+
+# ------------------------------------------------------------------------------- the example's output
+@pytest.mark.mpi
+def test_prints_the_validation_loss_then_a_sample(trained):
+    stdout, result, _ = trained(2)
+    match = re.search(r"^val loss: (\d+\.\d{4})\n", stdout, re.MULTILINE)
+    assert match, stdout
+    assert float(match.group(1)) == pytest.approx(float(result["val_loss"]), abs=5e-5)
+    sample = stdout[match.end() :]
+    # The prompt (a newline) and --sample-tokens 5 characters, then print's newline: nothing after it.
+    assert len(sample) == 1 + 5 + 1 and sample[0] == "\n" and sample[-1] == "\n", repr(sample)
+    assert re.search(r"^step +4: train loss \d+\.\d{4}, val loss \d+\.\d{4}$", stdout, re.MULTILINE)
+    assert re.search(r"^step +4: loss \d+\.\d{4}, [\d,]+ tokens/s, MFU \d+\.\d%$", stdout, re.MULTILINE)
+
+
+def test_trains_on_a_given_text_file_and_resumes_only_with_its_vocabulary(tmp_path):
+    text = "to be or not to be, that is the question.\n" * 20
+    own = tmp_path / "own.txt"
+    own.write_text(text)
+    ckpt = tmp_path / "ckpt"
+    result = launch(1, *TINY, "--data", str(own), "--checkpoint-dir", str(ckpt))
+    assert f"{len(set(text))} characters" in result.stdout and "val loss: " in result.stdout
+    # Same length and number of characters, another character: the ids would mean other characters.
+    other = tmp_path / "other.txt"
+    other.write_text(text.replace("q", "z"))
+    result = launch(1, *TINY, "--data", str(other), "--checkpoint-dir", str(ckpt), "--resume", check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "error: the checkpoint was trained on another vocabulary (this text lacks 'q' and has 'z' instead)"
+    ), result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--grad-accum", "5"), "error on ranks 0-1: batch_size=12 does not divide by world_size * "),
+        (("--n-embd", "15"), "error on ranks 0-1: GPTConfig: n_embd=15 must be divisible by n_head=2"),
+        (("--data", "missing.txt"), "error on ranks 0-1: text file 'missing.txt' does not exist"),
+        (("--data", "LATIN1"), "error on ranks 0-1: text file '{}' is not valid UTF-8 (byte 0xe9"),
+    ],
+    ids=["batch", "heads", "missing-file", "not-utf8"],
+)
+def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café au lait\n".encode("latin-1"))
+    flags = tuple(str(latin1) if f == "LATIN1" else f for f in flags)
+    result = launch(2, *TINY, *flags, check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message.format(latin1)), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--eval-interval", "0"], "argument --eval-interval: must be an integer >= 1, got 0"),
+        (["--log-interval", "-1"], "argument --log-interval: must be an integer >= 1, got -1"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+    ],
+)
+def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
+    """In this process: the example's own checks, before any MPI (an interval of 0 would divide by zero
+    in the middle of training)."""
+    spec = importlib.util.spec_from_file_location("train_gpt", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # defines the parser and functions; main() runs only as a script
+    with pytest.raises(SystemExit) as exit_info:
+        example.parse_arguments(flags)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
