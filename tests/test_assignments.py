@@ -299,10 +299,11 @@ MUTANTS = [
      '                    "shard file corrupt: its sha256 checksum differs from the manifest", path\n'
      "                )\n            # END SOLUTION",
      "            pass\n            # END SOLUTION", "silently different model", None),
-    ("A8", "A8.1", "minidist/ops/layer_norm.py", "g -= xhat * mean_g_xhat", "pass",  # sigma as a constant
+    ("A8", "A8.1", "minidist/ops/layer_norm.py",
+     "g -= xhat * (dy_xhat @ self.weight_over_n)[:, None]", "pass",  # sigma as a constant
      "orthogonal to that row's xhat", None),
-    ("A8", "A8.1", "minidist/ops/layer_norm.py", "mean_g = (dy @ weight)[:, None] / n",
-     "mean_g = (dy @ weight)[:, None]", "must sum to 0", None),  # a sum where the mean belongs: no 1/n
+    ("A8", "A8.1", "minidist/ops/layer_norm.py", "g -= (dy @ self.weight_over_n)[:, None]",
+     "g -= (dy @ self.weight_over_n)[:, None] * n", "must sum to 0", None),  # a sum where the mean belongs
     ("A8", "A8.2", "minidist/ops/attention.py", "grad_q *= grad_q.dtype.type(self.scale)", "pass",
      "times the right one", None),  # the scale forgotten in dL/dq
     ("A8", "A8.2", "minidist/ops/attention.py", "dp -= (dp * p).sum(axis=-1, keepdims=True)", "pass",
