@@ -265,7 +265,7 @@ def test_attention_mixed_dtypes_raise_runtime_error():
 @pytest.mark.parametrize(
     ("kv_length", "mask", "scale"),
     [(5, "none", None), (5, "causal", None), (7, "causal", 0.3), (3, "causal", None), (6, "bool", None),
-     (6, "float", 2.0), (6, "bool-empty-row", None)],
+     (6, "float", 2.0), (6, "bool-empty-row", None), (0, "none", None), (0, "causal", None)],
 )  # fmt: skip
 def test_attention_matches_torch(kv_length, mask, scale):
     rng = np.random.default_rng(3)
@@ -289,6 +289,15 @@ def test_attention_matches_torch(kv_length, mask, scale):
     np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
     for mine, reference in zip(ours, theirs):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_attention_over_no_keys_is_zero():
+    """S = 0 (no key at all): every output is an empty weighted sum, 0, and so is every gradient, as in
+    torch (max() over the empty score rows raised ValueError before)."""
+    q, k, v = (md.tensor(np.ones(s), requires_grad=True) for s in ((2, 3, 4), (2, 0, 4), (2, 0, 5)))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert out.shape == (2, 3, 5) and not out.numpy().any() and not q.grad.any()
 
 
 # ------------------------------------------------------------------------------ the Tensor methods a GPT uses

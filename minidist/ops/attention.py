@@ -40,7 +40,8 @@ class ScaledDotProductAttention(Function):
     """O = dropout(softmax(scale Q K^T + bias)) V (module docstring for the math and the backward).
 
     ``bias``: an additive (L, S)-broadcastable array (0 or -inf for a boolean mask) or None;
-    ``empty_rows``: whether a row may have no key left (never with the causal mask: key 0 is always there).
+    ``empty_rows``: whether a row may have no key left (a mask, or S = 0; never with the causal mask
+    alone: key 0 is always there).
     """
 
     saved_inputs = (1, 2)  # K and V; Q is kept scaled, as the op's own array
@@ -55,7 +56,10 @@ class ScaledDotProductAttention(Function):
         # The softmax, in place on our own scores. Subtracting each row's maximum first changes nothing
         # mathematically (softmax(s) = softmax(s - c)) but keeps every exponent <= 0, so e^s cannot
         # overflow in float32 (e^89 already does). The masked entries are -inf and become exactly 0.
-        row_max = scores.max(axis=-1, keepdims=True)
+        if scores.shape[-1]:
+            row_max = scores.max(axis=-1, keepdims=True)
+        else:  # no keys at all (S = 0): max() of nothing raises; every row is empty, so outputs are 0
+            row_max = xp.zeros(scores.shape[:-1] + (1,), dtype=scores.dtype)
         if empty_rows:  # a row whose keys are all masked: 0 weights (and output), as torch
             row_max = xp.where(xp.isneginf(row_max), 0, row_max)
         scores -= row_max
@@ -122,7 +126,8 @@ def scaled_dot_product_attention(
     (batch, heads) broadcast. ``scale`` defaults to 1/sqrt(E). ``is_causal``: query i attends to keys
     0..i (lower-triangular (L, S) mask, top-left aligned). ``attn_mask`` broadcastable to (..., L, S):
     boolean (True = may attend) or of the query's float dtype (added to the scores; not
-    differentiated). A query whose keys are all masked gets zero weights, so a zero output, as torch.
+    differentiated). A query whose keys are all masked (or S = 0) gets zero weights, so a zero output,
+    as torch.
     ``dropout_p``: dropout on the attention weights, drawn from minidist's seeded generator (the
     per-rank stream for a tensor-parallel shard, as ``dropout``); pass 0 in evaluation, as torch.
 
@@ -173,7 +178,7 @@ def scaled_dot_product_attention(
             key,
             value,
             bias=bias,
-            empty_rows=attn_mask is not None,
+            empty_rows=attn_mask is not None or keys == 0,
             scale=scale,
             dropout_p=float(dropout_p),
         )
