@@ -110,6 +110,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        # (else the first save, after --eval-interval steps of training, would be the first to notice)
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
     return args
 
 

@@ -254,6 +254,7 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
         (["--sample-tokens", "-1"], "argument --sample-tokens: must be an integer >= 0, got -1"),
         (["--max-iters", "-1"], "argument --max-iters: must be an integer >= 0, got -1"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
