@@ -291,6 +291,18 @@ def test_attention_matches_torch(kv_length, mask, scale):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_attention_refuses_a_mask_that_requires_grad():
+    """torch differentiates a float mask (a learned bias); this op does not, so a mask that requires grad
+    is an error (it returned an output that did not even require grad, and the bias never trained)."""
+    q = md.tensor(np.ones((2, 3, 4)), requires_grad=True)
+    bias = md.tensor(np.zeros((3, 3)), requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"attn_mask requires grad.*attn_mask.detach\(\)"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+    with md.no_grad():  # no gradient wanted: the mask is only added
+        assert F.scaled_dot_product_attention(q, q, q, attn_mask=bias).shape == (2, 3, 4)
+    assert F.scaled_dot_product_attention(q, q, q, attn_mask=bias.detach()).requires_grad
+
+
 def test_attention_over_no_keys_is_zero():
     """S = 0 (no key at all): every output is an empty weighted sum, 0, and so is every gradient, as in
     torch (max() over the empty score rows raised ValueError before)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.autograd import grad_mode
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
@@ -132,6 +133,8 @@ def scaled_dot_product_attention(
     per-rank stream for a tensor-parallel shard, as ``dropout``); pass 0 in evaluation, as torch.
 
     Raises:
+        NotImplementedError (a RuntimeError): ``attn_mask`` is a Tensor that requires grad (outside
+            ``no_grad``): torch differentiates it, this op does not.
         RuntimeError: both ``attn_mask`` and ``is_causal`` given; query, key and value of different
             dtypes; a mask of another dtype or of a shape that does not broadcast; E or S differ
             between the inputs, or their leading axes do not broadcast (torch's texts where it has them).
@@ -170,6 +173,14 @@ def scaled_dot_product_attention(
             )
         bias = _causal_bias(length, keys, query.dtype.str, is_gpu_array(query.data))
     elif attn_mask is not None:
+        if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and grad_mode.is_grad_enabled():
+            # torch differentiates a float mask (a learned attention bias); this op does not, and a bias
+            # silently left without its gradient would never train.
+            raise NotImplementedError(
+                "scaled_dot_product_attention: attn_mask requires grad, but minidist's attention does not "
+                "differentiate the mask; pass attn_mask.detach(), or add a learned bias to the scores "
+                "with your own ops (softmax(q @ k^T * scale + bias) @ v)"
+            )
         bias = _mask_to_bias(attn_mask, query, key, (length, keys))
     scale = 1.0 / math.sqrt(features) if scale is None else float(scale)
     with mask_stream(query):
