@@ -291,6 +291,16 @@ def test_attention_matches_torch(kv_length, mask, scale):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_integer_inputs_are_runtime_errors_as_torch():
+    """torch refuses integer inputs to both ops; layer_norm returned integer zeros, attention failed
+    inside NumPy's exp with a casting error."""
+    ints = md.tensor(np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(RuntimeError, match="layer_norm: expected a floating-point input, got int64"):
+        F.layer_norm(ints, 3)
+    with pytest.raises(RuntimeError, match="expected floating-point query, key and value, got int64"):
+        F.scaled_dot_product_attention(ints, ints, ints)
+
+
 def test_attention_refuses_a_mask_that_requires_grad():
     """torch differentiates a float mask (a learned bias); this op does not, so a mask that requires grad
     is an error (it returned an output that did not even require grad, and the bias never trained)."""

@@ -136,8 +136,9 @@ def scaled_dot_product_attention(
         NotImplementedError (a RuntimeError): ``attn_mask`` is a Tensor that requires grad (outside
             ``no_grad``): torch differentiates it, this op does not.
         RuntimeError: both ``attn_mask`` and ``is_causal`` given; query, key and value of different
-            dtypes; a mask of another dtype or of a shape that does not broadcast; E or S differ
-            between the inputs, or their leading axes do not broadcast (torch's texts where it has them).
+            dtypes, or not floating-point; a mask of another dtype or of a shape that does not
+            broadcast; E or S differ between the inputs, or their leading axes do not broadcast
+            (torch's texts where it has them).
         ValueError: an input with fewer than 2 axes, or ``dropout_p`` outside [0, 1].
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -149,6 +150,11 @@ def scaled_dot_product_attention(
         raise RuntimeError(
             "Expected query, key, and value to have the same dtype, but got query.dtype: "
             f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+        )
+    if query.dtype.kind != "f":  # (integers failed inside NumPy's exp, with a casting error)
+        raise RuntimeError(
+            f"scaled_dot_product_attention: expected floating-point query, key and value, got {query.dtype}; "
+            "convert them to float32 or float64"
         )
     (length, features), (keys, key_features) = query.shape[-2:], key.shape[-2:]
     if features != key_features or keys != value.shape[-2]:
