@@ -65,12 +65,20 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    """An argparse type: an int >= 0 (checked at the start, not after a whole run of training)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(
     description="Train a character-level GPT data-parallel (flags follow nanoGPT's names).",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
 )
 parser.add_argument("--data", default=None, help="a UTF-8 text file (default: the bundled Shakespeare)")
-parser.add_argument("--max-iters", type=int, default=1000, help="optimizer steps")
+parser.add_argument("--max-iters", type=non_negative, default=1000, help="optimizer steps")
 parser.add_argument("--eval-interval", type=positive, default=250, help="estimate train/val loss every N")
 parser.add_argument("--eval-iters", type=positive, default=20, help="batches per loss estimate")
 parser.add_argument("--log-interval", type=positive, default=50, help="log step, loss, tokens/s, MFU every N")
@@ -93,7 +101,7 @@ parser.add_argument("--seed", type=int, default=1337, help="weights, data window
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
 parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
-parser.add_argument("--sample-tokens", type=int, default=300, help="characters to generate at the end")
+parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
 
 
@@ -102,6 +110,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        # (else the first save, after --eval-interval steps of training, would be the first to notice)
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
     return args
 
 
@@ -152,6 +163,13 @@ def main() -> None:
     text = load_text(args.data) if args.data else load_shakespeare()
     tokenizer = CharTokenizer(text)  # the vocabulary: every distinct character, sorted
     train_ids, val_ids = train_val_split(tokenizer.encode(text))  # first 90 % train, last 10 % validation
+    for part, ids in (("training part (first 90 %)", train_ids), ("validation part (last 10 %)", val_ids)):
+        if len(ids) < args.block_size + 1:  # (RandomWindows would say so too, without naming the part)
+            raise ValueError(
+                f"the text's {part} has {len(ids)} characters, fewer than --block-size + 1 = "
+                f"{args.block_size + 1} (a window and the character after it); use a longer text or a "
+                "smaller --block-size."
+            )
     # Each step draws --batch-size random windows, the same on every rank (from the seed and the step
     # number); this rank takes its slice, as --grad-accum micro-batches. --batch-size must divide by
     # ranks x --grad-accum (a ValueError on every rank otherwise, saying which sizes work).
@@ -205,7 +223,11 @@ def main() -> None:
         info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
-            scheduler.load_state_dict(info["extra"]["scheduler"])
+            # The rate is a function of the step and of THIS run's flags: step the schedule to where the run
+            # stands. (Loading the saved scheduler would keep the saved run's --max-iters: a run extended
+            # with a larger one would follow the cosine past its end, back up to the peak rate.)
+            for _ in range(step):
+                scheduler.step()
             saved = CharTokenizer.from_state_dict(info["extra"]["tokenizer"]).chars
             if saved != tokenizer.chars:  # as many characters (the weights fit), but an id means another
                 lost = "".join(sorted(set(saved) - set(tokenizer.chars)))
@@ -282,7 +304,8 @@ def main() -> None:
         estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
     if rank == 0:
         print(f"val loss: {estimate['val']:.4f}")
-        prompt = tokenizer.encode("\n")[None, :]  # (1, 1): start from a newline
+        # (1, 1): start from a newline, or from the text's first character if it has none
+        prompt = tokenizer.encode("\n" if "\n" in tokenizer.chars else text[0])[None, :]
         rng = np.random.default_rng(args.seed)  # its own generator: sampling leaves training's untouched
         sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=rng)
         print(tokenizer.decode(sample[0]))

@@ -147,6 +147,8 @@ def test_low_temperature_concentrates_on_the_argmax():
         ({"n_embd": 10, "n_head": 4}, ValueError, "divisible by n_head"),
         ({"n_layer": 0}, ValueError, "n_layer must be a positive"),
         ({"dropout": 1.0}, ValueError, "dropout"),
+        ({"vocab_size": 5.5}, TypeError, "vocab_size must be an int, got 5.5"),
+        ({"n_embd": "8"}, TypeError, "n_embd must be an int"),
     ],
 )
 def test_bad_config_is_a_clear_error(kwargs, error, match):
@@ -164,6 +166,12 @@ def test_bad_inputs_are_clear_errors():
         model.generate(_ids((1, 2)), 1, temperature=0)
     with pytest.raises(ValueError, match="top_k"):
         model.generate(_ids((1, 2)), 1, top_k=0)
+    with pytest.raises(ValueError, match="temperature"):  # NaN passed the "<= 0" check, then sampled id 0
+        model.generate(_ids((1, 2)), 1, temperature=float("nan"))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.generate(np.zeros((1, 0), dtype=np.int64), 1)
+    with pytest.raises(ValueError, match=r"\(batch, length\), got shape \(3,\)"):
+        model(np.array([1, 2, 3]))
     with pytest.raises(ValueError, match="multiple of n_head"):
         CausalSelfAttention(10, 4)
 

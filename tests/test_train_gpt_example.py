@@ -154,6 +154,21 @@ def test_resume_on_another_layout(trained, tmp_path, n, flags):
         assert_same_training(dict(resumed), full)
 
 
+def test_a_resumed_run_with_more_steps_decays_over_the_new_length(trained, tmp_path):
+    """The 4-step run resumed with --max-iters 6 decays its cosine over 6 steps and ends at --min-lr
+    (2e-4), as a 6-step run does. (The saved scheduler of the 4-step run, restored, had ended its cosine
+    at step 4 and climbed back to the peak 2e-3 by step 6: the cosine is periodic past its end.)"""
+    import json  # noqa: PLC0415
+
+    _, _, ckpt = trained(2)
+    root = tmp_path / "ckpt"
+    shutil.copytree(ckpt / "step_000000004", root / "step_000000004")
+    result = launch(1, *TINY, "--max-iters", "6", "--checkpoint-dir", str(root), "--resume")
+    assert "at step 4" in result.stdout
+    manifest = json.loads((root / "step_000000006" / "manifest.json").read_text())
+    assert [group["lr"] for group in manifest["optimizer"]["param_groups"]] == pytest.approx([2e-4, 2e-4])
+
+
 @pytest.mark.mpi
 def test_checkpoint_carries_the_vocabulary_and_the_schedule(trained):
     import json  # noqa: PLC0415
@@ -196,6 +211,16 @@ def test_trains_on_a_given_text_file_and_resumes_only_with_its_vocabulary(tmp_pa
     ), result.stderr
 
 
+def test_a_text_without_a_newline_is_sampled_from_its_first_character(tmp_path):
+    """The sample's prompt is a newline only where the text has one (encoding it raised ValueError,
+    after the whole run, on rank 0 alone)."""
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text("to be or not to be, that is the question. " * 20)
+    result = launch(1, *TINY, "--max-iters", "1", "--data", str(one_line))
+    sample = result.stdout[result.stdout.index("val loss: ") :].split("\n", 1)[1]
+    assert sample.startswith("t") and len(sample) == 1 + 5 + 1, repr(sample)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 @pytest.mark.mpi
 @pytest.mark.parametrize(
@@ -205,13 +230,16 @@ def test_trains_on_a_given_text_file_and_resumes_only_with_its_vocabulary(tmp_pa
         (("--n-embd", "15"), "error on ranks 0-1: GPTConfig: n_embd=15 must be divisible by n_head=2"),
         (("--data", "missing.txt"), "error on ranks 0-1: text file 'missing.txt' does not exist"),
         (("--data", "LATIN1"), "error on ranks 0-1: text file '{}' is not valid UTF-8 (byte 0xe9"),
+        (("--data", "SHORT"), "error on ranks 0-1: the text's validation part (last 10 %) has 3 characters"),
     ],
-    ids=["batch", "heads", "missing-file", "not-utf8"],
+    ids=["batch", "heads", "missing-file", "not-utf8", "short-validation"],
 )
 def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café au lait\n".encode("latin-1"))
-    flags = tuple(str(latin1) if f == "LATIN1" else f for f in flags)
+    short = tmp_path / "short.txt"  # 30 characters: 27 for training, 3 for validation (block size 16)
+    short.write_text("abcdefghijklmnopqrstuvwxyz01\n\n")
+    flags = tuple({"LATIN1": str(latin1), "SHORT": str(short)}.get(f, f) for f in flags)
     result = launch(2, *TINY, *flags, check=False)
     assert result.returncode == 2
     assert result.stderr.startswith(message.format(latin1)), result.stderr
@@ -223,7 +251,10 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
     [
         (["--eval-interval", "0"], "argument --eval-interval: must be an integer >= 1, got 0"),
         (["--log-interval", "-1"], "argument --log-interval: must be an integer >= 1, got -1"),
+        (["--sample-tokens", "-1"], "argument --sample-tokens: must be an integer >= 0, got -1"),
+        (["--max-iters", "-1"], "argument --max-iters: must be an integer >= 0, got -1"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):

@@ -265,7 +265,7 @@ def test_attention_mixed_dtypes_raise_runtime_error():
 @pytest.mark.parametrize(
     ("kv_length", "mask", "scale"),
     [(5, "none", None), (5, "causal", None), (7, "causal", 0.3), (3, "causal", None), (6, "bool", None),
-     (6, "float", 2.0), (6, "bool-empty-row", None)],
+     (6, "float", 2.0), (6, "bool-empty-row", None), (0, "none", None), (0, "causal", None)],
 )  # fmt: skip
 def test_attention_matches_torch(kv_length, mask, scale):
     rng = np.random.default_rng(3)
@@ -289,6 +289,37 @@ def test_attention_matches_torch(kv_length, mask, scale):
     np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
     for mine, reference in zip(ours, theirs):
         np.testing.assert_allclose(mine.grad, reference.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_integer_inputs_are_runtime_errors_as_torch():
+    """torch refuses integer inputs to both ops; layer_norm returned integer zeros, attention failed
+    inside NumPy's exp with a casting error."""
+    ints = md.tensor(np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(RuntimeError, match="layer_norm: expected a floating-point input, got int64"):
+        F.layer_norm(ints, 3)
+    with pytest.raises(RuntimeError, match="expected floating-point query, key and value, got int64"):
+        F.scaled_dot_product_attention(ints, ints, ints)
+
+
+def test_attention_refuses_a_mask_that_requires_grad():
+    """torch differentiates a float mask (a learned bias); this op does not, so a mask that requires grad
+    is an error (it returned an output that did not even require grad, and the bias never trained)."""
+    q = md.tensor(np.ones((2, 3, 4)), requires_grad=True)
+    bias = md.tensor(np.zeros((3, 3)), requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"attn_mask requires grad.*attn_mask.detach\(\)"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+    with md.no_grad():  # no gradient wanted: the mask is only added
+        assert F.scaled_dot_product_attention(q, q, q, attn_mask=bias).shape == (2, 3, 4)
+    assert F.scaled_dot_product_attention(q, q, q, attn_mask=bias.detach()).requires_grad
+
+
+def test_attention_over_no_keys_is_zero():
+    """S = 0 (no key at all): every output is an empty weighted sum, 0, and so is every gradient, as in
+    torch (max() over the empty score rows raised ValueError before)."""
+    q, k, v = (md.tensor(np.ones(s), requires_grad=True) for s in ((2, 3, 4), (2, 0, 4), (2, 0, 5)))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert out.shape == (2, 3, 5) and not out.numpy().any() and not q.grad.any()
 
 
 # ------------------------------------------------------------------------------ the Tensor methods a GPT uses

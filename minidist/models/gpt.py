@@ -58,7 +58,10 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if int(getattr(self, name)) < 1:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):  # 5.5 or "5" failed later
+                raise TypeError(f"GPTConfig: {name} must be an int, got {value!r} ({type(value).__name__})")
+            if value < 1:
                 raise ValueError(f"GPTConfig: {name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
@@ -76,8 +79,8 @@ class GPT(Module):
     ``h.<i>.ln_1/attn.c_attn/attn.c_proj/ln_2/mlp.c_fc/mlp.c_proj.{weight,bias}``, ``ln_f.weight/bias``,
     and ``lm_head.weight`` only without weight tying.
 
-    Raises ``ValueError`` for a sequence longer than ``block_size`` and ``IndexError`` for a token id
-    outside [0, vocab_size).
+    Raises ``ValueError`` for ids that are not (B, T) or a sequence longer than ``block_size``, and
+    ``IndexError`` for a token id outside [0, vocab_size).
     """
 
     def __init__(self, config: GPTConfig):
@@ -116,6 +119,8 @@ class GPT(Module):
     def forward(self, idx: Any) -> Tensor:
         """Logits (B, T, vocab_size) for token ids ``idx`` (B, T), an integer array or Tensor."""
         idx = idx.data if isinstance(idx, Tensor) else idx
+        if idx.ndim != 2:  # (else a shape unpacking deep inside attention fails)
+            raise ValueError(f"GPT: token ids must be (batch, length), got shape {idx.shape}; use ids[None]")
         T = idx.shape[-1]
         if T > self.config.block_size:
             raise ValueError(
@@ -158,9 +163,10 @@ class GPT(Module):
         the previous mode. ``generator`` (a NumPy Generator) draws the samples; by default minidist's
         own, which advances it (pass your own to leave the training stream untouched).
 
-        Raises ``ValueError`` for temperature <= 0, top_k < 1 or max_new_tokens < 0.
+        Raises ``ValueError`` for temperature <= 0 (or NaN), top_k < 1, max_new_tokens < 0 or an empty
+        prompt (the first new token is predicted from the prompt's last one).
         """
-        if temperature <= 0:
+        if not temperature > 0:  # (also NaN, which compares false both ways and would sample token 0)
             raise ValueError(
                 f"generate: temperature must be > 0, got {temperature} (use a small value, e.g. 0.01)"
             )
@@ -170,6 +176,8 @@ class GPT(Module):
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         gen = generator if generator is not None else random.generator()
         out = np.array(idx.data if isinstance(idx, Tensor) else idx, dtype=np.int64, ndmin=2)
+        if out.shape[-1] == 0:
+            raise ValueError("generate: the prompt is empty; give at least one token id, e.g. a newline's")
         was_training = self.training
         self.eval()
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.autograd import grad_mode
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
@@ -40,7 +41,8 @@ class ScaledDotProductAttention(Function):
     """O = dropout(softmax(scale Q K^T + bias)) V (module docstring for the math and the backward).
 
     ``bias``: an additive (L, S)-broadcastable array (0 or -inf for a boolean mask) or None;
-    ``empty_rows``: whether a row may have no key left (never with the causal mask: key 0 is always there).
+    ``empty_rows``: whether a row may have no key left (a mask, or S = 0; never with the causal mask
+    alone: key 0 is always there).
     """
 
     saved_inputs = (1, 2)  # K and V; Q is kept scaled, as the op's own array
@@ -55,7 +57,10 @@ class ScaledDotProductAttention(Function):
         # The softmax, in place on our own scores. Subtracting each row's maximum first changes nothing
         # mathematically (softmax(s) = softmax(s - c)) but keeps every exponent <= 0, so e^s cannot
         # overflow in float32 (e^89 already does). The masked entries are -inf and become exactly 0.
-        row_max = scores.max(axis=-1, keepdims=True)
+        if scores.shape[-1]:
+            row_max = scores.max(axis=-1, keepdims=True)
+        else:  # no keys at all (S = 0): max() of nothing raises; every row is empty, so outputs are 0
+            row_max = xp.zeros(scores.shape[:-1] + (1,), dtype=scores.dtype)
         if empty_rows:  # a row whose keys are all masked: 0 weights (and output), as torch
             row_max = xp.where(xp.isneginf(row_max), 0, row_max)
         scores -= row_max
@@ -122,14 +127,18 @@ def scaled_dot_product_attention(
     (batch, heads) broadcast. ``scale`` defaults to 1/sqrt(E). ``is_causal``: query i attends to keys
     0..i (lower-triangular (L, S) mask, top-left aligned). ``attn_mask`` broadcastable to (..., L, S):
     boolean (True = may attend) or of the query's float dtype (added to the scores; not
-    differentiated). A query whose keys are all masked gets zero weights, so a zero output, as torch.
+    differentiated). A query whose keys are all masked (or S = 0) gets zero weights, so a zero output,
+    as torch.
     ``dropout_p``: dropout on the attention weights, drawn from minidist's seeded generator (the
     per-rank stream for a tensor-parallel shard, as ``dropout``); pass 0 in evaluation, as torch.
 
     Raises:
+        NotImplementedError (a RuntimeError): ``attn_mask`` is a Tensor that requires grad (outside
+            ``no_grad``): torch differentiates it, this op does not.
         RuntimeError: both ``attn_mask`` and ``is_causal`` given; query, key and value of different
-            dtypes; a mask of another dtype or of a shape that does not broadcast; E or S differ
-            between the inputs, or their leading axes do not broadcast (torch's texts where it has them).
+            dtypes, or not floating-point; a mask of another dtype or of a shape that does not
+            broadcast; E or S differ between the inputs, or their leading axes do not broadcast
+            (torch's texts where it has them).
         ValueError: an input with fewer than 2 axes, or ``dropout_p`` outside [0, 1].
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -141,6 +150,11 @@ def scaled_dot_product_attention(
         raise RuntimeError(
             "Expected query, key, and value to have the same dtype, but got query.dtype: "
             f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+        )
+    if query.dtype.kind != "f":  # (integers failed inside NumPy's exp, with a casting error)
+        raise RuntimeError(
+            f"scaled_dot_product_attention: expected floating-point query, key and value, got {query.dtype}; "
+            "convert them to float32 or float64"
         )
     (length, features), (keys, key_features) = query.shape[-2:], key.shape[-2:]
     if features != key_features or keys != value.shape[-2]:
@@ -165,6 +179,14 @@ def scaled_dot_product_attention(
             )
         bias = _causal_bias(length, keys, query.dtype.str, is_gpu_array(query.data))
     elif attn_mask is not None:
+        if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and grad_mode.is_grad_enabled():
+            # torch differentiates a float mask (a learned attention bias); this op does not, and a bias
+            # silently left without its gradient would never train.
+            raise NotImplementedError(
+                "scaled_dot_product_attention: attn_mask requires grad, but minidist's attention does not "
+                "differentiate the mask; pass attn_mask.detach(), or add a learned bias to the scores "
+                "with your own ops (softmax(q @ k^T * scale + bias) @ v)"
+            )
         bias = _mask_to_bias(attn_mask, query, key, (length, keys))
     scale = 1.0 / math.sqrt(features) if scale is None else float(scale)
     with mask_stream(query):
@@ -173,7 +195,7 @@ def scaled_dot_product_attention(
             key,
             value,
             bias=bias,
-            empty_rows=attn_mask is not None,
+            empty_rows=attn_mask is not None or keys == 0,
             scale=scale,
             dropout_p=float(dropout_p),
         )

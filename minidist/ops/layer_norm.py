@@ -96,14 +96,19 @@ def layer_norm(
     by n), as in torch; ``eps`` is added to it under the square root.
 
     Raises:
-        RuntimeError: the input's trailing shape is not ``normalized_shape``, or weight/bias have
-            another shape (torch's texts), or their dtype differs from the input's.
+        RuntimeError: the input is not floating-point (as torch); its trailing shape is not
+            ``normalized_shape``, or weight/bias have another shape (torch's texts), or their dtype
+            differs from the input's.
         ValueError: ``normalized_shape`` is empty.
     """
     single = isinstance(normalized_shape, (int, np.integer))
     shape = (int(normalized_shape),) if single else tuple(normalized_shape)
     if not shape:
         raise ValueError("layer_norm: normalized_shape must name at least one axis, got ()")
+    if input.dtype.kind != "f":  # (an integer input came back as integer zeros)
+        raise RuntimeError(
+            f"layer_norm: expected a floating-point input, got {input.dtype}; convert it to float32/float64"
+        )
     k = len(shape)
     if input.ndim < k or tuple(input.shape[input.ndim - k :]) != shape:
         raise RuntimeError(
