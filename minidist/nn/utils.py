@@ -52,7 +52,7 @@ def norm_contribution(grads: Iterable[Any], norm_type: float) -> float:
         if g.size == 0:
             continue
         if norm_type == 2.0:
-            a = g.astype(np.float64).ravel()
+            a = g.astype(np.float64, copy=False).ravel()  # no copy of a contiguous float64 gradient
             total += float(a @ a)
             continue
         a = abs(g.astype(np.float64))
