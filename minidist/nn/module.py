@@ -29,11 +29,25 @@ class Parameter(Tensor):
     Tensor-parallel metadata (set by ``minidist.parallel.tensor_parallel`` layers, read by gradient
     clipping, pipelines and checkpoints): ``tp_dim`` is None for a parameter replicated across its
     tensor-parallel group (every ordinary parameter), or the axis along which this array is the
-    ``tp_group.rank``-th of ``tp_group.size`` equal slices of the full tensor; ``tp_group`` is that group.
+    ``tp_group.rank``-th of ``tp_group.size`` slices of the full tensor; ``tp_group`` is that group.
+    The slices are equal when the axis divides evenly, else the first ones are one row longer
+    (``numpy.array_split``'s rule); ``tp_stride`` > 1 splits each of that many equal blocks of the axis
+    (attention's [q; k; v]). ``minidist/parallel/tensor_parallel/split.py`` is the one rule for all three.
+
+    Further flags, all read by training loops, clipping and checkpoints:
+    ``sequence_parallel``: a replicated parameter used on sequence shards (LayerNorm under sequence
+    parallelism, Korthikanti et al. 2022): each tp rank's gradient covers only its tokens, so the
+    gradients are summed over ``tp_group`` before the optimizer step.
+    ``is_tied_copy``: a second copy, on another pipeline stage, of a parameter stored under the same name
+    (the output head tied to the token embedding): its gradient is combined with the original's, and
+    checkpoints save only the original.
     """
 
     tp_dim: int | None = None
     tp_group: Any = None
+    tp_stride: int = 1
+    sequence_parallel: bool = False
+    is_tied_copy: bool = False
 
     def __init__(self, data: Any, requires_grad: bool = True) -> None:
         if isinstance(data, Tensor):
