@@ -1,0 +1,136 @@
+"""Pipeline parallelism for the GPT (issue 18, item 5): ``GPT.pipeline_layers()`` equals the GPT,
+stages carry GPT's parameter names, and the tied token table stays one weight across two stages.
+
+On one process: the Sequential's logits and gradients are the GPT's, bit for bit, and any cut of it
+names its parameters as the GPT does. On 2 and 4 MPI ranks (float64): 3 AdamW steps (gradients
+clipped by ``clip_grad_norm_`` over the pp group, which counts the tied copy once) under 1F1B,
+GPipe, interleaved, with and without weight tying, with an explicit cut, dp 2 x pp 2 and pp 4, give
+the single-process GPT's losses, parameters and logits; the two copies of ``wte.weight`` are bit-equal;
+copies that differ at construction (another seed) are an error on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import pp_gpt_common as common  # noqa: E402
+from mpi_utils import run_mpi  # noqa: E402
+
+from minidist.parallel.pipeline.partition import build_stage, partition  # noqa: E402
+
+# float64: the pipeline changes only the order of floating-point sums (per microbatch, then over
+# microbatches, dp replicas and the two tied copies), a few ulps per step. AdamW divides by sqrt(v),
+# which can scale a relative error up by the step size over tiny gradients, so 1e-10 relative after 3
+# steps: wide for rounding, many orders of magnitude below a real error (a missing tied sum, 1/m).
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+# -- one process ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("tie", [True, False])
+def test_pipeline_layers_compute_the_gpts_logits_and_gradients(tie):
+    gpt = common.build(0, n_layer=3, tie=tie)
+    layers = gpt.pipeline_layers()
+    assert len(layers) == 3 + 2
+    ids, targets = common.data(0, n=4)
+    expected = common.loss_fn(gpt(ids), targets)
+    expected.backward()
+    grads = {name: p.grad.copy() for name, p in gpt.named_parameters()}
+    gpt.zero_grad()
+    logits = layers(ids)
+    np.testing.assert_array_equal(logits.numpy(), gpt(ids).numpy())  # the same ops in the same order
+    common.loss_fn(logits, targets).backward()
+    for name, p in gpt.named_parameters():  # the layers share the GPT's parameters: its .grad is set
+        np.testing.assert_array_equal(p.grad, grads[name], err_msg=name)
+
+
+@given(st.data())
+def test_every_cut_of_the_gpt_names_parameters_as_the_gpt(data):
+    tie = data.draw(st.booleans(), label="tie")
+    n_layer = data.draw(st.integers(1, 4), label="n_layer")
+    gpt = common.build(0, n_layer=n_layer, tie=tie)
+    layers = gpt.pipeline_layers()
+    stages = data.draw(st.integers(1, n_layer + 2), label="stages")
+    cuts = sorted(data.draw(st.sets(st.integers(1, n_layer + 1), min_size=stages - 1, max_size=stages - 1)))
+    full = dict(gpt.named_parameters())
+    seen = set()
+    for bounds in partition(layers, stages, cuts):
+        for name, p in build_stage(layers, bounds).named_parameters():
+            assert full[name] is p, name  # GPT's name for this very parameter
+            seen.add(name)
+    assert seen == set(full)  # together the stages hold the whole GPT (the tied table on both ends)
+
+
+def test_balanced_cuts_count_the_tied_table_on_both_ends():
+    gpt = common.build(0, n_layer=2, tie=True)
+    layers = gpt.pipeline_layers()
+    sizes = [sum(p.size for p in layer.parameters()) for layer in layers]
+    C, V = 16, common.V
+    assert sizes[0] == V * C + common.T * C and sizes[-1] == V * C + 2 * C  # wte (+ wpe | + ln_f)
+    assert partition(layers, 2) == [(0, 2), (2, 4)]
+
+
+# -- MPI ranks -----------------------------------------------------------------------------------
+def run_configs(tmp_path, world_size, configs):
+    run_mpi(world_size, "pipeline/pp_gpt.py", tmp_path, json.dumps(configs), timeout=120)
+    for k, cfg in enumerate(configs):
+        infos = [json.loads((tmp_path / f"{k}_rank{r}.json").read_text()) for r in range(world_size)]
+        if cfg.get("bad_seed"):  # the last stage's copy differs: a ValueError on every rank
+            for info in infos:
+                assert "tied parameter 'wte.weight'" in info["error"] and "same seed" in info["error"]
+            continue
+        tie = cfg.get("tie", True)
+        ref = common.single_process(cfg["seed"], cfg.get("n_layer", 2), tie)
+        ref_params, ref_losses, ref_norms, ref_logits = ref
+        merged, copies = {}, {}
+        for r, info in enumerate(infos):
+            params = dict(np.load(tmp_path / f"{k}_rank{r}.npz"))
+            assert list(params) == info["names"]
+            for name, value in params.items():  # every stage, every dp replica
+                np.testing.assert_allclose(value, ref_params[name], **TOL, err_msg=f"{cfg}: {name}, rank {r}")
+            merged.update(params)
+            np.testing.assert_allclose(info["losses"], ref_losses, **TOL, err_msg=f"{cfg}: losses, rank {r}")
+            # clip_grad_norm_ over the pp group counts the tied copy once: the GPT's norm, > MAX_NORM
+            np.testing.assert_allclose(info["norms"], ref_norms, **TOL, err_msg=f"{cfg}: norms, rank {r}")
+            assert min(ref_norms) > common.MAX_NORM
+            predicted = np.load(tmp_path / f"{k}_rank{r}_predict.npy")
+            np.testing.assert_allclose(predicted, ref_logits, **TOL, err_msg=f"{cfg}: predict, rank {r}")
+            last = info["stage"] == cfg["pp"] - 1
+            assert info["tied_copies"] == (["wte.weight"] if tie and last and cfg["pp"] > 1 else [])
+            if "wte.weight" in params:
+                copies.setdefault(r % cfg["dp"], []).append(params["wte.weight"])
+        assert sorted(merged) == sorted(ref_params), cfg
+        for replica in copies.values():  # per dp replica: the first stage's table and the last's copy
+            assert len(replica) == (2 if tie else 1)
+            np.testing.assert_array_equal(replica[0], replica[-1])  # bit-equal, not just close
+    return configs
+
+
+@pytest.mark.mpi
+def test_gpt_on_two_stages_equals_one_process(tmp_path):
+    cfgs = [
+        dict(pp=2, dp=1, m=2, schedule="1f1b", seed=0),
+        dict(pp=2, dp=1, m=4, schedule="gpipe", seed=1, n_layer=3),
+        dict(pp=2, dp=1, m=2, schedule="interleaved", v=2, seed=2),
+        dict(pp=2, dp=1, m=2, schedule="1f1b", seed=3, tie=False),
+        dict(pp=2, dp=1, m=1, schedule="1f1b", seed=4, cuts=[1]),  # the embedding alone on stage 0
+        dict(pp=2, dp=1, m=2, schedule="1f1b", seed=5, bad_seed=True),
+    ]
+    assert len(run_configs(tmp_path, 2, cfgs)) == len(cfgs)
+
+
+@pytest.mark.mpi
+def test_gpt_on_dp2_x_pp2_and_four_stages_equals_one_process(tmp_path):
+    cfgs = [
+        dict(pp=2, dp=2, m=2, schedule="1f1b", seed=0),
+        dict(pp=2, dp=2, m=2, schedule="interleaved", v=2, seed=1),
+        dict(pp=4, dp=1, m=4, schedule="1f1b", seed=2),  # middle stages take no part in the tied sum
+    ]
+    assert len(run_configs(tmp_path, 4, cfgs)) == len(cfgs)
