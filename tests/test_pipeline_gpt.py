@@ -24,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import pp_gpt_common as common  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
+import minidist.distributed as dist  # noqa: E402
+from minidist import nn  # noqa: E402
+from minidist.nn.module import Parameter  # noqa: E402
+from minidist.parallel import clip_grad_norm_  # noqa: E402
+from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.pipeline.partition import build_stage, partition  # noqa: E402
+from minidist.parallel.pipeline.tied import find_tied  # noqa: E402
 
 # float64: the pipeline changes only the order of floating-point sums (per microbatch, then over
 # microbatches, dp replicas and the two tied copies), a few ulps per step. AdamW divides by sqrt(v),
@@ -75,6 +81,47 @@ def test_balanced_cuts_count_the_tied_table_on_both_ends():
     C, V = 16, common.V
     assert sizes[0] == V * C + common.T * C and sizes[-1] == V * C + 2 * C  # wte (+ wpe | + ln_f)
     assert partition(layers, 2) == [(0, 2), (2, 4)]
+
+
+def test_one_rank_holds_every_chunk_and_no_tied_copy():
+    # a pipeline group of one rank (this test process): embedding and head on the same rank, so the
+    # table stays one Parameter; int64 ids go into the first chunk, activations are handed over in memory
+    world = dist.init()
+    if world.size != 1:
+        pytest.skip("runs in a single process")
+    ref_params, ref_losses, _, ref_logits = common.single_process(7)
+    pipe = PipelineParallel(common.build(7).pipeline_layers(), world, 2, "interleaved", virtual_stages=2)
+    assert pipe.tied == [] and not any(p.is_tied_copy for p in pipe.parameters())
+    opt = common.make_optimizer(pipe.parameters())
+    ids, targets = common.data(7)
+    for step in range(common.STEPS):
+        xb, yb = common.global_batch(ids, targets, step)
+        opt.zero_grad()
+        loss = pipe.train_step(xb, yb, common.loss_fn)
+        clip_grad_norm_(pipe.parameters(), common.MAX_NORM)
+        opt.step()
+        assert loss == pytest.approx(ref_losses[step], rel=1e-10)
+    for name, value in pipe.stage_module.state_dict().items():
+        np.testing.assert_allclose(value, ref_params[name], **TOL, err_msg=name)
+    np.testing.assert_allclose(pipe.predict(ids), ref_logits, **TOL)
+
+
+def test_clashing_parameter_names_are_an_error():
+    world = dist.init()
+    if world.size != 1:
+        pytest.skip("runs in a single process")
+    first, second = nn.Linear(3, 3), nn.Linear(3, 3)
+    first.pipeline_name = second.pipeline_name = "fc"  # both would save as fc.weight
+    with pytest.raises(
+        ValueError, match=r"both named 'fc.weight' \(in layers 0 and 1.*distinct pipeline_name"
+    ):
+        PipelineParallel(nn.Sequential(first, second), world)
+    layers = common.build(0).pipeline_layers()
+    head = layers[len(layers) - 1]
+    head.wte.weight = Parameter(head.wte.weight.data.copy())  # what an earlier PipelineParallel leaves
+    head.wte.weight.is_tied_copy = True
+    with pytest.raises(ValueError, match=r"'wte.weight'.*build the layers anew"):
+        find_tied(layers, [(0, 2), (2, 4)], 2)
 
 
 # -- MPI ranks -----------------------------------------------------------------------------------

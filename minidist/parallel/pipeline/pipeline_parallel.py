@@ -134,7 +134,7 @@ class PipelineParallel:
         self.stage_index, self.num_stages = group.rank, group.size
         microbatches = as_count(microbatches)  # NumPy integers are fine: from here on a Python int
         p, v = group.size, as_count(virtual_stages)
-        error, bounds, plan = None, [], None
+        error, bounds, plan, tied = None, [], None, []
         try:
             if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
                 raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
@@ -153,12 +153,13 @@ class PipelineParallel:
                     "virtual stages or a model with more layers"
                 )
             bounds = partition(model, p * v, cuts)
+            tied = find_tied(model, bounds, p)  # weights used on two ranks: a copy on the later one
         except (TypeError, ValueError) as e:
             error = e
         layers = len(model) if isinstance(model, Sequential) else type(model).__name__
         built = {"layers": layers, "microbatches": microbatches, "schedule": schedule, "virtual_stages": v}
         dist.agree(
-            {**built, "stages": bounds},
+            {**built, "stages": bounds, "tied": [[t.name, list(t.ranks)] for t in tied]},
             error,
             group,
             what="PipelineParallel",
@@ -168,8 +169,8 @@ class PipelineParallel:
         assert plan is not None  # agree raised otherwise
         self.microbatches, self.bounds, self.virtual_stages, self.schedule = microbatches, bounds, v, plan
         self.chunks = tuple(build_stage(model, bounds[k * p + group.rank]) for k in range(v))
-        self.tied = find_tied(model, bounds, p)  # weights used on two ranks: a copy on the later one
-        untie(self.chunks, model, self.tied, group.rank)
+        self.tied = tied
+        untie(self.chunks, model, tied, group.rank)
         self.stage_module = self.chunks[0] if v == 1 else PipelineChunks(self.chunks)
         self._executor = StageExecutor(self.chunks, group, plan)  # messaging chosen by the schedule
         if dp_group is not None and dp_group.size > 1:

@@ -50,17 +50,32 @@ def find_tied(model: Sequence[Module], bounds: Sequence[tuple[int, int]], p: int
     """The parameters used by layers on more than one rank, in model order.
 
     ``bounds[g]`` is virtual stage g's layer range; it lives on rank ``g % p``. The same on every rank
-    (it depends only on the model's structure), so every rank makes the same groups.
+    (it depends only on the model's structure), so every rank makes the same groups. Raises
+    ``ValueError`` if two different parameters get the same name (layers whose ``pipeline_name``
+    clash): their checkpoint entries and copies would be confused.
     """
     layers = list(model)
     first_name: dict[int, str] = {}
     holders: dict[int, list[int]] = {}
+    owner: dict[str, tuple[int, int]] = {}  # name -> (id of its parameter, layer index)
     for g, (start, stop) in enumerate(bounds):
-        for name, param in named_layer_parameters((i, layers[i]) for i in range(start, stop)):
-            first_name.setdefault(id(param), name)
-            ranks = holders.setdefault(id(param), [])
-            if g % p not in ranks:
-                ranks.append(g % p)
+        for i in range(start, stop):
+            for name, param in named_layer_parameters([(i, layers[i])]):
+                other = owner.setdefault(name, (id(param), i))
+                if other[0] != id(param):
+                    fix = (  # the one way to get a tied copy into a Sequential: an earlier PipelineParallel
+                        "build the layers anew for each PipelineParallel (e.g. gpt.pipeline_layers())"
+                        if param.is_tied_copy
+                        else "give the layers distinct pipeline_name attributes"
+                    )
+                    raise ValueError(
+                        f"two different parameters are both named {name!r} (in layers {other[1]} and {i} "
+                        f"of the Sequential); {fix}"
+                    )
+                first_name.setdefault(id(param), name)
+                ranks = holders.setdefault(id(param), [])
+                if g % p not in ranks:
+                    ranks.append(g % p)
     return [TiedParameter(first_name[k], tuple(r)) for k, r in holders.items() if len(r) > 1]
 
 
