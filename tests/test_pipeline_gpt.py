@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import pp_gpt_common as common  # noqa: E402
+from cupy_stand_in import DeviceArray, install  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
@@ -104,6 +105,37 @@ def test_one_rank_holds_every_chunk_and_no_tied_copy():
     for name, value in pipe.stage_module.state_dict().items():
         np.testing.assert_allclose(value, ref_params[name], **TOL, err_msg=name)
     np.testing.assert_allclose(pipe.predict(ids), ref_logits, **TOL)
+
+
+def _train_on_one_rank(seed: int) -> tuple[list[float], dict[str, np.ndarray], type]:
+    pipe = PipelineParallel(
+        common.build(seed).pipeline_layers(), dist.init(), 2, "interleaved", virtual_stages=2
+    )
+    opt = common.make_optimizer(pipe.parameters())
+    ids, targets = common.data(seed)
+    losses = []
+    for step in range(2):
+        xb, yb = common.global_batch(ids, targets, step)
+        opt.zero_grad()
+        losses.append(pipe.train_step(xb, yb, common.loss_fn))  # host ids, as RandomWindows gives them
+        clip_grad_norm_(pipe.parameters(), common.MAX_NORM)
+        opt.step()
+    params = {name: p.numpy() for name, p in pipe.named_parameters()}
+    return losses, params, type(next(pipe.parameters()).data)
+
+
+def test_the_gpt_pipeline_on_the_cupy_stand_in_equals_the_cpu(monkeypatch):
+    # the GPU code path without a GPU (tests/test_gpt_on_gpu_stand_in.py says how): int ids from the
+    # host into the first chunk, device activations between chunks, the same numbers bit for bit
+    if dist.init().size != 1:
+        pytest.skip("runs in a single process")
+    cpu = _train_on_one_rank(3)
+    install(monkeypatch)
+    device = _train_on_one_rank(3)
+    assert cpu[2] is np.ndarray and device[2] is DeviceArray
+    assert device[0] == cpu[0]
+    for name, value in cpu[1].items():
+        np.testing.assert_array_equal(device[1][name], value, err_msg=name)
 
 
 def test_clashing_parameter_names_are_an_error():

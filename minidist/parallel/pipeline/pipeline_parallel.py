@@ -203,7 +203,8 @@ class PipelineParallel:
 
         Args:
             inputs: the batch, shape ``(B, ...)``: a Tensor, or an array converted like ``md.tensor``
-                (float32). Needed on stage 0; other stages may pass None.
+                (floats to float32; integers, e.g. a GPT's token ids (B, T), kept). Needed on stage 0;
+                other stages may pass None.
             targets: shape ``(B, ...)``, what ``loss_fn`` takes as its second argument. Needed on the
                 last stage; others may pass None.
             loss_fn: ``loss_fn(output, targets_of_microbatch) -> scalar Tensor``, a *mean* over the
