@@ -26,8 +26,8 @@ import numpy as np
 
 from minidist import backend, random
 from minidist.autograd import DEFAULT_DTYPE, Tensor, no_grad
+from minidist.models.gpt_pipeline import GPTEmbedding, GPTHead, embed_tokens, output_logits
 from minidist.models.transformer import Block
-from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, Sequential
 from minidist.nn.module import Module
 
@@ -118,20 +118,24 @@ class GPT(Module):
 
     def forward(self, idx: Any) -> Tensor:
         """Logits (B, T, vocab_size) for token ids ``idx`` (B, T), an integer array or Tensor."""
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        if idx.ndim != 2:  # (else a shape unpacking deep inside attention fails)
-            raise ValueError(f"GPT: token ids must be (batch, length), got shape {idx.shape}; use ids[None]")
-        T = idx.shape[-1]
-        if T > self.config.block_size:
-            raise ValueError(
-                f"GPT: a sequence of {T} tokens is longer than block_size={self.config.block_size}; "
-                "crop it to the last block_size tokens (generate() does) or build a model with a larger one"
-            )
-        positions = np.arange(T)
-        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C) + (T, C) broadcasts over the batch
-        x = self.ln_f(self.h(x))
+        x = embed_tokens(idx, self.wte, self.wpe, self.drop, self.config.block_size)  # (B, T, C)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head)  # (B, T, vocab_size)
+        return output_logits(self.h(x), self.ln_f, head)  # (B, T, vocab_size)
+
+    def pipeline_layers(self) -> Sequential:
+        """This GPT as an ``nn.Sequential`` of ``n_layer + 2`` layers, for ``PipelineParallel``.
+
+        ``[GPTEmbedding (wte, wpe, drop), h.0, ..., h.<L-1>, GPTHead (ln_f and the output projection)]``,
+        sharing this model's modules (``gpt_pipeline.py``): token ids (B, T) in, logits (B, T, vocab_size)
+        out, exactly ``forward``'s. Each layer's ``pipeline_name`` ("" for the ends, "h.<i>" for block i)
+        makes a pipeline stage name its parameters as this model does (``wte.weight``, ``h.3.ln_1.bias``).
+        With weight tying the head uses ``wte.weight`` too; ``PipelineParallel`` keeps the two stages'
+        copies equal when the ends land on different stages (``minidist/parallel/pipeline/tied.py``).
+        """
+        for i, block in enumerate(self.h):
+            block.pipeline_name = f"h.{i}"
+        embedding = GPTEmbedding(self.wte, self.wpe, self.drop, self.config.block_size)
+        return Sequential(embedding, *self.h, GPTHead(self.ln_f, self.wte, self.lm_head))
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (a tied head is counted once). For bias=True and tying:

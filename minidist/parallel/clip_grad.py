@@ -10,8 +10,11 @@ that tp=n trains exactly like tp=1. Under tensor parallelism a rank holds two ki
   would count it n times, so it is counted once.
 
 Pipeline stages hold disjoint parameters, so with ``pp_group`` the per-stage totals are summed over
-it. The all-gathers (rather than all-reduces: same cost for a few numbers) also carry a hash of every
-rank's parameter list and arguments, so ranks that disagree raise instead of clipping differently.
+it; the one exception, a tied weight's copy on a later stage (``is_tied_copy``: the GPT's output head
+reading the token table, ``pipeline/tied.py``), has its original's gradient and is counted once, on
+the original's stage (it is still scaled). The all-gathers (rather than all-reduces: same cost for a
+few numbers) also carry a hash of every rank's parameter list and arguments, so ranks that disagree
+raise instead of clipping differently.
 Data-parallel replicas need nothing: after DDP their gradients are already equal.
 """
 
@@ -46,7 +49,8 @@ def clip_grad_norm_(
     """Scale every ``.grad`` in place so that the global ``norm_type``-norm is at most ``max_norm``.
 
     The norm is over all gradients of the *whole* model as one vector: sharded parameters summed over
-    their ``tp_group``, replicated ones counted once, stages summed over ``pp_group`` (if given).
+    their ``tp_group``, replicated ones counted once, stages summed over ``pp_group`` (if given), a
+    tied copy (``is_tied_copy``) not at all: its original counts for it.
     Returns that norm before clipping (a Python float, the same on every rank). Collective over each
     ``tp_group`` (and ``pp_group``): every rank must call it, with its shard of the same parameters.
     A parameter without a gradient contributes nothing. A NaN or inf gradient anywhere makes the
@@ -69,7 +73,9 @@ def clip_grad_norm_(
     """
     norm_type = check_clip_args(max_norm, norm_type)
     params = list(parameters)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]  # all scaled, tied copies too
+    # ... but a tied copy is counted once, as its original (module docstring)
+    params = [p for p in params if not getattr(p, "is_tied_copy", False)]
     replicated = norm_contribution(
         (p.grad for p in params if p.grad is not None and getattr(p, "tp_dim", None) is None), norm_type
     )

@@ -8,7 +8,8 @@ shape header, then activations and gradients, on known tags) -> ``executor.py`` 
 one rank's instructions for any schedule; GPipe/1F1B messages as blocking send/recv) ->
 ``batched_messaging.py`` (the interleaved schedule's messages, as non-blocking batches) ->
 ``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data parallelism over a
-dp group; ``groups.py`` resolves its groups) -> ``inference.py`` (forward-only passes for
+dp group; ``groups.py`` resolves its groups, ``tied.py`` keeps a weight used on two stages, such as
+a GPT's tied token table, equal) -> ``inference.py`` (forward-only passes for
 ``PipelineParallel.predict``).
 """
 

@@ -9,27 +9,59 @@ activations), so every rank computes the same cuts.
 
 ``PipelineStage`` keeps the layers' original names, so ``stage.named_parameters()`` yields the names
 the whole model would ("4.weight"), which checkpoints use to map a stage's tensors to the full model.
-With the interleaved schedule a rank holds several non-consecutive chunks; ``PipelineChunks`` registers
-all their layers, again under the full model's names, and keeps the chunks in order.
+A layer may say where its parameters sit in the model it came from with a ``pipeline_name`` attribute
+(:func:`layer_prefix`): ``GPT.pipeline_layers()`` gives ``"h.3"`` to block 3 and ``""`` (the model's
+root) to the embedding and the head, so a stage of a GPT names its parameters as the GPT does
+(``h.3.ln_1.weight``, ``wte.weight``). With the interleaved schedule a rank holds several
+non-consecutive chunks; ``PipelineChunks`` registers all their layers, again under the full model's
+names, and keeps the chunks in order.
+
+A parameter that several layers use (the GPT's token table, read by the embedding and by a tied head)
+counts fully for each of them in the balanced cuts: each stage that holds it stores a copy, and a
+tied head's product costs as much as a Linear of that size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from minidist.nn.layers import Sequential
-from minidist.nn.module import Module
+from minidist.nn.module import Module, Parameter
+
+
+def layer_prefix(layer: Module, index: int | str) -> str:
+    """Where ``layer``'s parameters sit in the full model: its ``pipeline_name`` if it has one ("" = the
+    model's root, "h.3" = under that prefix), else its index in the Sequential ("4")."""
+    return getattr(layer, "pipeline_name", str(index))
+
+
+def named_layer_parameters(layers: Iterable[tuple[int | str, Module]]) -> Iterator[tuple[str, Parameter]]:
+    """``(full-model name, parameter)`` of ``(index, layer)`` pairs, each parameter once (the first name
+    it is met under), as ``Module.named_parameters`` but with :func:`layer_prefix` for each layer."""
+    seen: set[int] = set()
+    for index, layer in layers:
+        prefix = layer_prefix(layer, index)
+        for name, p in layer.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield (f"{prefix}.{name}" if prefix else name), p
 
 
 class PipelineStage(Module):
-    """Layers ``start .. start + len(layers) - 1`` of a ``Sequential``, registered under those names."""
+    """Layers ``start .. start + len(layers) - 1`` of a ``Sequential``, registered under those names;
+    ``named_parameters`` (and so ``state_dict``) names each layer's parameters by its ``pipeline_name``
+    where it has one (module docstring)."""
 
     def __init__(self, layers: Sequence[Module], start: int) -> None:
         super().__init__()
         self.start = start
         for i, layer in enumerate(layers):
             setattr(self, str(start + i), layer)
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """The parameters under the full model's names (:func:`named_layer_parameters`)."""
+        return named_layer_parameters(self._modules.items())
 
     def forward(self, x: Any) -> Any:
         for layer in self._modules.values():
@@ -56,6 +88,10 @@ class PipelineChunks(Module):
             for name, layer in chunk._modules.items():
                 setattr(self, name, layer)
         object.__setattr__(self, "chunks", tuple(chunks))  # not registered: each layer appears once
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """The parameters of all chunks under the full model's names (:func:`named_layer_parameters`)."""
+        return named_layer_parameters(self._modules.items())
 
     def forward(self, x: Any, chunk: int) -> Any:
         return self.chunks[chunk](x)

@@ -33,6 +33,14 @@ microbatch here, and overlapping with backward would need ``no_sync`` around all
 microbatch, which the executor does not know about; a single flat all-reduce at the end is simpler and
 costs one collective per step. At construction, each stage's parameters are broadcast from
 dp rank 0, as DDP does, so the replicas start equal.
+
+**Tied weights** (a GPT's token table, read by the embedding on the first stage and by the output head
+on the last; ``GPT.pipeline_layers()``): a Parameter used by layers on two ranks. The later rank gets
+its own copy under the same name, flagged ``is_tied_copy = True``, checked equal to the original at
+construction; after each step's backward (after the dp combine) the two gradients are summed over a
+group of just those two ranks, so both get the gradient of the shared weight and, under the same
+optimizer, stay equal, as Megatron-LM keeps its embedding and output layer in sync (Shoeybi et al.
+2019, §3; Narayanan et al. 2021). Middle stages take no part (``tied.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from minidist.parallel.pipeline.groups import as_count, gather_step, resolve_gro
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
+from minidist.parallel.pipeline.tied import find_tied, make_groups, sum_tied_gradients, untie
 
 _MISSING, _NOT_CALLABLE = 1, 2  # bit flags in train_step's agreement (_check_batch)
 
@@ -99,7 +108,8 @@ class PipelineParallel:
     ``chunks`` (this rank's chunks in order; one without interleaving), ``stage_index``,
     ``num_stages``, ``virtual_stages``, ``bounds`` (every (virtual) stage's ``(start, stop)`` layer
     range; virtual stage ``k p + r`` is chunk k of rank r), ``schedule`` (the :class:`Schedule`),
-    ``stats`` (:class:`StepStats` of the last step).
+    ``stats`` (:class:`StepStats` of the last step), ``tied`` (the weights used on two ranks, as
+    ``tied.TiedParameter``: name, holder ranks, this rank's copy and their group).
 
     Raises (on every rank of ``group``, agreed with a collective): ``TypeError`` for a model that is
     not a Sequential or a group that is not a Communicator or mesh; ``ValueError`` for fewer layers
@@ -124,7 +134,7 @@ class PipelineParallel:
         self.stage_index, self.num_stages = group.rank, group.size
         microbatches = as_count(microbatches)  # NumPy integers are fine: from here on a Python int
         p, v = group.size, as_count(virtual_stages)
-        error, bounds, plan = None, [], None
+        error, bounds, plan, tied = None, [], None, []
         try:
             if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
                 raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
@@ -143,12 +153,13 @@ class PipelineParallel:
                     "virtual stages or a model with more layers"
                 )
             bounds = partition(model, p * v, cuts)
+            tied = find_tied(model, bounds, p)  # weights used on two ranks: a copy on the later one
         except (TypeError, ValueError) as e:
             error = e
         layers = len(model) if isinstance(model, Sequential) else type(model).__name__
         built = {"layers": layers, "microbatches": microbatches, "schedule": schedule, "virtual_stages": v}
         dist.agree(
-            {**built, "stages": bounds},
+            {**built, "stages": bounds, "tied": [[t.name, list(t.ranks)] for t in tied]},
             error,
             group,
             what="PipelineParallel",
@@ -158,11 +169,15 @@ class PipelineParallel:
         assert plan is not None  # agree raised otherwise
         self.microbatches, self.bounds, self.virtual_stages, self.schedule = microbatches, bounds, v, plan
         self.chunks = tuple(build_stage(model, bounds[k * p + group.rank]) for k in range(v))
+        self.tied = tied
+        untie(self.chunks, model, tied, group.rank)
         self.stage_module = self.chunks[0] if v == 1 else PipelineChunks(self.chunks)
         self._executor = StageExecutor(self.chunks, group, plan)  # messaging chosen by the schedule
         if dp_group is not None and dp_group.size > 1:
-            for p in self.parameters():  # the dp replicas of this stage start from dp rank 0's weights
-                dist.broadcast(p.data, src=0, group=dp_group)
+            for param in self.parameters():  # the dp replicas of this stage start from dp rank 0's weights
+                dist.broadcast(param.data, src=0, group=dp_group)
+        if self.tied:
+            make_groups(self.tied, group)  # (collective over the pp group; checks the copies)
 
     # -- parameters ------------------------------------------------------------------------------
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
@@ -188,14 +203,16 @@ class PipelineParallel:
 
         Args:
             inputs: the batch, shape ``(B, ...)``: a Tensor, or an array converted like ``md.tensor``
-                (float32). Needed on stage 0; other stages may pass None.
+                (floats to float32; integers, e.g. a GPT's token ids (B, T), kept). Needed on stage 0;
+                other stages may pass None.
             targets: shape ``(B, ...)``, what ``loss_fn`` takes as its second argument. Needed on the
                 last stage; others may pass None.
             loss_fn: ``loss_fn(output, targets_of_microbatch) -> scalar Tensor``, a *mean* over the
                 microbatch (e.g. ``nn.functional.cross_entropy``).
 
         Gradients accumulate into ``.grad`` (call ``zero_grad`` before, as in PyTorch); with a
-        ``dp_group`` they are averaged over it after the last microbatch, and the returned loss is the
+        ``dp_group`` they are averaged over it after the last microbatch (then a tied weight's two
+        gradients are summed between its stages, class docstring), and the returned loss is the
         mean over the global batch (the replicas' shares may differ; each must be divisible by ``m``).
 
         Raises ``ValueError`` on every rank of the group and of the dp group if the batch size is not
@@ -230,6 +247,7 @@ class PipelineParallel:
         if self.dp_group is None or self.dp_group.size == 1:
             if error is not None:
                 raise error
+            sum_tied_gradients(self.tied)
             return float(result[0])
         weight = batch / global_batch  # this replica's share of the global batch
         result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
@@ -237,6 +255,7 @@ class PipelineParallel:
         if result[1]:
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
         self._combine_gradients_over_dp(weight)
+        sum_tied_gradients(self.tied)  # the embedding's and the tied head's gradients, summed
         return float(result[0])
 
     def predict(self, inputs: Any) -> Any:
