@@ -55,6 +55,7 @@ class VocabParallelCrossEntropy(Function):
         z = logits.reshape(-1, logits.shape[-1])  # (N, V_r)
         t = targets.reshape(-1)  # (N,) global ids
         self.shape, self.reduction = logits.shape, reduction
+        # BEGIN SOLUTION A9.1: the loss from this rank's logits: max, exp-sum and target-logit all-reduces
         m = dist.all_reduce(z.max(axis=1), op="max", group=group)  # (N,): the largest logit of all ranks
         p = z - m[:, None]
         xp.exp(p, out=p)  # e^(z - m) <= 1: no overflow
@@ -66,6 +67,7 @@ class VocabParallelCrossEntropy(Function):
         y[rows] = z[rows, local[rows]]
         dist.all_reduce(y, op="sum", group=group)  # (N,): z_n[t_n], from the rank that owns it
         loss = xp.log(s) + m - y
+        # END SOLUTION
         # kept for backward: e^(z - m) and S (softmax = their ratio, formed in backward's one pass)
         self.exps, self.sums, self.rows, self.cols = p, s, rows, local[rows]
         self.scale = 1.0 / len(loss) if reduction == "mean" else 1.0
@@ -75,8 +77,10 @@ class VocabParallelCrossEntropy(Function):
         xp = array_module(grad)
         g = grad.reshape(-1) if self.reduction == "none" else grad * self.scale
         g = xp.broadcast_to(g, self.sums.shape)  # (N,): g_n = dL/dloss_n
+        # BEGIN SOLUTION A9.1: dL/dz = g (softmax shard - onehot of the owned targets); no communication
         d = self.exps * (g / self.sums)[:, None]  # g_n p_n[v], a new array (N, V_r)
         d[self.rows, self.cols] -= g[self.rows]  # the one-hot term, on the owner of t_n only
+        # END SOLUTION
         return (d.reshape(self.shape),)
 
 
