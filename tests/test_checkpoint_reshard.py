@@ -1,0 +1,98 @@
+"""Checkpoints of uneven, strided and tied tensors (issue 18): saved on tp 2, loaded on tp 1, 3, 4, back.
+
+One 4-rank launch of ``workers/checkpoint/ckpt_reshard.py`` runs every layout (see its docstring);
+the toy model (``workers/reshard_common.py``) has an uneven "vocabulary" (7 rows), attention-like
+[q; k; v] tensors with ``tp_stride`` 3, a row-parallel weight and a replicated bias. Every layout's
+parameters and AdamW moments must be split.py's pieces of the full tensors that one process computes
+with the same step: copies, never arithmetic, so the comparisons are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi_utils import run_mpi
+
+from minidist.__main__ import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import reshard_common as R  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reshard")
+    (root / "out").mkdir()
+    run_mpi(4, "checkpoint/ckpt_reshard.py", root / "ckpt", root / "out", timeout=180)
+    return root
+
+
+def dumps(run, name: str, tp: int) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(run / "out" / f"{name}_r{r}.npz")) for r in range(tp)]
+
+
+@pytest.mark.parametrize("name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2)])
+def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name, tp):
+    # The saving layout's own pieces first: the step on pieces is the step on the full tensors.
+    full = R.full_after_step()
+    for layout, size in (("save_tp2", 2), (name, tp)):
+        for r, got in enumerate(dumps(run, layout, size)):
+            for key, want in full.items():
+                np.testing.assert_array_equal(
+                    got[key], R.piece(key.split("/")[0], want, size, r), f"{layout} {key}"
+                )
+                assert got[key.split("/")[0] + "/step"] == 1
+
+
+def test_same_layout_resume_is_bit_exact_and_restores_the_generators(run):
+    for saved, loaded in zip(dumps(run, "save_tp2", 2), dumps(run, "load_tp2", 2)):
+        assert saved.keys() == loaded.keys()
+        for key in saved:
+            np.testing.assert_array_equal(loaded[key], saved[key], key)
+    info = json.loads((run / "out" / "info.json").read_text())
+    assert info["load_tp2"] == {"resharded": False, "rng_restored": True}
+    assert info["load_tp3"]["resharded"] and info["load_tp1"]["resharded"]
+
+
+def test_manifest_records_the_full_shapes_strides_and_cp(run):
+    manifest = json.loads((run / "ckpt" / "a" / "step_000000001" / "manifest.json").read_text())
+    assert manifest["format_version"] == 2 and manifest["mesh"]["cp"] == 1
+    t = manifest["tensors"]
+    assert t["model/emb.weight"]["global_shape"] == [7, 3]  # 4 + 3 rows: the sum of the pieces
+    assert [s["shape"] for s in t["model/emb.weight"]["shards"]] == [[4, 3], [3, 3]]
+    assert t["model/attn.weight"]["tp_stride"] == 3 and t["model/attn.weight"]["global_shape"] == [12, 5]
+    assert t["optim/proj.weight/exp_avg"]["global_shape"] == [5, 6]
+    b = json.loads((run / "ckpt" / "b" / "step_000000001" / "manifest.json").read_text())["tensors"]
+    assert [s["shape"][1] for s in b["model/proj.weight"]["shards"]] == [2, 2, 2]
+    assert [s["shape"][0] for s in b["model/emb.weight"]["shards"]] == [3, 2, 2]
+
+
+def test_cli_shows_the_full_shapes_of_uneven_pieces(run, capsys):
+    assert cli_main(["checkpoint", "info", str(run / "ckpt" / "b"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "tp=3 pp=1 cp=1" in out and "all files match" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith(("model/", "optim/"))}
+    assert "7x3" in lines["model/emb.weight"] and lines["model/emb.weight"].endswith("3 (3+2+2)")
+    assert "12x5" in lines["model/attn.weight"] and "0/s3" in lines["model/attn.weight"]
+
+
+def test_a_tied_copy_is_not_saved_and_is_filled_from_its_original_on_load(run):
+    folder = run / "ckpt" / "c" / "step_000000001"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    emb = manifest["tensors"]["model/emb.weight"]
+    assert [s["file"] for s in emb["shards"]] == ["rank00000.safetensors"]  # stage 0 only, once
+    keys = [k for k in manifest["tensors"] if "emb.weight" in k]
+    assert sorted(keys) == ["model/emb.weight", "optim/emb.weight/exp_avg", "optim/emb.weight/exp_avg_sq"]
+    full = R.full_after_step()
+    first, last = (dict(np.load(run / "out" / f"tied_r{s}.npz")) for s in (0, 1))
+    for key in ("emb.weight", "emb.weight/exp_avg", "emb.weight/exp_avg_sq"):
+        np.testing.assert_array_equal(first[key], full[key], key)
+        np.testing.assert_array_equal(last[key], full[key], key)  # the copy, from the original's tensors
+    assert last["emb.weight/step"] == 1
+    np.testing.assert_array_equal(last["proj.bias"], full["proj.bias"])
