@@ -15,14 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
+from minidist import checkpoint
 from minidist.__main__ import main as cli_main
+from minidist.checkpoint.layout import Layout, assign_writers
+from minidist.parallel.tensor_parallel.split import shard_bounds
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import reshard_common as R  # noqa: E402
-
-pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,7 @@ def dumps(run, name: str, tp: int) -> list[dict[str, np.ndarray]]:
     return [dict(np.load(run / "out" / f"{name}_r{r}.npz")) for r in range(tp)]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2)])
 def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name, tp):
     # The saving layout's own pieces first: the step on pieces is the step on the full tensors.
@@ -50,6 +54,7 @@ def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name
                 assert got[key.split("/")[0] + "/step"] == 1
 
 
+@pytest.mark.mpi
 def test_same_layout_resume_is_bit_exact_and_restores_the_generators(run):
     for saved, loaded in zip(dumps(run, "save_tp2", 2), dumps(run, "load_tp2", 2)):
         assert saved.keys() == loaded.keys()
@@ -60,6 +65,7 @@ def test_same_layout_resume_is_bit_exact_and_restores_the_generators(run):
     assert info["load_tp3"]["resharded"] and info["load_tp1"]["resharded"]
 
 
+@pytest.mark.mpi
 def test_manifest_records_the_full_shapes_strides_and_cp(run):
     manifest = json.loads((run / "ckpt" / "a" / "step_000000001" / "manifest.json").read_text())
     assert manifest["format_version"] == 2 and manifest["mesh"]["cp"] == 1
@@ -73,6 +79,7 @@ def test_manifest_records_the_full_shapes_strides_and_cp(run):
     assert [s["shape"][0] for s in b["model/emb.weight"]["shards"]] == [3, 2, 2]
 
 
+@pytest.mark.mpi
 def test_cli_shows_the_full_shapes_of_uneven_pieces(run, capsys):
     assert cli_main(["checkpoint", "info", str(run / "ckpt" / "b"), "--verify"]) == 0
     out = capsys.readouterr().out
@@ -82,6 +89,7 @@ def test_cli_shows_the_full_shapes_of_uneven_pieces(run, capsys):
     assert "12x5" in lines["model/attn.weight"] and "0/s3" in lines["model/attn.weight"]
 
 
+@pytest.mark.mpi
 def test_a_tied_copy_is_not_saved_and_is_filled_from_its_original_on_load(run):
     folder = run / "ckpt" / "c" / "step_000000001"
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -96,3 +104,49 @@ def test_a_tied_copy_is_not_saved_and_is_filled_from_its_original_on_load(run):
         np.testing.assert_array_equal(last[key], full[key], key)  # the copy, from the original's tensors
     assert last["emb.weight/step"] == 1
     np.testing.assert_array_equal(last["proj.bias"], full["proj.bias"])
+
+
+# -- single process: the format-1 reader and the writer assignment ---------------------------------
+def test_a_format_1_checkpoint_still_loads_and_resumes_exactly(tmp_path):
+    # A manifest as minidist wrote it before issue 18: no tp_stride, no cp, 3 coordinates per rank.
+    model = R.build(1, 0)
+    opt = R.adamw(model)
+    R.step(model, opt, 1, 0)
+    folder = checkpoint.save(tmp_path, model, opt, step=1)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    del manifest["mesh"]["cp"]
+    for t in manifest["tensors"].values():
+        del t["tp_stride"]
+    for r in manifest["ranks"]:
+        r["coords"] = r["coords"][:3]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    fresh = R.build(1, 0, zero=True)
+    fresh_opt = R.adamw(fresh)
+    info = checkpoint.load(tmp_path, fresh, fresh_opt)
+    assert info["rng_restored"] and not info["resharded"]  # the same layout: cp 1 is what v1 meant
+    saved, got = R.dump(model, opt), R.dump(fresh, fresh_opt)
+    for key in saved:
+        np.testing.assert_array_equal(got[key], saved[key], key)
+
+
+@given(
+    dp=st.integers(1, 2), cp=st.integers(1, 3), tp=st.integers(1, 4), pp_rank=st.integers(0, 1),
+    rows=st.integers(1, 9), sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4),
+)  # fmt: skip
+def test_writers_are_chosen_among_the_dp_and_cp_replicas_of_each_uneven_piece(
+    dp, cp, tp, pp_rank, rows, sizes
+):
+    layout = Layout(0, dp * cp * tp * 2, dp, tp, 2, 0, 0, pp_rank, cp, 0)
+    pieces = [len(range(*shard_bounds(rows, tp, t))) * 8 for t in range(tp)]  # uneven row counts
+    items = [("emb", pieces, 0)] + [(f"r{i}", n, None) for i, n in enumerate(sizes)]
+    writers = assign_writers(items, layout)
+    per_stage = dp * cp * tp
+    assert set(writers) == {("emb", t) for t in range(tp)} | {(f"r{i}", None) for i in range(len(sizes))}
+    loads: dict[int, int] = {}
+    for (key, t), rank in writers.items():
+        assert rank // per_stage == pp_rank  # a rank of this stage (tp fastest, then cp, dp, pp)
+        assert t is None or rank % tp == t  # a piece by a replica that holds it
+        loads[rank] = loads.get(rank, 0) + (pieces[t] if key == "emb" else sizes[int(key[1:])])
+    # Balanced by each piece's own size: no writer above the ideal share by more than the largest item.
+    assert max(loads.values()) <= (sum(pieces) + sum(sizes)) / per_stage + max(pieces + sizes)
