@@ -41,7 +41,9 @@ def dumps(run, name: str, tp: int) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2)])
+@pytest.mark.parametrize(
+    "name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2), ("from_cp2_tp2", 2)]
+)
 def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name, tp):
     # The saving layout's own pieces first: the step on pieces is the step on the full tensors.
     full = R.full_after_step()
@@ -104,6 +106,21 @@ def test_a_tied_copy_is_not_saved_and_is_filled_from_its_original_on_load(run):
         np.testing.assert_array_equal(last[key], full[key], key)  # the copy, from the original's tensors
     assert last["emb.weight/step"] == 1
     np.testing.assert_array_equal(last["proj.bias"], full["proj.bias"])
+
+
+@pytest.mark.mpi
+def test_context_parallel_ranks_share_the_writing_and_resume_exactly(run):
+    manifest = json.loads((run / "ckpt" / "d" / "step_000000001" / "manifest.json").read_text())
+    assert manifest["mesh"] == {"dp": 1, "tp": 1, "pp": 1, "cp": 2, "world_size": 2}
+    assert [r["coords"] for r in manifest["ranks"]] == [[0, 0, 0, 0], [0, 0, 0, 1]]
+    assert sorted(manifest["files"]) == ["rank00000.safetensors", "rank00001.safetensors"]  # both write
+    full = R.full_after_step()
+    for r in range(2):
+        got = dict(np.load(run / "out" / f"load_cp2_r{r}.npz"))
+        for key, want in full.items():
+            np.testing.assert_array_equal(got[key], want, key)
+    info = json.loads((run / "out" / "info.json").read_text())
+    assert info["load_cp2"] == {"resharded": False, "rng_restored": True}
 
 
 # -- single process: the format-1 reader and the writer assignment ---------------------------------

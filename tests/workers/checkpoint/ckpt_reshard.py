@@ -9,7 +9,8 @@ with that rank's parameters and AdamW moments (``reshard_common.dump``):
 2. ``load_tp4`` (ranks 0-3), ``load_tp3`` (0-2, which then saves ``CKPT/b``), ``load_tp1`` (rank 0);
 3. ``back_tp2``: ranks 0-1 load ``CKPT/b`` (saved on tp 3) on tp 2 again;
 4. ``tied``: ranks 0-1 as 2 pipeline stages; stage 1 holds a tied copy of ``emb.weight`` (and
-   ``proj.bias``); one step, save ``CKPT/c``, zero both stages, load: ``tied_r<stage>.npz``.
+   ``proj.bias``); one step, save ``CKPT/c``, zero both stages, load: ``tied_r<stage>.npz``;
+5. ``load_cp2``: ranks 0-1 as cp = 2 save ``CKPT/d`` and load it back; ``from_cp2_tp2``: tp 2 loads it.
 
 ``OUT/info.json``: each load's ``resharded`` and ``rng_restored``.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import reshard_common as R
@@ -63,6 +65,8 @@ def main() -> None:
     load("load_tp1", 1, ckpt / "a")
     load("back_tp2", 2, ckpt / "b")
     tied(on(2, pp=2), ckpt / "c", out)
+    context_parallel(world.split(color=0 if world.rank < 2 else None), ckpt / "d", out, info)
+    load("from_cp2_tp2", 2, ckpt / "d")
     if world.rank == 0:
         (out / "info.json").write_text(json.dumps(info))
 
@@ -83,6 +87,28 @@ def tied(mesh: ProcessMesh | None, folder: Path, out: Path) -> None:
     fresh = R.adamw(model)
     checkpoint.load(folder, model, fresh, mesh=mesh)
     np.savez(out / f"tied_r{mesh.pp_rank}.npz", **R.dump(model, fresh))
+
+
+def context_parallel(comm, folder: Path, out: Path, info: dict) -> None:
+    """Ranks 0-1 as the 2 context-parallel ranks of one replica (cp = 2): save ``CKPT/d``, load it back.
+
+    The mesh is a stand-in with the attributes the checkpoint reads (``ProcessMesh`` gets its cp axis
+    on another branch of issue 18); both cp ranks hold the whole (tp 1) model, like dp replicas.
+    """
+    if comm is None:
+        return
+    mesh = SimpleNamespace(
+        world=comm, world_size=2, dp=1, tp=1, pp=1, cp=2, dp_rank=0, tp_rank=0, pp_rank=0, cp_rank=comm.rank
+    )
+    model = R.build(1, 0)
+    opt = R.adamw(model)
+    R.step(model, opt, 1, 0)
+    checkpoint.save(folder, model, opt, step=1, mesh=mesh)
+    fresh = R.build(1, 0, zero=True)
+    fresh_opt = R.adamw(fresh)
+    got = checkpoint.load(folder, fresh, fresh_opt, mesh=mesh)
+    info["load_cp2"] = {"resharded": got["resharded"], "rng_restored": got["rng_restored"]}
+    np.savez(out / f"load_cp2_r{comm.rank}.npz", **R.dump(fresh, fresh_opt))
 
 
 if __name__ == "__main__":
