@@ -123,6 +123,17 @@ def test_context_parallel_ranks_share_the_writing_and_resume_exactly(run):
     assert info["load_cp2"] == {"resharded": False, "rng_restored": True}
 
 
+@pytest.mark.mpi
+def test_pieces_that_split_py_did_not_cut_are_refused_on_save_and_load(run):
+    info = json.loads((run / "out" / "info.json").read_text())
+    assert "'model/emb.weight'" in info["wrong_save"] and "[[3, 3], [4, 3]]" in info["wrong_save"]
+    assert (
+        "tp rank 0 of 2" in info["wrong_load"]
+        and "is [4, 3], but this rank holds [3, 3]" in info["wrong_load"]
+    )
+    assert not (run / "ckpt" / "e" / "step_000000001").exists()
+
+
 # -- single process: the format-1 reader and the writer assignment ---------------------------------
 def test_a_format_1_checkpoint_still_loads_and_resumes_exactly(tmp_path):
     # A manifest as minidist wrote it before issue 18: no tp_stride, no cp, 3 coordinates per rank.
