@@ -42,7 +42,15 @@ def dumps(run, name: str, tp: int) -> list[dict[str, np.ndarray]]:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2), ("from_cp2_tp2", 2)]
+    "name, tp",
+    [
+        ("load_tp1", 1),
+        ("load_tp3", 3),
+        ("load_tp4", 4),
+        ("back_tp2", 2),
+        ("from_cp2_tp2", 2),
+        ("zero_to_tp3", 3),
+    ],
 )
 def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name, tp):
     # The saving layout's own pieces first: the step on pieces is the step on the full tensors.

@@ -11,7 +11,8 @@ with that rank's parameters and AdamW moments (``reshard_common.dump``):
 4. ``tied``: ranks 0-1 as 2 pipeline stages; stage 1 holds a tied copy of ``emb.weight`` (and
    ``proj.bias``); one step, save ``CKPT/c``, zero both stages, load: ``tied_r<stage>.npz``;
 5. ``load_cp2``: ranks 0-1 as cp = 2 save ``CKPT/d`` and load it back; ``from_cp2_tp2``: tp 2 loads it;
-6. ``wrong_save``/``wrong_load`` (in ``info.json``): the errors for pieces that split.py did not cut.
+6. ``wrong_save``/``wrong_load`` (in ``info.json``): the errors for pieces that split.py did not cut;
+7. ``zero_to_tp3``: all 4 ranks as dp 2 x tp 2 with ZeRO save ``CKPT/f``; ranks 0-2 load it on tp 3.
 
 ``OUT/info.json``: each load's ``resharded`` and ``rng_restored``.
 """
@@ -28,8 +29,8 @@ import reshard_common as R
 from dist_worker_utils import run_worker
 
 import minidist.distributed as dist
-from minidist import checkpoint, nn
-from minidist.parallel import ProcessMesh
+from minidist import checkpoint, nn, optim
+from minidist.parallel import ProcessMesh, ZeroRedundancyOptimizer
 
 
 def main() -> None:
@@ -69,6 +70,14 @@ def main() -> None:
     context_parallel(world.split(color=0 if world.rank < 2 else None), ckpt / "d", out, info)
     load("from_cp2_tp2", 2, ckpt / "d")
     wrong_pieces(on(2, tp=2), ckpt, info)
+    zero = ProcessMesh(dp=2, tp=2)  # ZeRO over dp: its state is gathered, then saved like AdamW's
+    model = R.build(2, zero.tp_rank)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optim.AdamW, group=zero.dp_group, lr=0.1, weight_decay=0.01
+    )
+    R.step(model, opt, 2, zero.tp_rank)
+    checkpoint.save(ckpt / "f", model, opt, step=1, mesh=zero)
+    load("zero_to_tp3", 3, ckpt / "f")
     if world.rank == 0:
         (out / "info.json").write_text(json.dumps(info))
 
