@@ -2,13 +2,15 @@
 
 Reading order: ``mappings.py`` (the f and g operators and their gather/scatter variants: all the
 communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``) -> ``mlp.py``
-(``ParallelMLP``: column then row, one all-reduce each way) -> ``random.py`` (the RNG tracker:
-dropout masks per rank on sharded activations, shared on replicated ones) -> ``sequence_parallel.py``
-(the LayerNorm regions split along the sequence: all-gather / reduce-scatter instead of all-reduce)
--> ``transformer.py`` (the GPT block: heads split, MLP column then row, optionally sequence
-parallel). ``checks.py`` compares every layer's arguments across its group at construction, so a
-mismatch raises on every rank. The process grid these groups come from is
-``minidist/parallel/mesh.py``; gradient clipping over shards is ``minidist/parallel/clip_grad.py``.
+(``ParallelMLP``: column then row, one all-reduce each way) -> ``vocab_parallel.py`` (the embedding
+split over the vocabulary) and ``vocab_parallel_loss.py`` (the cross-entropy of vocabulary-sharded
+logits, never gathered) -> ``random.py`` (the RNG tracker: dropout masks per rank on sharded
+activations, shared on replicated ones) -> ``sequence_parallel.py`` (the LayerNorm regions split along
+the sequence: all-gather / reduce-scatter instead of all-reduce) -> ``transformer.py`` (the GPT block:
+heads split, MLP column then row, optionally sequence parallel). ``checks.py`` compares every layer's
+arguments across its group at construction, so a mismatch raises on every rank. The process grid these
+groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
+``minidist/parallel/clip_grad.py``.
 """
 
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, shard_parameter
@@ -35,6 +37,8 @@ from minidist.parallel.tensor_parallel.transformer import (
     ParallelCausalSelfAttention,
     ParallelFeedForward,
 )
+from minidist.parallel.tensor_parallel.vocab_parallel import VocabParallelEmbedding
+from minidist.parallel.tensor_parallel.vocab_parallel_loss import vocab_parallel_cross_entropy
 
 __all__ = [
     "ColumnParallelLinear",
@@ -55,4 +59,6 @@ __all__ = [
     "ParallelCausalSelfAttention",
     "ParallelFeedForward",
     "ParallelBlock",
+    "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy",
 ]
