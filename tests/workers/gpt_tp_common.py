@@ -43,3 +43,48 @@ def run_module(module, x: np.ndarray, w: np.ndarray) -> dict[str, np.ndarray]:
     for name, p in module.named_parameters():
         out[name], out[f"{name}.grad"] = p.numpy(), p.grad.copy()
     return out
+
+
+# --- the whole GPT: a few AdamW steps on one global batch ---------------------------------------------
+STEPS, LR, WEIGHT_DECAY = 3, 1e-2, 0.1
+
+
+def gpt_config(cfg: dict):
+    """The GPTConfig a test config describes (float64)."""
+    from minidist.models import GPTConfig
+
+    keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights")
+    return GPTConfig(**{k: cfg[k] for k in keys if k in cfg}, dtype=F64)
+
+
+def gpt_batch(cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The global batch: token ids and next-token targets (B, T), the same on every rank."""
+    rng = np.random.default_rng(cfg["seed"] + 3)
+    ids = rng.integers(0, cfg["vocab_size"], (cfg["batch"], cfg["T"] + 1))
+    return ids[:, :-1], ids[:, 1:]
+
+
+def train_full_gpt(cfg: dict) -> dict[str, np.ndarray]:
+    """The one-process reference: losses, first-step gradients and parameters after STEPS AdamW steps."""
+    from minidist import optim
+    from minidist.models import GPT
+    from minidist.nn import functional as F
+
+    md.manual_seed(cfg["seed"])
+    model = GPT(gpt_config(cfg))
+    opt = optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    idx, targets = gpt_batch(cfg)
+    out: dict[str, np.ndarray] = {}
+    losses = []
+    for step in range(STEPS):
+        logits = model(idx)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        losses.append(float(loss.numpy()))
+        if step == 0:
+            out.update({f"grad/{n}": p.grad.copy() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    out.update({f"param/{n}": p.numpy() for n, p in model.named_parameters()})
+    out["losses"] = np.array(losses)
+    return out
