@@ -35,6 +35,7 @@ from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.layers import GELU, Dropout, LayerNorm
 from minidist.nn.module import Module
+from minidist.parallel.context_parallel import ring_attention
 from minidist.parallel.tensor_parallel.checks import agree, already_agreed, describe_dtype, resolve_group
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
@@ -102,7 +103,8 @@ class ParallelCausalSelfAttention(Module):
         q, k, v = qkv[0], qkv[1], qkv[2]
         p = self.dropout_p if self.training else 0.0
         if self.context_parallel_group is not None:
-            y = _ring_attention(q, k, v, self.context_parallel_group, p)
+            # the sequence is split over cp too: K/V blocks go round the cp ring (Liu et al. 2023)
+            y = ring_attention(q, k, v, self.context_parallel_group, is_causal=True, dropout_p=p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         y = y.transpose(1, 2).reshape(B, T, heads * hs)  # this rank's heads side by side: (B, T, C / t)
@@ -113,21 +115,6 @@ class ParallelCausalSelfAttention(Module):
             f"n_embd={self.n_embd}, n_head={self.n_head} ({self.n_head_per_partition} per rank), "
             f"dropout={self.dropout_p}, sequence_parallel={self.sequence_parallel}"
         )
-
-
-def _ring_attention(q: Tensor, k: Tensor, v: Tensor, group: Communicator, dropout_p: float) -> Tensor:
-    """Causal attention over a sequence split across the context-parallel ``group`` (ring attention)."""
-    if dropout_p > 0:
-        raise NotImplementedError(
-            "attention dropout under context parallelism is not implemented: set dropout=0 with cp > 1"
-        )
-    try:
-        from minidist.parallel.context_parallel import ring_attention
-    except ImportError:  # the context-parallel package is not there (yet)
-        raise NotImplementedError(
-            "context parallelism (cp > 1) needs minidist.parallel.context_parallel, not installed here"
-        ) from None
-    return ring_attention(q, k, v, group, is_causal=True)
 
 
 class ParallelFeedForward(Module):
