@@ -108,3 +108,13 @@ def test_errors_are_raised_on_every_rank(tmp_path):
     for r, got in enumerate(ranks):
         for case, (kind, pattern) in expected.items():
             assert got[case][0] == kind and re.search(pattern, got[case][1]), (r, case, got[case])
+
+
+@pytest.mark.mpi
+def test_parallel_gpt_on_the_cupy_stand_in_equals_the_cpu(tmp_path):
+    """The GPU code path without a GPU (tests/cupy_stand_in.py): sequence-parallel mappings, vocabulary-
+    parallel embedding and loss, staging of device arrays through the collectives; bit for bit."""
+    run_mpi(2, "tensor_parallel/tp_gpt_stand_in.py", tmp_path, timeout=120)
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["on_device"] and got["device"] == got["cpu"] and got["worst"] == 0.0, (r, got)
