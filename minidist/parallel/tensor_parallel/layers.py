@@ -30,7 +30,8 @@ mask on every rank, from the RNG tracker (``random.py``).
 
 ``from_linear`` builds either layer from a full ``nn.Linear`` instead (the transformer of
 ``transformer.py`` cuts a whole single-process block this way), with a ``stride`` for [q; k; v] and
-the ``sequence_parallel`` variant of ``sequence_parallel.py`` (all-gather in, reduce-scatter out).
+the ``sequence_parallel`` variant of ``sequence_parallel.py`` (all-gather in, keeping only the shard
+for backward: ``sequence_parallel_linear.py``; reduce-scatter out).
 """
 
 from __future__ import annotations
@@ -59,10 +60,8 @@ from minidist.parallel.tensor_parallel.mappings import (
     scatter_to_tensor_parallel_region,
     tag_shard,
 )
-from minidist.parallel.tensor_parallel.sequence_parallel import (
-    gather_from_sequence_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-)
+from minidist.parallel.tensor_parallel.sequence_parallel import reduce_scatter_to_sequence_parallel_region
+from minidist.parallel.tensor_parallel.sequence_parallel_linear import all_gather_linear
 
 
 def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parameter:
@@ -158,8 +157,8 @@ class ColumnParallelLinear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_last_axis(self, x, self.in_features, "in_features")
-        if self.sequence_parallel:  # the paper's g: all-gather the positions; backward reduce-scatter
-            return F.linear(gather_from_sequence_parallel_region(x, self.group), self.weight, self.bias)
+        if self.sequence_parallel:  # the paper's g, fused: all-gather the positions, keep only the shard
+            return all_gather_linear(x, self.weight, self.bias, self.group)
         # BEGIN SOLUTION A4.3: f, this rank's slice of the output features, gather if gather_output
         x = copy_to_tensor_parallel_region(x, self.group)  # f
         y = F.linear(x, self.weight, self.bias)  # (..., out / n)
