@@ -31,7 +31,6 @@ The last two sums commute (both are linear), so it does not matter that DDP ran 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict
 from typing import Any
 
@@ -55,7 +54,7 @@ from minidist.parallel.tensor_parallel import (
     reduce_scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
 )
-from minidist.parallel.tensor_parallel.cut import cut_parameter
+from minidist.parallel.tensor_parallel.cut import cut_parameter, replicate
 
 
 class ParallelGPT(Module):
@@ -112,12 +111,10 @@ class ParallelGPT(Module):
         self.wte = VocabParallelEmbedding.from_weight(gpt.wte.weight, tp)
         if sequence_parallel:  # the embedding's sum leaves each rank its positions only
             self.wte.reduce = reduce_scatter_to_sequence_parallel_region
-        self.wpe, self.drop = copy.deepcopy(gpt.wpe), copy.deepcopy(gpt.drop)
+        # wpe and ln_f are used on this rank's positions only under sequence parallelism: flagged
+        self.wpe, self.drop = replicate(gpt.wpe, tp, sequence_parallel), replicate(gpt.drop, tp)
         self.h = Sequential(*[ParallelBlock(block, tp, sequence_parallel) for block in gpt.h])
-        self.ln_f = copy.deepcopy(gpt.ln_f)
-        if sequence_parallel:  # used on this rank's positions only: gradients summed over tp
-            for p in (*self.wpe.parameters(), *self.ln_f.parameters()):
-                p.sequence_parallel, p.tp_group = True, tp
+        self.ln_f = replicate(gpt.ln_f, tp, sequence_parallel)
         if cp > 1:
             for block in self.h:
                 block.attn.context_parallel_group = mesh.cp_group
