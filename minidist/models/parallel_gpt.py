@@ -31,10 +31,11 @@ The last two sums commute (both are linear), so it does not matter that DDP ran 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict
 from typing import Any
 
-from minidist import random
+from minidist import backend, random
 from minidist.autograd import Tensor
 from minidist.distributed import agree
 from minidist.distributed.agreement import all_gather_json
@@ -92,7 +93,24 @@ class ParallelGPT(Module):
 
     @classmethod
     def from_gpt(cls, gpt: GPT, mesh: Any, sequence_parallel: bool = False) -> ParallelGPT:
-        """This rank's part of ``gpt`` (the same full model on every rank); ``gpt`` is not changed."""
+        """This rank's part of ``gpt`` (the same full model on every rank); ``gpt`` is not changed.
+
+        Collective over ``mesh.world``: the ranks first compare a hash of their GPT's names and weights
+        (one pass over the model, one small all-gather), so a GPT built from a per-rank seed raises
+        ``ValueError`` on every rank instead of cutting pieces of different models.
+        """
+        digest = hashlib.sha256()
+        for name, p in gpt.named_parameters():
+            digest.update(name.encode())
+            digest.update(backend.to_numpy(p.data).tobytes())
+        agree(
+            {"weights (sha256)": digest.hexdigest()[:16]},
+            None,
+            mesh.world,
+            what="ParallelGPT.from_gpt",
+            fix="build the GPT from the same seed on every rank (md.manual_seed(s) before GPT(config)), "
+            "or build ParallelGPT(config, mesh), which makes the ranks' generators agree first",
+        )
         model = cls.__new__(cls)
         Module.__init__(model)
         model._cut(gpt, mesh, sequence_parallel)
