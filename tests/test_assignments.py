@@ -142,7 +142,9 @@ def test_release_never_deletes_what_it_did_not_write(tmp_path):
     assert (copy / "minidist").is_dir()
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+# A1 is graded in test_grading_workflow.py's class workflow: "alice" hands in a copy of the reference and
+# must score 28 of 28, public and hidden tests (the same check, through the command line): not twice.
+@pytest.mark.parametrize("assignment", [a for a in ASSIGNMENTS if a != "A1"])
 def test_reference_scores_full_marks(assignment):
     report = grade(assignment)
     assert report.score == report.max_score > 0, report.table()

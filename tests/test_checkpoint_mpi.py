@@ -6,6 +6,10 @@ sequence of floating-point operations (restored parameters, optimizer state, sam
 both RNG streams). After resharding, reductions run in another order (other dp/tp group sizes), so
 parameters agree to rounding only: after a few steps in float64 that is ~1e-14 relative; rtol 1e-9
 leaves room for AdamW's m / sqrt(v), which amplifies rounding where v is tiny.
+
+Starting 4 or 8 Python ranks on 2 cores costs more than training this model, so the runs that no test
+kills are made by the module fixture ``runs`` (the table ``RUNS``): one launch per world size, each
+rank running its runs one after another (``ckpt_train.py ... --then ...``); the tests compare them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,19 @@ def train(out: Path, ckpt: Path, mesh: str, *extra: str, env: dict | None = None
                    check=check, timeout=180)  # fmt: skip
 
 
+def spec(out: Path, ckpt: Path, mesh: str, *extra: str | Path) -> list[str]:
+    """One run's arguments for ``ckpt_train.py``."""
+    out.mkdir(parents=True, exist_ok=True)
+    return [str(out), str(ckpt), "--mesh", mesh, *map(str, extra)]
+
+
+def train_in_one_launch(specs: list[list[str]]) -> None:
+    """Several runs one after another in ONE launch; their meshes all have the same size."""
+    (n,) = {mesh_size(s[3]) for s in specs}
+    args = [a for i, s in enumerate(specs) for a in ["--then"] * (i > 0) + s]
+    run_mpi(n, "checkpoint/ckpt_train.py", *args, timeout=120 + 30 * len(specs))
+
+
 def final(out: Path) -> dict[str, dict[str, np.ndarray]]:
     return {o: dict(np.load(out / f"{o}.npz")) for o in OPTIMS}
 
@@ -49,12 +66,55 @@ def assert_same(a: dict, b: dict, exact: bool) -> None:
                 )
 
 
+SAVE = ("--steps", str(STEPS), "--every", str(EVERY))  # an uninterrupted run: checkpoints at step 4
+DROPOUT = ("--dropout", "0.3")  # TP dropout draws from the TP RNG tracker: its state must be restored
+KILL_ARGS = ("--steps", "8", "--every", "3", "--dropout", "0.3")  # dropout: RNG state must be restored
+DAMAGED_ARGS = ("--steps", "8", "--every", "3", "--optims", "sgd")
+# name: (mesh, flags, the run whose checkpoint at step 4 it resumes from). Each run writes its final
+# parameters to <name>/out and its checkpoints to <name>/ckpt; the tests below say which they compare.
+RUNS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
+    # 8 ranks (launched first: a 4-rank run resumes from "3d")
+    "3d": ("2,2,2", SAVE, None),
+    "3d dropout": ("2,2,2", SAVE + DROPOUT, None),
+    "3d dropout resumed": ("2,2,2", ("--steps", str(STEPS), *DROPOUT), "3d dropout"),
+    # 4 ranks
+    "dp4": ("4,1,1", SAVE, None),  # the uninterrupted dp=4 run, no dropout
+    "killed reference": ("4,1,1", KILL_ARGS, None),
+    "dp2xtp2 dropout": ("2,2,1", SAVE + DROPOUT, None),
+    "dp2xtp2 dropout resumed": ("2,2,1", ("--steps", str(STEPS), *DROPOUT), "dp2xtp2 dropout"),
+    "dp2xpp2 dropout": ("2,1,2", SAVE + DROPOUT, None),
+    "dp2xpp2 dropout resumed": ("2,1,2", ("--steps", str(STEPS), *DROPOUT), "dp2xpp2 dropout"),
+    "zero": ("4,1,1", (*SAVE, "--zero"), None),
+    "zero resumed": ("4,1,1", ("--steps", str(STEPS), "--zero"), "zero"),
+    "2,2,1 from dp4": ("2,2,1", ("--steps", str(STEPS)), "dp4"),
+    "2,1,2 from dp4": ("2,1,2", ("--steps", str(STEPS)), "dp4"),
+    "1,2,2 from dp4": ("1,2,2", ("--steps", str(STEPS)), "dp4"),
+    "dp4 from 3d": ("4,1,1", ("--steps", str(STEPS)), "3d"),
+    # 2 ranks and 1
+    "2,1,1 from dp4": ("2,1,1", ("--steps", str(STEPS)), "dp4"),
+    "zero resumed on 2 ranks": ("2,1,1", ("--steps", str(STEPS), "--zero"), "zero"),
+    "damaged reference": ("2,1,1", DAMAGED_ARGS, None),
+    "1,1,1 from dp4": ("1,1,1", ("--steps", str(STEPS)), "dp4"),
+}
+
+
 @pytest.fixture(scope="module")
-def dp4_reference(tmp_path_factory):
-    """An uninterrupted dp=4 run, no dropout: checkpoints at step 4; final parameters."""
-    root = tmp_path_factory.mktemp("dp4")
-    train(root / "out", root / "ckpt", "4,1,1", "--steps", str(STEPS), "--every", str(EVERY))
-    return root
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Every run of ``RUNS``, in one launch per world size (largest first); name -> its folder."""
+    root = tmp_path_factory.mktemp("runs")
+    folders = {name: root / name.replace(" ", "_").replace(",", "") for name in RUNS}
+    done: set[str] = set()
+    for size in sorted({mesh_size(mesh) for mesh, _, _ in RUNS.values()}, reverse=True):
+        specs = []
+        for name, (mesh, flags, source) in RUNS.items():
+            if mesh_size(mesh) != size:
+                continue
+            assert source is None or source in done, f"{name!r} resumes from {source!r}, not run before it"
+            resume = () if source is None else ("--resume-from", folders[source] / "ckpt")
+            specs.append(spec(folders[name] / "out", folders[name] / "ckpt", mesh, *flags, *resume))
+            done.add(name)
+        train_in_one_launch(specs)
+    return folders
 
 
 # -- killed ranks ------------------------------------------------------------------------------------
@@ -63,9 +123,8 @@ def dp4_reference(tmp_path_factory):
     [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3), ("0:6:latest", 3)],
     ids=["mid-training", "mid-save", "before-commit", "after-rename-before-latest"],
 )
-def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill):
-    args = ("--steps", "8", "--every", "3", "--dropout", "0.3")  # dropout: RNG state must be restored
-    train(tmp_path / "ref", tmp_path / "ref_ckpt", "4,1,1", *args)
+def test_killed_rank_then_resume_is_bit_exact(tmp_path, runs, kill, latest_after_kill):
+    args = KILL_ARGS
     killed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, env={"CKPT_KILL": kill}, check=False)
     assert killed.returncode != 0, "the SIGKILLed job should have failed"
     for o in OPTIMS[:1]:  # the kill hits the first optimizer's run
@@ -76,51 +135,42 @@ def test_killed_rank_then_resume_is_bit_exact(tmp_path, kill, latest_after_kill)
     resumed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
     if kill.endswith("latest"):  # resumed from step 6, not 3 (which would fail to save step 6 again)
         assert "'latest' names step_000000003 but step_000000006 is newer" in resumed.stdout
-    assert_same(final(tmp_path / "run"), final(tmp_path / "ref"), exact=True)
+    assert_same(final(tmp_path / "run"), final(runs["killed reference"] / "out"), exact=True)
     leftovers = [p.name for p in (tmp_path / "ckpt" / "sgd").iterdir() if p.name.startswith(".tmp")]
     assert leftovers == []  # the crashed save's temporary folder was cleaned by a later save
 
 
 # -- same layout: bit-exact -----------------------------------------------------------------------------
-@pytest.mark.parametrize("mesh", ["2,2,1", "2,1,2", "2,2,2"], ids=["dp2xtp2", "dp2xpp2", "3d"])
-def test_resume_on_the_same_mesh_is_bit_exact(tmp_path, mesh):
-    args = ("--steps", str(STEPS), "--dropout", "0.3")  # TP dropout draws from the TP RNG tracker
-    train(tmp_path / "ref", tmp_path / "ckpt", mesh, *args, "--every", str(EVERY))
-    train(tmp_path / "resumed", tmp_path / "unused", mesh, *args, "--resume-from", tmp_path / "ckpt")
-    assert_same(final(tmp_path / "resumed"), final(tmp_path / "ref"), exact=True)
+@pytest.mark.parametrize("mesh", ["dp2xtp2", "dp2xpp2", "3d"])
+def test_resume_on_the_same_mesh_is_bit_exact(runs, mesh):
+    ref, resumed = runs[f"{mesh} dropout"], runs[f"{mesh} dropout resumed"]
+    assert_same(final(resumed / "out"), final(ref / "out"), exact=True)
 
 
 # -- another layout: allclose ---------------------------------------------------------------------------
 @pytest.mark.parametrize("mesh", ["2,1,1", "1,1,1", "2,2,1", "2,1,2", "1,2,2"])
-def test_resume_on_another_mesh_matches(tmp_path, dp4_reference, mesh):
-    saved = dp4_reference / "ckpt"
+def test_resume_on_another_mesh_matches(runs, mesh):
+    saved = runs["dp4"] / "ckpt"
     latest = {o: (saved / o / "latest").read_text().strip() for o in OPTIMS}
     assert set(latest.values()) == {f"step_{EVERY:09d}"}
-    train(tmp_path / "out", tmp_path / "ckpt", mesh, "--steps", str(STEPS), "--resume-from", saved)
-    assert_same(final(tmp_path / "out"), final(dp4_reference / "out"), exact=False)
+    assert_same(final(runs[f"{mesh} from dp4"] / "out"), final(runs["dp4"] / "out"), exact=False)
 
 
-def test_3d_checkpoint_resumes_on_data_parallel_only(tmp_path, dp4_reference):
-    train(tmp_path / "ref", tmp_path / "ckpt", "2,2,2", "--steps", str(STEPS), "--every", str(EVERY))
-    train(tmp_path / "out", tmp_path / "unused", "4,1,1", "--steps", str(STEPS), "--resume-from",
-          tmp_path / "ckpt")  # fmt: skip
-    assert_same(final(tmp_path / "out"), final(tmp_path / "ref"), exact=False)
-    assert_same(final(tmp_path / "out"), final(dp4_reference / "out"), exact=False)
+def test_3d_checkpoint_resumes_on_data_parallel_only(runs):
+    assert_same(final(runs["dp4 from 3d"] / "out"), final(runs["3d"] / "out"), exact=False)
+    assert_same(final(runs["dp4 from 3d"] / "out"), final(runs["dp4"] / "out"), exact=False)
 
 
-def test_zero_checkpoint_resumes_exactly_and_at_another_size(tmp_path):
-    args = ("--steps", str(STEPS), "--zero")
-    train(tmp_path / "ref", tmp_path / "ckpt", "4,1,1", *args, "--every", str(EVERY))
-    train(tmp_path / "same", tmp_path / "unused", "4,1,1", *args, "--resume-from", tmp_path / "ckpt")
-    assert_same(final(tmp_path / "same"), final(tmp_path / "ref"), exact=True)
-    train(tmp_path / "two", tmp_path / "unused2", "2,1,1", *args, "--resume-from", tmp_path / "ckpt")
-    assert_same(final(tmp_path / "two"), final(tmp_path / "ref"), exact=False)
+def test_zero_checkpoint_resumes_exactly_and_at_another_size(runs):
+    ref = final(runs["zero"] / "out")
+    assert_same(final(runs["zero resumed"] / "out"), ref, exact=True)
+    assert_same(final(runs["zero resumed on 2 ranks"] / "out"), ref, exact=False)
 
 
 # -- errors on every rank -------------------------------------------------------------------------------
-def test_corrupt_shard_raises_on_every_rank(tmp_path, dp4_reference):
+def test_corrupt_shard_raises_on_every_rank(tmp_path, runs):
     broken = tmp_path / "ckpt"
-    shutil.copytree(dp4_reference / "ckpt", broken)
+    shutil.copytree(runs["dp4"] / "ckpt", broken)
     victim = sorted((broken / "sgd" / f"step_{EVERY:09d}").glob("*.safetensors"))[-1]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 1
@@ -168,19 +218,32 @@ def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ran
             assert np.array_equal(got[name], full[name]), f"resumed at '{case}': {name} differs"
 
 
-@pytest.mark.parametrize("mode", ["strided", "global"])
-def test_a_save_between_epochs_resumes_on_another_number_of_ranks_at_the_next_epoch(tmp_path, mode):
+MODES = ("strided", "global")
+
+
+@pytest.fixture(scope="module")
+def boundary_runs(tmp_path_factory) -> Path:
+    """Both modes of ``ckpt_boundary_reshard.py``: saved on 2 ranks (one launch), loaded on 3 (another)."""
+    tmp = tmp_path_factory.mktemp("boundary")
+    for ranks, out in ((2, "first"), (3, "second")):
+        args = []
+        for mode in MODES:
+            (tmp / mode / out).mkdir(parents=True)
+            args += [mode, tmp / mode / "ckpt", tmp / mode / out]
+        run_mpi(ranks, "checkpoint/ckpt_boundary_reshard.py", *args, timeout=120)
+    return tmp
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_save_between_epochs_resumes_on_another_number_of_ranks_at_the_next_epoch(boundary_runs, mode):
     """Saved after epoch 0's inner loop on 2 ranks, loaded on 3 (in global-batch mode with another
     global batch size too): the finished epoch stays finished, and epoch 1 reads every sample once.
     A position saved mid-epoch cannot carry over in these cases, but a finished epoch can, as the
     error for the mid-epoch case itself advises ("resume at an epoch boundary")."""
-    root, first, second = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
-    first.mkdir(), second.mkdir()
-    run_mpi(2, "checkpoint/ckpt_boundary_reshard.py", mode, root, first, timeout=120)
+    first, second = boundary_runs / mode / "first", boundary_runs / mode / "second"
     saved = [json.loads((first / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(s["error"] is None for s in saved), saved
     assert sorted(saved[0]["seen"]["0"] + saved[1]["seen"]["0"]) == list(range(20))
-    run_mpi(3, "checkpoint/ckpt_boundary_reshard.py", mode, root, second, timeout=120)
     resumed = [json.loads((second / f"rank{r}.json").read_text()) for r in range(3)]
     for r in resumed:
         assert r["error"] is None, r["error"]
@@ -188,27 +251,27 @@ def test_a_save_between_epochs_resumes_on_another_number_of_ranks_at_the_next_ep
     assert sorted(sum((r["seen"]["1"] for r in resumed), [])) == list(range(20))
 
 
-def test_a_damaged_folder_newer_than_latest_resumes_from_latest_without_fallback(tmp_path):
+def test_a_damaged_folder_newer_than_latest_resumes_from_latest_without_fallback(tmp_path, runs):
     """Killed after step 6's rename, before 'latest' moved on from step 3; then step 6's folder is damaged
     (a disk fault): ``load_latest`` without ``fallback`` resumes from step 3, which 'latest' still
     names, instead of failing on step 6 at every restart. The run saves step 6 anew (the damaged
     folder is moved aside) and ends bit-exact with the uninterrupted run."""
-    args = ("--steps", "8", "--every", "3")
-    train(tmp_path / "ref", tmp_path / "ref_ckpt", "2,1,1", *args, "--optims", "sgd")
-    killed = train(
-        tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--optims", "sgd",
-        env={"CKPT_KILL": "0:6:latest"}, check=False,
-    )  # fmt: skip
+    args = DAMAGED_ARGS
+    killed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, env={"CKPT_KILL": "0:6:latest"},
+                   check=False)  # fmt: skip
     assert killed.returncode != 0
     newer = tmp_path / "ckpt" / "sgd" / "step_000000006"
     shard = sorted(newer.glob("*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:-8])  # truncated
-    resumed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--optims", "sgd", "--resume")
+    resumed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--resume")
     assert "skipping a checkpoint that does not load" in resumed.stdout and "truncated" in resumed.stdout
     assert [p.name[:24] for p in newer.parent.iterdir() if p.name.startswith(".corrupt")] == [
         ".corrupt-step_000000006-"
     ]
-    a, b = dict(np.load(tmp_path / "run" / "sgd.npz")), dict(np.load(tmp_path / "ref" / "sgd.npz"))
+    a, b = (
+        dict(np.load(tmp_path / "run" / "sgd.npz")),
+        dict(np.load(runs["damaged reference"] / "out" / "sgd.npz")),
+    )
     assert a.keys() == b.keys()
     for name in b:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)

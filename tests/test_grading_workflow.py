@@ -147,6 +147,7 @@ def test_the_documented_class_workflow_runs_as_written(tmp_path):
 
     results = tmp_path / "results"
     alice = json.loads((results / "alice.json").read_text())
+    # The reference scores full marks, hidden tests included (test_assignments.py grades A2-A8 so).
     assert alice["score"] == 28 and alice["extra_data"]["status"] == "graded"
     bob = json.loads((results / "bob.json").read_text())
     assert bob["extra_data"]["status"] == "graded"

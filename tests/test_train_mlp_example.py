@@ -3,16 +3,20 @@
 The checkpoint tests at the end stop a run with ``--max-steps`` (or SIGKILL one rank through
 ``tests/workers/training/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
 the final checkpoint, read here with safetensors independently of ``minidist.checkpoint.load``.
+
+Starting N Python ranks costs about as much as one of these short trainings, so every run that ends
+normally is listed in ``RUNS`` and made by the module fixture ``runs``: one launch per world size
+(``tests/workers/training/train_mlp_runs.py`` calls the example's ``main`` once per run), made when a
+test first asks for a run of that size. The tests then check each run's output and checkpoints.
+Runs that must fail (bad flags, a killed rank) keep a launch of their own: the exit code is checked.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,30 +40,116 @@ def final_accuracy(output: str, label: str = "final test accuracy") -> float:
     return float(match.group(1))
 
 
-@pytest.mark.mpi
-def test_default_run_on_8_ranks_reaches_95_percent():
-    result = run_mpi(8, EXAMPLE, timeout=300)
-    assert final_accuracy(result.stdout) >= 0.95
-    # The final line of rank 0's output is the accuracy line, after the progress bar's last update.
-    assert result.stdout.strip().splitlines()[-1].startswith("final test accuracy: ")
-
-
-# The short run that several tests compare against; run once per module (not once per test).
+# The short run of the world-size and tp tests; LAYOUT_ARGS: the pipeline layouts' and zero's runs.
 SHORT_ARGS = ("--epochs", "4", "--hidden", "32")
+LAYOUT_ARGS = ("--epochs", "3", "--hidden", "32", "32")
+# 3 epochs of 11 steps (1500 digits, global batch 128); --max-steps 15 stops 4 batches into epoch 2.
+CKPT_ARGS = ("--epochs", "3", "--hidden", "32", "32", "--checkpoint-every", "4")
+
+
+def ckpt(folder: str, *flags: str) -> tuple[str, ...]:
+    """CKPT_ARGS with checkpoints in ``folder`` (under the fixture's temporary folder), then ``flags``."""
+    return (*CKPT_ARGS, "--checkpoint-dir", f"{{tmp}}/{folder}", *flags)
+
+
+SAME_LAYOUTS = {"dp2": (2, ()), "dp2-zero2-grad-accum2": (2, ("--zero", "2", "--grad-accum", "2")),
+                "dp2xpp2": (4, ("--pp", "2"))}  # fmt: skip
+PIPELINE_LAYOUTS = {
+    "dp2 x pp2, gpipe, m=2": (4, "--pp", "2", "--schedule", "gpipe", "--microbatches", "2"),
+    "dp2 x tp2 x pp2, 1f1b, m=4": (8, "--dp", "2", "--tp", "2", "--pp", "2"),
+    "dp1 x pp3, 1f1b, m=8": (3, "--pp", "3", "--microbatches", "8"),
+    "dp1 x pp2, interleaved v=2, m=4": (2, "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2"),
+    # 128 samples on 3 replicas: shares 43 + 43 + 42, weighted exactly when combined over dp
+    "dp3 x pp2 (uneven shares), m=1": (6, "--pp", "2", "--microbatches", "1"),
+}
+RECOMPUTE = {"dp2": (2, ("--grad-accum", "2")), "dp2xtp2": (4, ("--tp", "2"))}
+COPY = "copy"  # RUNS value (n, (COPY, source, destination)): copy a checkpoint folder between two runs
+
+# Every run that ends normally, by name: (ranks, arguments), "{tmp}" standing for the fixture's folder.
+# In a launch the runs follow this order, so a run may resume from one listed before it.
+RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "default": (8, ()),
+    **{f"short on {n}": (n, SHORT_ARGS) for n in (1, 3, 4, 7)},
+    **{f"short tp={tp}": (4, (*SHORT_ARGS, "--tp", str(tp))) for tp in (2, 4)},
+    **{f"zero {z}": (3, (*LAYOUT_ARGS, "--zero", str(z))) for z in (0, 1, 2)},
+    **{name: (n, (*LAYOUT_ARGS, *flags)) for name, (n, *flags) in PIPELINE_LAYOUTS.items()},
+}
+for _name, (_n, _flags) in SAME_LAYOUTS.items():  # uninterrupted; stopped at step 15 and resumed
+    RUNS[f"{_name} uninterrupted"] = (_n, ckpt(f"{_name}-full", *_flags))
+    RUNS[f"{_name} stopped"] = (_n, ckpt(_name, *_flags, "--max-steps", "15"))
+    RUNS[f"{_name} resumed"] = (_n, ckpt(_name, *_flags, "--resume"))
+RUNS |= {
+    "dp4 uninterrupted": (4, ckpt("dp4-full")),
+    # stopped after epoch 1's last batch and resumed; a finished run (a copy of dp2's) resumed
+    "boundary stopped": (2, ckpt("boundary", "--max-steps", "11")),
+    "boundary resumed": (2, ckpt("boundary", "--resume")),
+    "copy dp2": (2, (COPY, "{tmp}/dp2-full", "{tmp}/finished")),
+    "finished resumed": (2, ckpt("finished", "--resume")),
+    # saved by dp=4 at step 15, resumed as dp2 x tp2 and dp2 x pp2
+    "dp4 stopped": (4, ckpt("tp", "--max-steps", "15")),
+    "copy dp4": (4, (COPY, "{tmp}/tp", "{tmp}/pp")),
+    "resumed as tp": (4, ckpt("tp", "--tp", "2", "--resume")),
+    "resumed as pp": (4, ckpt("pp", "--pp", "2", "--resume")),
+    **{f"recompute {name}{r}": (n, ckpt(f"recompute-{name}{r.strip()}", *flags, *r.split(),
+                                        "--max-steps", "5"))
+       for name, (n, flags) in RECOMPUTE.items() for r in ("", " --recompute")},
+}  # fmt: skip
+
+
+class Runs:
+    """The runs of ``RUNS``, made on first use: one launch for all the runs of a world size."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.launched = tmp, set()
+        fresh = [a for _, a in RUNS.values() if "--checkpoint-dir" in a and "--resume" not in a]
+        written = [argv[argv.index("--checkpoint-dir") + 1] for argv in fresh]
+        assert len(written) == len(set(written)), "two runs start in the same checkpoint folder"
+
+    def launch(self, n: int) -> None:
+        steps = []
+        for name, (size, argv) in RUNS.items():
+            argv = [a.replace("{tmp}", str(self.tmp)) for a in argv]
+            if size == n:
+                steps.append(
+                    {"copy": argv[1:]}
+                    if argv[0:1] == [COPY]
+                    else {"argv": argv, "stdout": str(self.tmp / name)}
+                )
+        (self.tmp / f"steps{n}.json").write_text(json.dumps(steps))
+        # A generous timeout (60 s a run, as in separate launches), but a hang still fails the tests.
+        run_mpi(n, "training/train_mlp_runs.py", self.tmp / f"steps{n}.json", timeout=120 + 60 * len(steps))
+        self.launched.add(n)
+
+    def stdout(self, name: str) -> str:
+        """What the run printed: rank 0's stdout, then the other ranks' (which print nothing)."""
+        n = RUNS[name][0]
+        if n not in self.launched:
+            self.launch(n)
+        return "".join((self.tmp / f"{name}.rank{r}").read_text() for r in range(n))
+
+    def folder(self, name: str) -> Path:
+        """The --checkpoint-dir of the run ``name`` (after the run)."""
+        self.stdout(name)
+        return self.tmp / RUNS[name][1][RUNS[name][1].index("--checkpoint-dir") + 1].removeprefix("{tmp}/")
 
 
 @pytest.fixture(scope="module")
-def short_dp4_output() -> str:
-    """Rank 0's output of ``SHORT_ARGS`` on 4 ranks (dp=4, tp=1): the world-size and the tp tests'
-    common reference."""
-    return run_mpi(4, EXAMPLE, *SHORT_ARGS, timeout=180).stdout
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.mark.mpi
-def test_any_world_size_gives_the_same_accuracy(short_dp4_output):
+def test_default_run_on_8_ranks_reaches_95_percent(runs):
+    output = runs.stdout("default")
+    assert final_accuracy(output) >= 0.95
+    # The final line of rank 0's output is the accuracy line, after the progress bar's last update.
+    assert output.strip().splitlines()[-1].startswith("final test accuracy: ")
+
+
+@pytest.mark.mpi
+def test_any_world_size_gives_the_same_accuracy(runs):
     # 3, 5 and 7 do not divide the global batch of 128: the sampler splits it 43+43+42 etc.
-    accuracies = {n: final_accuracy(run_mpi(n, EXAMPLE, *SHORT_ARGS, timeout=180).stdout) for n in (1, 3, 7)}
-    accuracies[4] = final_accuracy(short_dp4_output)
+    accuracies = {n: final_accuracy(runs.stdout(f"short on {n}")) for n in (1, 3, 4, 7)}
     assert len(set(accuracies.values())) == 1, accuracies
 
 
@@ -134,25 +224,18 @@ def test_an_error_on_one_rank_only_ends_the_whole_job(tmp_path):
 
 
 @pytest.mark.mpi
-def test_zero_stages_train_the_same_model_as_ddp():
-    args = ("--epochs", "3", "--hidden", "32")
-    accuracies = {
-        zero: final_accuracy(run_mpi(3, EXAMPLE, *args, "--zero", str(zero), timeout=180).stdout)
-        for zero in (0, 1, 2)
-    }
+def test_zero_stages_train_the_same_model_as_ddp(runs):
+    accuracies = {zero: final_accuracy(runs.stdout(f"zero {zero}")) for zero in (0, 1, 2)}
     assert len(set(accuracies.values())) == 1, accuracies
 
 
 @pytest.mark.mpi
-def test_tensor_parallel_trains_the_same_model_as_data_parallel(short_dp4_output):
+def test_tensor_parallel_trains_the_same_model_as_data_parallel(runs):
     # 4 ranks as dp=4, dp=2 x tp=2 and tp=4: the same global batches and initial weights, so the same
     # model up to float32 rounding (tp changes the order of a matmul's sum), which leaves the accuracy.
-    # tp=1 is the default: the dp=4 run of the fixture.
-    accuracies = {
-        tp: final_accuracy(run_mpi(4, EXAMPLE, *SHORT_ARGS, "--tp", str(tp), timeout=180).stdout)
-        for tp in (2, 4)
-    }
-    accuracies[1] = final_accuracy(short_dp4_output)
+    # tp=1 is the default: the plain run on 4 ranks.
+    accuracies = {tp: final_accuracy(runs.stdout(f"short tp={tp}")) for tp in (2, 4)}
+    accuracies[1] = final_accuracy(runs.stdout("short on 4"))
     assert len(set(accuracies.values())) == 1, accuracies
 
 
@@ -173,34 +256,17 @@ def epoch_lines(output: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.mpi
-def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel(dp4_reference):
+def test_pipeline_and_3d_layouts_train_the_same_model_as_data_parallel(runs):
     # Same global batches and initial weights in every layout, so the same model up to float32
     # rounding (microbatches, stage boundaries and the tp all-reduce change summation orders; a relative
     # 1e-6 or so per step). The printed losses (4 decimals) may differ in the last digit at most, and the
     # accuracies not at all; a missing 1/m or a wrongly weighted dp share changes both by far more.
-    args = ("--epochs", "3", "--hidden", "32", "32")
-    layouts = {
-        "dp2 x pp2, gpipe, m=2": (4, "--pp", "2", "--schedule", "gpipe", "--microbatches", "2"),
-        "dp2 x tp2 x pp2, 1f1b, m=4": (8, "--dp", "2", "--tp", "2", "--pp", "2"),
-        "dp1 x pp3, 1f1b, m=8": (3, "--pp", "3", "--microbatches", "8"),
-        "dp1 x pp2, interleaved v=2, m=4": (
-            2,
-            "--pp",
-            "2",
-            "--schedule",
-            "interleaved",
-            "--virtual-stages",
-            "2",
-        ),
-        # 128 samples on 3 replicas: shares 43 + 43 + 42, weighted exactly when combined over dp
-        "dp3 x pp2 (uneven shares), m=1": (6, "--pp", "2", "--microbatches", "1"),
-    }
     # The plain dp=4 run is the checkpoint tests' reference (CKPT_ARGS: these args, and checkpoints
     # every 4 steps, which read the model and never change it).
-    assert CKPT_ARGS[: len(args)] == args
-    plain = epoch_lines(dp4_reference[1])
-    for name, (n, *flags) in layouts.items():
-        got = epoch_lines(run_mpi(n, EXAMPLE, *args, *flags, timeout=180).stdout)
+    assert CKPT_ARGS[: len(LAYOUT_ARGS)] == LAYOUT_ARGS
+    plain = epoch_lines(runs.stdout("dp4 uninterrupted"))
+    for name in PIPELINE_LAYOUTS:
+        got = epoch_lines(runs.stdout(name))
         assert [acc for _, acc in got] == [acc for _, acc in plain], (name, got, plain)
         assert [loss for loss, _ in got] == pytest.approx([loss for loss, _ in plain], abs=1.5e-4), name
 
@@ -254,10 +320,6 @@ def test_shares_not_divisible_by_microbatches_is_an_error_naming_the_numbers():
 
 
 # --- checkpoints and --resume -------------------------------------------------------------------------
-# 3 epochs of 11 steps (1500 digits, global batch 128); --max-steps 15 stops 4 batches into epoch 2.
-CKPT_ARGS = ("--epochs", "3", "--hidden", "32", "32", "--checkpoint-every", "4")
-
-
 def train(n: int, ckpt: Path, *flags: str) -> subprocess.CompletedProcess:
     return run_mpi(n, EXAMPLE, *CKPT_ARGS, "--checkpoint-dir", str(ckpt), *flags, timeout=120)
 
@@ -284,54 +346,27 @@ def assert_same_tensors(got: dict, expected: dict, **tolerance: float) -> None:
             assert np.array_equal(got[key], expected[key]), key
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Callable[..., tuple[Path, str]]:
-    """``uninterrupted(n, *flags)``: the checkpoint root and output of ``train(n, root, *flags)`` run to
-    the end, trained once per module for each (n, flags) however many tests compare against it. A test
-    that writes into the root (``--resume``) copies it first."""
-    runs: dict[tuple, tuple[Path, str]] = {}
-
-    def run(n: int, *flags: str) -> tuple[Path, str]:
-        if (n, flags) not in runs:
-            root = tmp_path_factory.mktemp(f"uninterrupted_{n}") / "ckpt"
-            runs[n, flags] = root, train(n, root, *flags).stdout
-        return runs[n, flags]
-
-    return run
-
-
-@pytest.fixture(scope="module")
-def dp4_reference(uninterrupted) -> tuple[Path, str]:
-    """An uninterrupted run on 4 ranks (dp=4): its checkpoint root and its output."""
-    return uninterrupted(4)
-
-
 @pytest.mark.mpi
-@pytest.mark.parametrize(
-    "n, flags",
-    [(2, ()), (2, ("--zero", "2", "--grad-accum", "2")), (4, ("--pp", "2"))],
-    ids=["dp2", "dp2-zero2-grad-accum2", "dp2xpp2"],
-)
-def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, uninterrupted, n, flags):
-    full_dir, full_output = uninterrupted(n, *flags)
-    stopped = train(n, tmp_path / "resumed", *flags, "--max-steps", "15")
-    assert "stopped at step 15 of 33 (--max-steps); continue with --resume" in stopped.stdout
-    resumed = train(n, tmp_path / "resumed", *flags, "--resume")
+@pytest.mark.parametrize("layout", SAME_LAYOUTS)
+def test_resume_on_the_same_layout_continues_bit_exactly(runs, layout):
+    full_dir, full_output = runs.folder(f"{layout} uninterrupted"), runs.stdout(f"{layout} uninterrupted")
+    stopped, resumed = runs.stdout(f"{layout} stopped"), runs.stdout(f"{layout} resumed")
+    assert "stopped at step 15 of 33 (--max-steps); continue with --resume" in stopped
 
     # The same float operations in the same order: the final weights and momenta are identical.
     step, expected = final_checkpoint(full_dir)
     assert step == 33
-    step, got = final_checkpoint(tmp_path / "resumed")
+    step, got = final_checkpoint(runs.folder(f"{layout} resumed"))
     assert step == 33
     assert_same_tensors(got, expected)
-    assert final_accuracy(resumed.stdout) == final_accuracy(full_output)
+    assert final_accuracy(resumed) == final_accuracy(full_output)
     # It continues where it stopped: epoch 2 after its 4th batch, the bar at 15 of 33 steps, and it
     # prints epochs 2 and 3 only, the resumed epoch's loss over all its batches (carried in the
     # checkpoint), up to the order of the float64 sums.
-    assert "step_000000015: step 15, epoch 2, batch 4 done" in resumed.stdout
-    assert re.search(r"\| 15/33 ", resumed.stdout), resumed.stdout  # the bar shares stdout with the lines
-    assert [acc for _, acc in epoch_lines(resumed.stdout)] == [acc for _, acc in epoch_lines(full_output)[1:]]
-    got = [loss for loss, _ in epoch_lines(resumed.stdout)]
+    assert "step_000000015: step 15, epoch 2, batch 4 done" in resumed
+    assert re.search(r"\| 15/33 ", resumed), resumed  # the bar shares stdout with the lines
+    assert [acc for _, acc in epoch_lines(resumed)] == [acc for _, acc in epoch_lines(full_output)[1:]]
+    got = [loss for loss, _ in epoch_lines(resumed)]
     assert got == pytest.approx([loss for loss, _ in epoch_lines(full_output)[1:]], abs=1e-4)
     # keep_last=3: the periodic checkpoints 28 and 32, and the one saved when the run ended.
     assert sorted(p.name for p in full_dir.glob("step_*")) == [
@@ -340,45 +375,42 @@ def test_resume_on_the_same_layout_continues_bit_exactly(tmp_path, uninterrupted
 
 
 @pytest.mark.mpi
-def test_resume_at_an_epoch_boundary_and_of_a_finished_run(tmp_path, uninterrupted):
+def test_resume_at_an_epoch_boundary_and_of_a_finished_run(runs):
     """The example's ordinary loop (no position bookkeeping): stopped right after epoch 1's last batch,
     it resumes with epoch 2's first; resuming a finished run trains nothing and reports no epoch."""
-    full_dir, full_output = uninterrupted(2)
-    shutil.copytree(full_dir, tmp_path / "full")  # resumed below: the shared run stays as it was
-    train(2, tmp_path / "resumed", "--max-steps", "11")  # epoch 1 is 11 steps
-    resumed = train(2, tmp_path / "resumed", "--resume")
-    assert "step_000000011: step 11, epoch 1, batch 11 done" in resumed.stdout
-    assert epoch_lines(resumed.stdout) == epoch_lines(full_output)[1:]
-    assert_same_tensors(final_checkpoint(tmp_path / "resumed")[1], final_checkpoint(tmp_path / "full")[1])
-    again = train(2, tmp_path / "full", "--resume")
-    assert "step 33, epoch 3, batch 11 done" in again.stdout and "train loss" not in again.stdout
-    assert final_accuracy(again.stdout) == final_accuracy(full_output)
+    full_output = runs.stdout("dp2 uninterrupted")
+    resumed = runs.stdout("boundary resumed")
+    assert "step_000000011: step 11, epoch 1, batch 11 done" in resumed
+    assert epoch_lines(resumed) == epoch_lines(full_output)[1:]
+    full = runs.folder("dp2 uninterrupted")
+    assert_same_tensors(final_checkpoint(runs.folder("boundary resumed"))[1], final_checkpoint(full)[1])
+    again = runs.stdout("finished resumed")  # resumed in a copy: the shared run stays as it was
+    assert "step 33, epoch 3, batch 11 done" in again and "train loss" not in again
+    assert final_accuracy(again) == final_accuracy(full_output)
 
 
 @pytest.mark.mpi
-def test_resume_on_another_mesh_matches_the_uninterrupted_run(tmp_path, dp4_reference):
-    reference, reference_output = dp4_reference
-    train(4, tmp_path / "tp", "--max-steps", "15")  # saved by dp=4 ...
-    shutil.copytree(tmp_path / "tp", tmp_path / "pp")
+def test_resume_on_another_mesh_matches_the_uninterrupted_run(runs):
+    reference, reference_output = runs.folder("dp4 uninterrupted"), runs.stdout("dp4 uninterrupted")
     _, expected = final_checkpoint(reference)
-    for name, flags in {"tp": ("--tp", "2"), "pp": ("--pp", "2")}.items():  # ... resumed as dp2 x tp2 / x pp2
-        resumed = train(4, tmp_path / name, *flags, "--resume")
+    for name in ("tp", "pp"):  # saved by dp=4 ("dp4 stopped") and resumed as dp2 x tp2 / x pp2
+        resumed = runs.stdout(f"resumed as {name}")
         saved_on = "(saved on dp=4 x tp=1 x pp=1, resharded): step 15, epoch 2, batch 4 done"
-        assert saved_on in resumed.stdout, resumed.stdout  # (it printed the manifest's raw dict)
+        assert saved_on in resumed, resumed  # (it printed the manifest's raw dict)
         # The same model and global batches, but tp splits each row-parallel matmul's sum in two and pp
         # cuts the batch into microbatches: float32 sums in another order, about 1e-7 relative per step.
         # Over the 18 resumed SGD steps the weights (|w| < ~1) differ by ~1e-7 (measured up to 1.2e-7);
         # atol 1e-6 leaves a margin of 8, while a wrong resharding (a swapped shard, a lost momentum)
         # changes weights by 1e-3 or more. The accuracy (counts of 297 argmaxes) is then the same.
-        step, got = final_checkpoint(tmp_path / name)
+        step, got = final_checkpoint(runs.folder(f"resumed as {name}"))
         assert step == 33
         assert_same_tensors(got, expected, rtol=1e-5, atol=1e-6)
-        assert final_accuracy(resumed.stdout) == final_accuracy(reference_output), name
+        assert final_accuracy(resumed) == final_accuracy(reference_output), name
 
 
 @pytest.mark.mpi
-def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, dp4_reference):
-    reference, reference_output = dp4_reference
+def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, runs):
+    reference, reference_output = runs.folder("dp4 uninterrupted"), runs.stdout("dp4 uninterrupted")
     ckpt = tmp_path / "ckpt"
     # Rank 2 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
     killed = run_mpi(
@@ -402,22 +434,21 @@ def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, dp4_
 
 
 @pytest.mark.mpi
-def test_recompute_gives_bit_identical_training(tmp_path):
+def test_recompute_gives_bit_identical_training(runs):
     # Recomputation replays the same float operations on the same inputs, so gradients, weights and
     # accuracy are identical, with DDP (here with no_sync micro-batches) and with tensor parallelism.
-    for name, (n, flags) in {"dp2": (2, ("--grad-accum", "2")), "dp2xtp2": (4, ("--tp", "2"))}.items():
-        output = {}
-        for recompute in ("", "--recompute"):
-            ckpt = tmp_path / (name + recompute)
-            output[recompute] = train(n, ckpt, *flags, *recompute.split(), "--max-steps", "5").stdout
-        plain, recomputed = (
-            final_checkpoint(tmp_path / name),
-            final_checkpoint(tmp_path / f"{name}--recompute"),
+    for name in RECOMPUTE:
+        plain, recomputed = f"recompute {name}", f"recompute {name} --recompute"
+        plain_ckpt, recomputed_ckpt = (
+            final_checkpoint(runs.folder(plain)),
+            final_checkpoint(runs.folder(recomputed)),
         )
-        assert plain[0] == recomputed[0] == 5
-        assert_same_tensors(recomputed[1], plain[1])
+        assert plain_ckpt[0] == recomputed_ckpt[0] == 5
+        assert_same_tensors(recomputed_ckpt[1], plain_ckpt[1])
         label = "test accuracy after 5 steps"  # --max-steps: not the final model, and it says so
-        assert final_accuracy(output[""], label) == final_accuracy(output["--recompute"], label), name
+        assert final_accuracy(runs.stdout(plain), label) == final_accuracy(runs.stdout(recomputed), label), (
+            name
+        )
 
 
 def test_resume_without_a_checkpoint_starts_from_scratch(tmp_path):

@@ -1,6 +1,7 @@
 """MPI worker: the ordinary loop saves between two epochs, and resumes on another number of ranks.
 
-Usage: ``mpiexec -n R python ckpt_boundary_reshard.py MODE DIR OUT``, MODE ``strided`` or ``global``.
+Usage: ``mpiexec -n R python ckpt_boundary_reshard.py MODE DIR OUT [MODE DIR OUT ...]``, MODE ``strided``
+or ``global``; several triples run one after another in one launch (starting the ranks costs more).
 Each rank holds the whole model (no layout to reshard) and reads the data set through a
 ``DistributedSampler``: strided (PyTorch's layout), or global batches of 8 (``global``).
 
@@ -29,8 +30,13 @@ N_SAMPLES, EPOCHS = 20, 2
 
 
 def main() -> None:
-    mode, root, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     rank = dist.init().rank
+    args = sys.argv[1:]
+    for i in range(0, len(args), 3):
+        run(args[i], Path(args[i + 1]), Path(args[i + 2]), rank)
+
+
+def run(mode: str, root: Path, out: Path, rank: int) -> None:
     resuming = (root / "latest").exists()
     md.manual_seed(0)
     model = nn.Linear(2, 2)

@@ -1,7 +1,13 @@
 """Train a small MLP on any dp x tp x pp mesh with checkpoints; optionally kill a rank on purpose.
 
 Usage: ckpt_train.py OUT CKPT --mesh dp,tp,pp --steps N [--every K] [--resume | --resume-from PATH]
-       [--optims sgd,adamw] [--dropout P] [--zero] [--expect-error]
+       [--optims sgd,adamw] [--dropout P] [--zero] [--expect-error] [--then OUT CKPT --mesh ... ...]
+
+``--then`` starts another run in the same launch, after the previous one ended (each on its own mesh of
+the same world size): starting 4 or 8 Python ranks costs more than training this model, so a test
+runs its reference and its resumed run, or several layouts, in one ``mpiexec``. Each run seeds every
+generator itself (``model_parallel_manual_seed``, the sampler's seed), so it computes exactly what it
+would in a launch of its own.
 
 The model is ``Sequential(ParallelMLP(6, 16, 8), Tanh, ParallelMLP(8, 8, 4))`` in float64: its
 global parameter names and values are the same on every mesh (ParallelMLP starts equal to the
@@ -84,6 +90,19 @@ def install_kill(rank: int) -> tuple[int, str] | None:
 
 
 def main() -> None:
+    world = dist.init()
+    kill = install_kill(world.rank)
+    argv, runs = sys.argv[1:], [[]]
+    for arg in argv:  # split on --then: one argument list per run
+        if arg == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(arg)
+    for run_argv in runs:
+        run(parse(run_argv), world, kill)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("ckpt")
@@ -96,11 +115,13 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--zero", action="store_true")
     ap.add_argument("--expect-error", action="store_true")
-    args = ap.parse_args()
-    world = dist.init()
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace, world: dist.Communicator, kill) -> None:
     dp, tp, pp = map(int, args.mesh.split(","))
+    assert dp * tp * pp == world.size, f"--mesh {args.mesh} needs {dp * tp * pp} ranks, not {world.size}"
     mesh = ProcessMesh(dp=dp, tp=tp, pp=pp)
-    kill = install_kill(world.rank)
     for name in args.optims.split(","):
         train(args, mesh, name, kill)
 
