@@ -287,6 +287,16 @@ FORMULAS = {
     "layernorm": ["g-mean(g)-xhat*mean(g*xhat)", "mean(g*xhat)", "mean(gxhat)", "g-g.mean(", "sum(g*xhat)"],
     "params": ["12*c**2+13*c", "12c^2+13c", "12c²+13c", "l*(12*c*c+13*c)", "(12c^2+13c)"],
     "flops": ["24c^2+4tc", "24*c**2", "24*c*c", "24c^2", "4*t*c", "4tc", "2*c*v", "2cv"],
+    "vocabloss": ["logs+m-z_t", "log(total)+top", "targets[mine]-start", "t-start_r", "t-start"],
+    "online": ["exp(m-m')", "exp(running_max-new_max)", "o*c+", "l*c+", "out*correction"],
+    "rank4": [
+        "pp_rank*(dp*cp*tp)",
+        "pp_rank*dp*cp*tp",
+        "dp_rank*(cp*tp)",
+        "dp_rank*cp*tp",
+        "cp_rank*tp+tp_rank",
+    ],
+    "tpbytes": ["4*2*(tp-1)/tp", "4x2(tp-1)/tp", "8*(tp-1)/tp", "8(tp-1)/tp", "8(t-1)/t"],
 }
 # The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
 # turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
