@@ -2,8 +2,10 @@
 
 Reading order: ``mappings.py`` (the f and g operators and their gather/scatter variants: all the
 communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``) -> ``mlp.py``
-(``ParallelMLP``: column then row, one all-reduce each way) -> ``random.py`` (the RNG tracker:
-dropout masks per rank on sharded activations, shared on replicated ones). ``checks.py`` compares
+(``ParallelMLP``: column then row, one all-reduce each way) -> ``vocab_parallel.py`` (the embedding
+split over the vocabulary) and ``vocab_parallel_loss.py`` (the cross-entropy of vocabulary-sharded
+logits, never gathered) -> ``random.py`` (the RNG tracker: dropout masks per rank on sharded
+activations, shared on replicated ones). ``checks.py`` compares
 every layer's arguments across its group at construction, so a mismatch raises on every rank. The
 process grid these groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
 ``minidist/parallel/clip_grad.py``.
@@ -22,6 +24,8 @@ from minidist.parallel.tensor_parallel.random import (
     get_rng_tracker,
     model_parallel_manual_seed,
 )
+from minidist.parallel.tensor_parallel.vocab_parallel import VocabParallelEmbedding
+from minidist.parallel.tensor_parallel.vocab_parallel_loss import vocab_parallel_cross_entropy
 
 __all__ = [
     "ColumnParallelLinear",
@@ -35,4 +39,6 @@ __all__ = [
     "RNGStatesTracker",
     "get_rng_tracker",
     "model_parallel_manual_seed",
+    "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy",
 ]
