@@ -25,8 +25,11 @@ from minidist import perfmodel_transformer as pt
 from minidist.models import GPT, GPTConfig
 from minidist.models.transformer import CausalSelfAttention
 from minidist.nn import functional as F
-from minidist.notebook import checks
+from minidist.notebook import checks, start_cluster, stop_cluster
+from minidist.parallel.mesh import draw_grid
 from minidist.parallel.tensor_parallel.split import shard_bounds, shard_rows
+
+rc = start_cluster(2)  # two MPI ranks for the %%px cells
 
 # %% [markdown]
 # ## 1. Tensor parallelism inside a transformer layer
@@ -107,8 +110,36 @@ checks.vocab_parallel_loss(vocab_parallel_loss)
 #
 # With M the global max, S = the sum over ranks of sum(exp(z - M)) and z_t the target's logit (owner
 # r holds id t at column t - start_r, start_r from `shard_bounds`): loss = log S + M - z_t. Forgetting M
-# overflows; taking start_r as r x V_r breaks the uneven split. The library's version is
-# `vocab_parallel_cross_entropy` in `minidist/parallel/tensor_parallel/vocab_parallel.py` (assignment A9).
+# overflows; taking start_r as r x V_r breaks the uneven split. The library's version is in
+# `minidist/parallel/tensor_parallel/vocab_parallel_loss.py` (assignment A9).
+
+# %% [markdown]
+# The library's version on two real ranks: each holds its slice of the logits (33 and 32 of 65 ids)
+# and never sees the other's. The loss, and each rank's slice of the gradient, are what one process
+# computes from the whole logits:
+
+# %%
+# %%px
+import numpy as np
+
+import minidist as md
+import minidist.distributed as dist
+from minidist.nn import functional as F
+from minidist.parallel.tensor_parallel import vocab_parallel_cross_entropy
+from minidist.parallel.tensor_parallel.split import shard_bounds
+
+world = dist.init()
+data = np.random.default_rng(2)
+logits, targets = data.standard_normal((6, 65)) * 5, data.integers(0, 65, 6)  # the same on both ranks
+start, stop = shard_bounds(65, world.size, world.rank)
+mine = md.tensor(logits[:, start:stop], requires_grad=True)
+loss = vocab_parallel_cross_entropy(mine, targets, group=world)
+loss.backward()
+whole = md.tensor(logits, requires_grad=True)
+F.cross_entropy(whole, targets).backward()
+print(f"rank {world.rank}: ids {start}-{stop - 1}, loss {loss.item():.15f} vs one process "
+      f"{F.cross_entropy(md.tensor(logits), targets).item():.15f}, gradient slice equal: "
+      f"{np.allclose(mine.grad, whole.grad[:, start:stop], rtol=1e-12)}")  # fmt: skip
 
 # %% [markdown]
 # ## 3. Sequence parallelism: split what tensor parallelism left whole
@@ -220,6 +251,9 @@ def mesh_rank4(dp_rank, tp_rank, pp_rank, cp_rank, dp, tp, cp):
 # %% [check rank4]
 checks.mesh_rank4(mesh_rank4)
 
+# %%
+print(draw_grid(dp=2, tp=2, pp=1, cp=2))
+
 # %% [markdown]
 # ## 6. What each group sends per step
 #
@@ -275,3 +309,6 @@ for layout in layouts:
 # - Ring attention passes K/V blocks round the cp group and combines them with an online softmax; the
 #   balanced split gives every rank equal causal work.
 # - The mesh orders tp, cp, dp, pp from fastest to slowest; gradients average over dp x cp.
+
+# %%
+stop_cluster()

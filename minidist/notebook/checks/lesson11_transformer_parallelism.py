@@ -99,17 +99,15 @@ def tp_bytes_per_layer(fn: Callable[[int, int, int, int, int], float]) -> None:
     "ranks that the faster axes hold together.",
 )
 def mesh_rank4(fn: Callable[..., int]) -> None:
-    """mesh_rank4(dp_rank, tp_rank, pp_rank, cp_rank, dp, tp, cp) is the rank of every coordinate of
-    five 4-D meshes in minidist's order."""
+    """mesh_rank4(dp_rank, tp_rank, pp_rank, cp_rank, dp, tp, cp) is the rank minidist.parallel.mesh gives
+    every coordinate of five 4-D meshes."""
+    from minidist.parallel.mesh import mesh_coords4  # noqa: PLC0415
+
     for dp, tp, pp, cp in [(2, 2, 1, 2), (1, 2, 2, 2), (2, 1, 2, 3), (3, 2, 2, 2), (1, 1, 1, 4)]:
-        for want, (d, t, s, c) in enumerate(_coordinates_in_rank_order(dp, tp, pp, cp)):
+        for want in range(dp * tp * pp * cp):
+            d, t, s, c = mesh_coords4(want, dp, tp, pp, cp)
             got = call(fn, d, t, s, c, dp, tp, cp)
             assert got == want, (
                 f"mesh_rank4(dp_rank={d}, tp_rank={t}, pp_rank={s}, cp_rank={c}, dp={dp}, tp={tp}, cp={cp}) "
                 f"= {got}, the mesh says {want}."
             )
-
-
-def _coordinates_in_rank_order(dp: int, tp: int, pp: int, cp: int) -> list[tuple[int, int, int, int]]:
-    # Counting through the ranks: the slowest axis in the outer loop (the order the mesh documents).
-    return [(d, t, s, c) for s in range(pp) for d in range(dp) for c in range(cp) for t in range(tp)]
