@@ -26,6 +26,7 @@ from minidist.models import GPT, GPTConfig
 from minidist.models.transformer import CausalSelfAttention
 from minidist.nn import functional as F
 from minidist.notebook import checks, start_cluster, stop_cluster
+from minidist.parallel.context_parallel.split import context_parallel_positions
 from minidist.parallel.mesh import draw_grid
 from minidist.parallel.tensor_parallel.split import shard_bounds, shard_rows
 
@@ -223,14 +224,34 @@ checks.online_attention(online_attention)
 
 # %%
 T, cp = 16, 4
-chunks = np.array_split(np.arange(T), 2 * cp)
-layouts = {
-    "contiguous": [np.array_split(np.arange(T), cp)[r] for r in range(cp)],
-    "balanced": [np.concatenate([chunks[r], chunks[2 * cp - 1 - r]]) for r in range(cp)],
-}
-for name, positions in layouts.items():
+for layout in ("contiguous", "balanced"):
+    positions = [context_parallel_positions(T, cp, r, layout) for r in range(cp)]
     work = [int(np.sum(p + 1)) for p in positions]  # query i scores i + 1 keys
-    print(f"{name:>10}: positions {[p.tolist() for p in positions]}\n{'':>12}(query, key) pairs {work}")
+    print(f"{layout:>10}: positions {[p.tolist() for p in positions]}\n{'':>12}(query, key) pairs {work}")
+
+# %% [markdown]
+# The library's `ring_attention` on two real ranks, balanced split, causal: each rank holds 4 of the 8
+# tokens (positions 0, 1, 6, 7 and 2, 3, 4, 5) and gets exactly its rows of one process's attention,
+# and its rows of the gradients (backward passes K, V and their gradients round the ring again).
+
+# %%
+# %%px
+from minidist.parallel.context_parallel import ring_attention
+from minidist.parallel.context_parallel.split import context_parallel_positions
+
+q, k, v = (np.random.default_rng(s).standard_normal((1, 2, 8, 4)) for s in (5, 6, 7))  # (B, heads, T, hs)
+mine = context_parallel_positions(8, world.size, world.rank)
+local = [md.tensor(a[:, :, mine], requires_grad=True) for a in (q, k, v)]
+out = ring_attention(*local, group=world, is_causal=True)
+out.sum().backward()
+whole = [md.tensor(a, requires_grad=True) for a in (q, k, v)]
+ref = F.scaled_dot_product_attention(*whole, is_causal=True)
+ref.sum().backward()
+same_out = np.allclose(out.numpy(), ref.numpy()[:, :, mine], rtol=1e-12)
+same_grads = all(np.allclose(a.grad, b.grad[:, :, mine], rtol=1e-12) for a, b in zip(local, whole))
+print(
+    f"rank {world.rank}: positions {mine.tolist()}, one process's rows: {same_out}, gradients: {same_grads}"
+)
 
 # %% [markdown]
 # ## 5. The 4-D mesh
