@@ -152,16 +152,45 @@ print(f"rank {world.rank}: ids {start}-{stop - 1}, loss {loss.item():.15f} vs on
 # Large Transformer Models", 2022, §4.2.2). Same bytes on the wire, tp times less memory there:
 
 # %%
-rng = np.random.default_rng(3)
-partial_sums = [rng.standard_normal((2, 4, 3)) for _ in range(tp)]  # each rank's g input (B, T, C)
-all_reduced = sum(partial_sums)
-scattered = [np.array_split(all_reduced, tp, axis=1)[r] for r in range(tp)]  # reduce-scatter on T
-print("all-gather(reduce-scatter) = all-reduce:", np.allclose(np.concatenate(scattered, axis=1), all_reduced))
+# %%px
+from minidist.parallel.tensor_parallel import (
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
+
+partial = md.tensor(np.random.default_rng(world.rank).standard_normal((2, 4, 3)))  # this rank's g input
+mine = reduce_scatter_to_sequence_parallel_region(partial, world)  # summed, this rank's 2 of 4 positions
+whole = gather_from_sequence_parallel_region(mine, world)
+same = np.allclose(whole.numpy(), reduce_from_tensor_parallel_region(partial, world).numpy(), rtol=1e-12)
+print(f"rank {world.rank}: reduce-scatter keeps {mine.shape}; all-gather of it = all-reduce: {same}")
+
+# %%
 n = 2**20
 pair = pt.reduce_scatter_bytes(n, tp) + pt.all_gather_bytes(n, tp)
 print(
     f"bytes per rank, 1 MiB on {tp} ranks: all-reduce {pt.all_reduce_bytes(n, tp):.0f}, the pair {pair:.0f}"
 )
+
+# %% [markdown]
+# The whole GPT this way: `ParallelGPT.from_gpt(gpt, mesh, sequence_parallel=True)` cuts a one-process
+# GPT over the tp group (heads, MLP, vocabulary; LayerNorms on sequence slices) and computes its loss,
+# in float64 up to the order of the sums:
+
+# %%
+# %%px
+from minidist.models import GPT, GPTConfig, ParallelGPT
+from minidist.parallel import ProcessMesh
+
+mesh = ProcessMesh(dp=1, tp=world.size)
+md.manual_seed(0)
+gpt = GPT(GPTConfig(vocab_size=65, block_size=8, n_layer=2, n_head=4, n_embd=16, dtype=np.float64))
+tp_gpt = ParallelGPT.from_gpt(gpt, mesh, sequence_parallel=True)
+ids = np.random.default_rng(0).integers(0, 65, (2, 9))
+x, y = ids[:, :-1], ids[:, 1:]
+logits = tp_gpt(x)  # (B, T, V_r): this rank's vocabulary slice
+one = F.cross_entropy(gpt(x).reshape(-1, 65), y.reshape(-1)).item()
+print(f"rank {world.rank}: logits {logits.shape}, loss {tp_gpt.loss(logits, y).item():.15f}, one {one:.15f}")
 
 # %% [markdown]
 # The memory, per layer and rank, for a GPT-3 175B layer (s = 2048, h = 12288, a = 96, b = 1, 16-bit,
@@ -185,7 +214,7 @@ plt.show()
 
 # %% [markdown]
 # Plain tp stops helping: 10 sbh bytes per layer stay whole on every rank. With sequence parallelism
-# everything shrinks as 1/t. (`benchmarks/gpt.py` measures minidist's own GPT against this formula.)
+# everything shrinks as 1/t. (`benchmarks/sequence_parallel_memory.py` measures minidist's blocks against it.)
 #
 # ## 4. Context parallelism: ring attention
 #
