@@ -133,3 +133,22 @@ def test_bad_sizes_raise_value_error(call, match):
 
 def test_numpy_integers_are_sizes():
     assert pt.activation_memory_per_layer(np.int64(4), 1, 2, 1) == 352
+
+
+def test_formulas_are_the_bytes_minidist_sends_on_two_ranks(tmp_path):
+    """ParallelGPT (tp 2, with and without sequence parallelism) and ring_attention (cp 2), one step,
+    the bytes counted at the collectives and sends (tests/workers/perfmodel/traffic.py). About 5 s."""
+    import json
+
+    from mpi_utils import run_mpi
+
+    run_mpi(2, "perfmodel/traffic.py", tmp_path, timeout=120)
+    got = json.loads((tmp_path / "traffic.json").read_text())
+    b, t, c, layers, e = 2, 8, 16, 2, 8  # the worker's GPT, float64
+    for key, sp in (("tp", False), ("tp_sp", True)):
+        model = pt.tensor_parallel_bytes(layers, b, t, c, 2, sp, e)
+        loss = pt.vocab_parallel_loss_bytes(b, t, 2, e)
+        assert got[key]["forward"] == pytest.approx(model.forward + loss.forward, rel=1e-12), key
+        assert got[key]["backward"] == pytest.approx(model.backward + loss.backward, rel=1e-12), key
+    ring = pt.context_parallel_bytes_per_layer(b, t, c, 2, bytes_per_value=e)
+    assert got["cp"] == pytest.approx({"forward": ring.forward, "backward": ring.backward}, rel=1e-12)
