@@ -348,7 +348,9 @@ for layout in layouts:
 
 # %% [markdown]
 # Tensor parallelism moves the most and sits on the critical path: that is why it stays inside a
-# node. `benchmarks/gpt.py` prints these formulas next to the bytes measured from minidist's trace.
+# node. These are minidist's own bytes, not only the papers': counted at the collectives of a
+# `ParallelGPT` and of `ring_attention` on 2 ranks, they equal the formulas
+# (`tests/test_perfmodel_transformer.py`).
 #
 # ## Summary
 # - tp splits attention by heads (c_attn strided, c_proj row) and the MLP column then row: 2
