@@ -121,7 +121,7 @@ def vocab_parallel_cross_entropy(
     if t.shape != tuple(logits.shape[:-1]):
         raise ValueError(
             f"vocab_parallel_cross_entropy: targets have shape {tuple(t.shape)}, expected the logits' "
-            f"leading shape {tuple(logits.shape[:-1])} (logits {tuple(logits.shape)})"
+            f"leading shape {tuple(logits.shape[:-1])}"
         )
     if t.size == 0 and reduction == "mean":
         raise ValueError("vocab_parallel_cross_entropy: the mean over an empty batch is undefined")
@@ -144,10 +144,11 @@ def _vocab_start(group: Communicator, width: int, targets: Any) -> int:
         dist.all_reduce(facts, op="max", group=group)
     widths, (most, neg_fewest, high, neg_low) = facts[:p], facts[p:]
     if (widths < 1).any():
-        empty = [int(r) for r in np.nonzero(widths < 1)[0]]
+        empty = [str(r) for r in np.nonzero(widths < 1)[0]]
         raise ValueError(
-            f"vocab_parallel_cross_entropy: ranks {empty} of the tensor-parallel group have logits with "
-            "no vocabulary entry (last axis 0); every rank needs a slice: use a tp <= V"
+            f"vocab_parallel_cross_entropy: the logits of rank{'s' * (len(empty) > 1)} {', '.join(empty)} "
+            "of the tensor-parallel group have no vocabulary entry (last axis 0); every rank needs a "
+            "slice: use a tp <= V"
         )
     if most != -neg_fewest:
         raise ValueError(
