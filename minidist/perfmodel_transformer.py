@@ -182,10 +182,11 @@ def pipeline_bytes_per_boundary(
     sequence_parallel: bool = False,
     bytes_per_value: float = 4,
 ) -> Traffic:
-    """Bytes a stage sends over one stage boundary in one step: the activations of its ``batch``
-    sequences of ``seq`` tokens (all microbatches together) forward, their gradients backward (the
-    receiving stage's share each way; Narayanan et al. 2021, §3). Under sequence parallelism a tp rank
-    sends only its ``1 / tp`` slice of the sequence."""
+    """Bytes that cross one stage boundary in one step, per tp rank: the activations of ``batch``
+    sequences of ``seq`` tokens (all microbatches together) forward, sent by the earlier stage, and
+    their gradients backward, sent by the later one (Narayanan et al. 2021, §3). So a middle stage
+    sends ``forward`` to the next stage and ``backward`` to the previous one. Under sequence
+    parallelism a tp rank sends only its ``1 / tp`` slice of the sequence."""
     nbytes = batch * seq * hidden * bytes_per_value / (tp if sequence_parallel else 1)
     return Traffic(nbytes, nbytes)
 
@@ -213,9 +214,10 @@ def communication_per_step(
     """Bytes one rank sends per step to each group, for a GPT on a dp x tp x pp x cp mesh.
 
     ``batch``: the global batch of sequences of ``seq`` tokens; ``grad_bytes``: the gradient bytes this
-    rank holds (its pipeline stage's tp shard). A rank of a middle stage has ``layers / pp`` layers and
-    two boundaries; this counts a rank with ``layers / pp`` layers, the embedding's and the head's tp
-    traffic, the loss, and one boundary (``0`` for ``pp = 1``), an upper bound for every stage.
+    rank holds (its pipeline stage's tp shard). Counted for a rank with ``layers / pp`` layers that also
+    has the embedding's, the head's and the loss's tp traffic, and sends activations to a next stage and
+    gradients to a previous one (``0`` for ``pp = 1``): exact for ``pp = 1``, an upper bound for every
+    stage otherwise (only the first stage embeds, only the last has the head and the loss).
     Returns ``{"tp": ..., "cp": ..., "pp": ..., "dp": ...}`` (``"dp"``: over the dp x cp group).
     Raises ``ValueError`` if ``layers`` is not divisible by ``pp`` or ``batch`` by ``dp``.
     """
