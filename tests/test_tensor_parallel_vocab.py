@@ -23,10 +23,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import vocab_common as vc  # noqa: E402
+from cupy_stand_in import DeviceArray, install  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
 import minidist as md  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
 from minidist import nn  # noqa: E402
+from minidist.distributed import Communicator  # noqa: E402
 from minidist.nn import functional as F  # noqa: E402
 from minidist.parallel.tensor_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: E402
 from minidist.parallel.tensor_parallel.split import shard_bounds  # noqa: E402
@@ -185,3 +188,45 @@ def test_the_loss_has_the_logits_dtype_and_is_replicated():
     assert loss.sharded_over is None  # the same on every rank: not a shard (dropout would mask alike)
     loss.backward()
     assert z.grad.dtype == np.float32
+
+
+def one_rank_of_two(monkeypatch) -> Communicator:
+    """Rank 0 of a group of 2 whose collectives return this rank's own input (sum / max of one term):
+    enough to run every line of the layers, foreign ids included, in one process."""
+    from minidist.distributed import agreement
+
+    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
+    group.size, group.rank = 2, 0
+    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
+
+    def all_reduce(a, op="sum", group=None, algorithm="auto"):
+        if a.dtype == np.int64 and a.size == group.size + 4:  # the loss's facts: rank 1 holds ids 6-10
+            a[1] = 5
+        return a
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    return group
+
+
+def forward_backward(group: Communicator) -> tuple[type, list[np.ndarray]]:
+    cfg = {"vocab": 11, "dim": 3, "batch": [2, 5], "padding_idx": 2, "reduction": "none", "seed": 4}
+    data = vc.inputs(cfg)
+    md.manual_seed(0)
+    emb = VocabParallelEmbedding(cfg["vocab"], cfg["dim"], group, dtype=vc.F64, padding_idx=2)
+    out = vc.run_embedding(emb, emb.weight, data)
+    z = md.tensor(data["logits"][..., :6], requires_grad=True)  # rank 0's slice: ids 0-5
+    loss = vocab_parallel_cross_entropy(z, data["targets"], group, reduction="none")
+    (loss * md.tensor(data["g"])).sum().backward()
+    return type(emb.weight.data), [*out.values(), loss.numpy(), vc.host(z.grad)]
+
+
+def test_the_layers_run_on_the_cupy_stand_in_as_on_the_cpu(monkeypatch):
+    """Every op takes its array module from its input (no ``np.`` on device data, no host array in
+    device arithmetic): on the CuPy stand-in (tests/cupy_stand_in.py) the results equal the CPU's."""
+    group = one_rank_of_two(monkeypatch)
+    cpu = forward_backward(group)
+    install(monkeypatch)
+    device = forward_backward(group)
+    assert cpu[0] is np.ndarray and device[0] is DeviceArray  # the table really lived on the "device"
+    for a, b in zip(cpu[1], device[1]):
+        np.testing.assert_array_equal(b, a)

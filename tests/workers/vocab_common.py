@@ -32,12 +32,17 @@ def inputs(cfg: dict) -> dict[str, Any]:
     }
 
 
+def host(a: Any) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy (or tests/cupy_stand_in.py) array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
 def run_embedding(layer: Callable[[Any], md.Tensor], weight: md.Tensor, data: dict) -> dict[str, np.ndarray]:
     """y = layer(ids); backward of sum(y * w). Returns y, the weight (before) and its gradient."""
     before = weight.numpy().copy()
     y = layer(data["ids"])
     (y * md.tensor(data["w"], dtype=F64)).sum().backward()
-    return {"y": y.numpy(), "weight": before, "weight.grad": np.asarray(weight.grad)}
+    return {"y": y.numpy(), "weight": before, "weight.grad": host(weight.grad)}
 
 
 def run_loss(loss_fn: Callable[[md.Tensor, np.ndarray], md.Tensor], logits: np.ndarray, data: dict):
@@ -45,4 +50,4 @@ def run_loss(loss_fn: Callable[[md.Tensor, np.ndarray], md.Tensor], logits: np.n
     z = md.tensor(logits, dtype=F64, requires_grad=True)
     loss = loss_fn(z, data["targets"])
     (loss * md.tensor(data["g"], dtype=F64)).sum().backward()
-    return {"loss": loss.numpy(), "logits.grad": np.asarray(z.grad)}
+    return {"loss": loss.numpy(), "logits.grad": host(z.grad)}
