@@ -320,7 +320,8 @@ MUTANTS = [
      'm = dist.all_reduce(z.max(axis=1), op="max", group=group)', "m = z.max(axis=1)",
      "its own largest logit", None),
     ("A9", "A9.1", "minidist/parallel/tensor_parallel/vocab_parallel_loss.py",  # the shift of an even split
-     "local = t - start", "local = t - group.rank * z.shape[1]", "does not own the target", None),
+     "        local = t - start\n", "        local = t - group.rank * z.shape[1]\n",
+     "does not own the target", None),
     ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # a fully masked block computed
      "elif k_start <= q_stop - 1:", "else:", "fully masked", None),
     ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # strictly below the diagonal
