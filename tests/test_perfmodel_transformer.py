@@ -70,11 +70,15 @@ def test_tensor_parallel_traffic_by_hand():
     # b = 2, s = 3, h = 4, float32: 96 bytes per activation; tp = 4: an all-reduce sends 2 * 3/4 * 96 = 144.
     per_layer = pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4)
     assert per_layer == (2 * 144, 2 * 144) and per_layer.total == 576
-    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True) == per_layer  # same bytes
+    # Sequence parallelism: each all-reduce is a reduce-scatter + an all-gather (72 + 72 bytes): the same
+    # bytes; storing only the shard of the 2 column layers' inputs costs 2 all-gathers more in backward.
+    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True, regather=False) == per_layer
+    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True) == (288, 288 + 2 * 72)
     assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 1).total == 0  # nothing to send alone
     # Whole model, 3 layers: + the embedding's g forward and the head's f backward, 144 each.
     assert pt.tensor_parallel_bytes(3, 2, 3, 4, 4) == (3 * 288 + 144, 3 * 288 + 144)
-    assert pt.tensor_parallel_bytes(3, 2, 3, 4, 4, sequence_parallel=True) == (3 * 288 + 144, 3 * 288 + 144)
+    sp = pt.tensor_parallel_bytes(3, 2, 3, 4, 4, sequence_parallel=True)
+    assert sp == (3 * 288 + 144, 3 * (288 + 144) + 144)  # the head's input is not gathered again
 
 
 def test_vocab_parallel_loss_traffic_by_hand():
