@@ -26,7 +26,8 @@ from minidist.assignments.tasks import load
 
 REPO = layout.REPO_ROOT
 ASSIGNMENTS = layout.available()
-PUBLIC_ONLY_STARTER = {"A2", "A3", "A4", "A5", "A6", "A7"}  # MPI-heavy: the public tests show the 0 as well
+# MPI-heavy: the public tests show the 0 as well
+PUBLIC_ONLY_STARTER = {"A2", "A3", "A4", "A5", "A6", "A7", "A9"}
 
 
 def test_markers_parse_and_blank():
@@ -118,7 +119,7 @@ def test_release_blanks_this_and_later_assignments_and_still_imports(tmp_path):
     with pytest.raises(ValueError, match="earlier release; pass --force"):
         release("A2", out)
     with pytest.raises(ValueError, match="available"):
-        release("A9", tmp_path / "nine")
+        release("A10", tmp_path / "ten")
 
 
 def test_release_never_deletes_what_it_did_not_write(tmp_path):
@@ -315,6 +316,21 @@ MUTANTS = [
      "cannot see keys", None),
     ("A8", "A8.2", "minidist/ops/attention.py", "        if keep is not None:\n            dp *= keep\n", "",
      "dropout_p=0.4", None),  # the dropout mask forgotten on the way back through P
+    ("A9", "A9.1", "minidist/parallel/tensor_parallel/vocab_parallel_loss.py",  # the max all-reduce left out
+     'm = dist.all_reduce(z.max(axis=1), op="max", group=group)', "m = z.max(axis=1)",
+     "its own largest logit", None),
+    ("A9", "A9.1", "minidist/parallel/tensor_parallel/vocab_parallel_loss.py",  # the shift of an even split
+     "local = t - start", "local = t - group.rank * z.shape[1]", "does not own the target", None),
+    ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # a fully masked block computed
+     "elif k_start <= q_stop - 1:", "else:", "fully masked", None),
+    ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # strictly below the diagonal
+     "blocks.append(Block(q, k, q_start - k_start))", "blocks.append(Block(q, k, q_start - k_start - 1))",
+     "never sees the key", None),
+    ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py", "    o *= alpha\n", "",
+     "rescaled too", None),  # the running output not rescaled when the maximum grows
+    ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # the ring turned the other way
+     "source = (rank - step) % cp  # whose block", "source = (rank + step) % cp  # whose block",
+     "which rank's block", None),
 ]  # fmt: skip
 
 

@@ -287,6 +287,16 @@ FORMULAS = {
     "layernorm": ["g-mean(g)-xhat*mean(g*xhat)", "mean(g*xhat)", "mean(gxhat)", "g-g.mean(", "sum(g*xhat)"],
     "params": ["12*c**2+13*c", "12c^2+13c", "12c²+13c", "l*(12*c*c+13*c)", "(12c^2+13c)"],
     "flops": ["24c^2+4tc", "24*c**2", "24*c*c", "24c^2", "4*t*c", "4tc", "2*c*v", "2cv"],
+    "vocabloss": ["logs+m-z_t", "log(total)+top", "targets[mine]-start", "t-start_r", "t-start"],
+    "online": ["exp(m-m')", "exp(running_max-new_max)", "o*c+", "l*c+", "out*correction"],
+    "rank4": [
+        "pp_rank*(dp*cp*tp)",
+        "pp_rank*dp*cp*tp",
+        "dp_rank*(cp*tp)",
+        "dp_rank*cp*tp",
+        "cp_rank*tp+tp_rank",
+    ],
+    "tpbytes": ["4*2*(tp-1)/tp", "4x2(tp-1)/tp", "8*(tp-1)/tp", "8(tp-1)/tp", "8(t-1)/t"],
 }
 # The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
 # turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
@@ -743,8 +753,9 @@ def test_lesson_10_counts_are_gpts_num_parameters_and_flops_per_token():
 
 
 def test_lesson_answers_agree_with_minidist_on_real_ranks(tmp_path):
-    """Lessons 05, 06 and 08 against the library on 2 ranks: the tp layers' weight shapes, the f
-    operator's backward, ZeRO's measured memory and the files of a committed checkpoint."""
+    """Lessons 05, 06, 08 and 11 against the library on 2 ranks: the tp layers' weight shapes, the f
+    operator's backward, ZeRO's measured memory, the files of a committed checkpoint and the
+    vocabulary-parallel loss."""
     import json
 
     from mpi_utils import run_mpi
@@ -773,6 +784,49 @@ def test_lesson_answers_agree_with_minidist_on_real_ranks(tmp_path):
     files_before_latest = _reference("08_checkpoints", "files", "files_before_latest")
     saved = lib["checkpoint"]
     assert files_before_latest(saved["step"], saved["writers"]) == set(saved["files"])
+
+    vocab_parallel_loss = _reference("11_transformer_parallelism", "vocabloss", "vocab_parallel_loss")
+    case = lib["vocab_loss"]
+    shards = np.array_split(np.array(case["logits"]), 2, axis=1)  # the slices the ranks held
+    np.testing.assert_allclose(
+        vocab_parallel_loss(shards, np.array(case["targets"])), case["losses"], rtol=1e-12
+    )
+
+
+def test_lesson_11_answers_are_minidists_loss_attention_traffic_and_mesh():
+    """The split-vocabulary loss is cross_entropy of the whole logits; the online softmax is
+    scaled_dot_product_attention; the bytes are perfmodel_transformer's; the rank is the mesh's."""
+    import minidist as md
+    from minidist import perfmodel_transformer as pt
+    from minidist.nn import functional as F
+    from minidist.parallel.mesh import mesh_coords4, mesh_rank
+
+    stem = "11_transformer_parallelism"
+    vocab_parallel_loss = _reference(stem, "vocabloss", "vocab_parallel_loss")
+    online_attention = _reference(stem, "online", "online_attention")
+    tp_bytes_per_layer = _reference(stem, "tpbytes", "tp_bytes_per_layer")
+    mesh_rank4 = _reference(stem, "rank4", "mesh_rank4")
+    rng = np.random.default_rng(11)
+    for vocab, tp in [(2, 2), (65, 2), (65, 4), (50257, 8)]:
+        logits, targets = rng.standard_normal((5, vocab)) * 10, rng.integers(0, vocab, 5)
+        want = F.cross_entropy(md.tensor(logits), targets, reduction="none").numpy()
+        got = vocab_parallel_loss(np.array_split(logits, tp, axis=1), targets)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)  # log S + M - z_t cancels
+    for blocks in [(1,), (3, 1, 4), (2, 2, 2, 2)]:
+        q, k = rng.standard_normal((3, 4)) * 5, rng.standard_normal((sum(blocks), 4)) * 5
+        v = rng.standard_normal((sum(blocks), 2))
+        want = F.scaled_dot_product_attention(md.tensor(q), md.tensor(k), md.tensor(v)).numpy()
+        cuts = np.cumsum(blocks)[:-1]
+        np.testing.assert_allclose(
+            online_attention(q, np.split(k, cuts), np.split(v, cuts)), want, rtol=1e-10
+        )
+    for batch, seq, hidden, tp in [(1, 1, 1, 1), (4, 64, 128, 2), (1, 2048, 12288, 8)]:
+        want = pt.tensor_parallel_bytes_per_layer(batch, seq, hidden, tp, bytes_per_value=2).total
+        assert tp_bytes_per_layer(batch, seq, hidden, tp, 2) == pytest.approx(want, rel=1e-12)
+    for dp, tp, pp, cp in [(2, 2, 2, 2), (1, 4, 1, 2), (3, 1, 2, 2)]:
+        for rank in range(dp * tp * pp * cp):
+            d, t, s, c = mesh_coords4(rank, dp, tp, pp, cp)
+            assert mesh_rank4(d, t, s, c, dp, tp, cp) == mesh_rank(d, t, s, dp, tp, cp_rank=c, cp=cp) == rank
 
 
 # --- lesson figures (issue 15, item 10) ------------------------------------------------------------

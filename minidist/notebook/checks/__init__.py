@@ -25,6 +25,12 @@ from minidist.notebook.checks.lesson07_pipeline_parallel import bubble_fraction,
 from minidist.notebook.checks.lesson08_checkpoints import files_before_latest, shards_needed
 from minidist.notebook.checks.lesson09_scaling import dp_speedup, mesh_rank
 from minidist.notebook.checks.lesson10_transformer import count_flops, count_parameters, layer_norm_backward
+from minidist.notebook.checks.lesson11_transformer_parallelism import (
+    mesh_rank4,
+    online_attention,
+    tp_bytes_per_layer,
+    vocab_parallel_loss,
+)
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
@@ -36,8 +42,10 @@ __all__ = [
     "files_before_latest",
     "layer_norm_backward",
     "mesh_rank",
+    "mesh_rank4",
     "microbatch_weight",
     "numerical_grad",
+    "online_attention",
     "peak_activations_1f1b",
     "reduce_scatter_send_chunk",
     "reset_hints",
@@ -47,6 +55,8 @@ __all__ = [
     "shards_needed",
     "stand_in",
     "tanh_backward",
+    "tp_bytes_per_layer",
     "tp_shard_shape",
+    "vocab_parallel_loss",
     "zero_bytes",
 ]

@@ -160,7 +160,9 @@ class RingAttention(Function):
         o = xp.zeros(v.shape, dtype=q.dtype)  # running unnormalised output
         kv, ring = _pack(xp, k, v), RingPass(group, KV_TAG, "K/V block")
         for step in range(cp):
+            # BEGIN SOLUTION A9.2: the ring's order: whose K/V block this rank holds at this step
             source = (rank - step) % cp  # whose block this rank holds at this step
+            # END SOLUTION
             if step + 1 < cp:
                 ring.start(kv)  # the next block travels while this one is used
             k_j, v_j = _unpack(kv, k.shape, v.shape)
@@ -192,7 +194,9 @@ class RingAttention(Function):
         kv = _pack(xp, k, v)
         kv_ring, grad_ring = RingPass(group, KV_TAG, "K/V block"), RingPass(group, GRAD_TAG, "dK/dV block")
         for step in range(cp):
+            # BEGIN SOLUTION A9.2: the same order in backward: whose K/V block this rank holds now
             source = (rank - step) % cp
+            # END SOLUTION
             if step + 1 < cp:
                 kv_ring.start(kv)
             k_j, v_j = _unpack(kv, k.shape, v.shape)

@@ -9,7 +9,10 @@ argv: out_dir. Run on 2 ranks; rank 0 writes ``library.json`` with
 * ``zero``: ``{stage: largest rank's memory_report()}`` of float32 AdamW under ZeRO stages 1 and 2, and
   the number of parameters (lesson 05, ``zero_bytes``);
 * ``checkpoint``: the step saved, the files of its committed folder and the ranks that wrote shards
-  (lesson 08, ``files_before_latest``).
+  (lesson 08, ``files_before_latest``);
+* ``vocab_loss``: the logits, targets and per-token losses of ``vocab_parallel_cross_entropy`` over the
+  world, each rank holding its ``shard_bounds`` slice of a 65-id vocabulary (lesson 11,
+  ``vocab_parallel_loss``).
 """
 
 import sys
@@ -23,7 +26,8 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import checkpoint, nn, optim
 from minidist.parallel import ColumnParallelLinear, RowParallelLinear, ZeroRedundancyOptimizer
-from minidist.parallel.tensor_parallel import copy_to_tensor_parallel_region
+from minidist.parallel.tensor_parallel import copy_to_tensor_parallel_region, vocab_parallel_cross_entropy
+from minidist.parallel.tensor_parallel.split import shard_bounds
 
 
 def main(out_dir: str) -> None:
@@ -38,6 +42,16 @@ def main(out_dir: str) -> None:
     x = md.tensor(np.zeros((3, 5)), dtype=np.float64, requires_grad=True)
     copy_to_tensor_parallel_region(x, world).backward(local)
     result["f_backward"] = world.mpi.gather({"local": local.tolist(), "out": x.grad.tolist()}, root=0)
+
+    data = np.random.default_rng(11)
+    logits, targets = data.standard_normal((7, 65)) * 30 + 500.0, data.integers(0, 65, 7)
+    start, stop = shard_bounds(65, world.size, world.rank)
+    losses = vocab_parallel_cross_entropy(md.tensor(logits[:, start:stop]), targets, world, reduction="none")
+    result["vocab_loss"] = {
+        "logits": logits.tolist(),
+        "targets": targets.tolist(),
+        "losses": losses.numpy().tolist(),
+    }
 
     result["zero"] = {}
     for stage in (1, 2):
