@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
+from minidist import trace
 from minidist.distributed import comm, liveness
 from minidist.distributed.arrivals import ranks as describe_ranks
 from minidist.distributed.call_site import call_site
@@ -134,22 +135,53 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
             link = group.collective_channel
             previous = liveness.enter(link, ident)
             try:
-                if not checks_enabled():
+                if trace.messages_enabled():  # a span with the bytes sent (trace.enable(messages=True))
+                    with _traced(name, group, array):
+                        return run(group, args, kwargs)
+                if not checks_enabled():  # the common case, without run's extra call
                     return fn(*args, **kwargs)
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                given = bound.arguments
-                array = None if first == "group" else given.get(first)
-                described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
-                site = call_site() if debug_enabled() else None
-                with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
-                    return fn(*args, **kwargs)
+                return run(group, args, kwargs)
             finally:
                 liveness.leave(link, previous)
+
+        def run(group: Communicator, args: tuple, kwargs: dict[str, Any]) -> Any:
+            if not checks_enabled():
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            array = None if first == "group" else given.get(first)
+            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
+            site = call_site() if debug_enabled() else None
+            with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
+                return fn(*args, **kwargs)
 
         return checked  # type: ignore[return-value]
 
     return decorate
+
+
+@contextmanager
+def _traced(name: str, group: Communicator, array: Any) -> Iterator[None]:
+    """One ``trace.COLLECTIVE`` span for a collective call, with the bytes this rank sent in it.
+
+    The bytes are counted where they leave, per message (``Communicator.bytes_sent`` of the channel), so
+    they are what the algorithm really sent: a ring all-reduce of N bytes over n ranks sends
+    ``2 (n-1)/n N``, recursive doubling ``log2(n) N`` (``collectives.py``). ``payload`` is the array's
+    own bytes (all_gather: this rank's chunk), ``dtype`` its dtype. MPI's built-in algorithms send
+    outside our counters: their ``bytes`` is None.
+    """
+    link = group.collective_channel
+    details: dict[str, Any] = {"group": group.name, "ranks": group.size,
+                               "payload": getattr(array, "nbytes", 0),
+                               "dtype": str(getattr(array, "dtype", ""))}  # fmt: skip
+    before, link.algorithm = link.bytes_sent, None
+    with trace.span(name, trace.COLLECTIVE, details):
+        try:
+            yield
+        finally:
+            details["algorithm"] = link.algorithm
+            details["bytes"] = None if link.algorithm == "mpi" else link.bytes_sent - before
 
 
 @collective_call("barrier")

@@ -74,7 +74,9 @@ def isend(group: Communicator, a: np.ndarray, dst: int, tag: int = 0) -> P2PRequ
     matching :func:`irecv` must then be started before waiting). Raises ``TypeError``/``ValueError`` for a
     non-NumPy or non-contiguous ``a``, a bad ``dst`` or ``tag``."""
     _check(group, a, dst, tag, "dst", writable=False)
-    request = group.mpi.Isend([a, mpi_datatype(a.dtype)], dest=dst, tag=tag)
+    group.bytes_sent += a.nbytes
+    with group._message_span("isend", a, dst):  # a span only under trace.enable(messages=True)
+        request = group.mpi.Isend([a, mpi_datatype(a.dtype)], dest=dst, tag=tag)
     return P2PRequest(request, a, dst, tag, is_recv=False)
 
 
