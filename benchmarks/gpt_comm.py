@@ -194,9 +194,9 @@ def formula(step: Step, args: argparse.Namespace, config: GPTConfig) -> dict[tup
 
 
 def span_of(values: list[float], fmt: str = "{:,.0f}") -> str:
-    """``"v"`` if all ranks agree, else ``"low-high"``."""
-    low, high = min(values), max(values)
-    return fmt.format(low) if low == high else f"{fmt.format(low)}-{fmt.format(high)}"
+    """``"v"`` if all ranks agree (as printed), else ``"low-high"``."""
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}-{high}"
 
 
 def table(ranks: list[dict], section: str, columns: list[tuple[str, int, Any]]) -> None:

@@ -218,8 +218,9 @@ def sequence_parallel_grad_bytes(values: int, tp: int, bytes_per_value: float = 
     parameter elements it uses on its sequence shard only: under sequence parallelism every tp rank
     sees other positions, so each LayerNorm's weight and bias gradient is a partial sum (Korthikanti
     et al. 2022, §4.2.2; Megatron-LM all-reduces them in its finalize-grads step). In minidist's GPT
-    that is ``4 h`` per layer (two LayerNorms), ``2 h`` for ``ln_f`` and the ``block_size x h``
-    position table ``wpe`` (each rank adds only its positions' rows). One ring all-reduce."""
+    that is ``6 h`` per layer (two LayerNorms' weights and biases, the two row-parallel layers'
+    biases, added after the reduce-scatter), ``2 h`` for ``ln_f`` and the ``block_size x h`` position
+    table ``wpe`` (each rank adds only its positions' rows). One ring all-reduce."""
     return Traffic(0.0, all_reduce_bytes(values * bytes_per_value, tp))
 
 
