@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist import backend, trace
+from minidist import backend
 from minidist.distributed import liveness
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
+from minidist.distributed.traffic import message_span
 from minidist.distributed.validate import check_array, check_rank, check_tag
 from minidist.distributed.watchdog import CallTracker, install_excepthook
 
@@ -65,8 +66,8 @@ class Communicator:
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
         self.name = name
-        # Counted per message (one integer addition): what a trace reports as the bytes a call sent,
-        # the quantity the cost formulas count (minidist.perfmodel_transformer).
+        # Counted per message (one integer addition): what a trace reports as the bytes a call sent
+        # (traffic.py), the quantity the cost formulas count (minidist.perfmodel_transformer).
         self.bytes_sent = 0
         self.algorithm: str | None = None  # on a channel: the algorithm its last collective ran (trace)
         self._scratch = np.empty(0, dtype=np.uint8)  # see scratch()
@@ -126,7 +127,7 @@ class Communicator:
         self._check_peer(dst, "dst")
         check_array(a)
         check_tag(tag)
-        with host_view(a, copy_in=True) as host, self._message_span("send", host, dst):
+        with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
             self.host_send(host, dst, tag)
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
@@ -163,17 +164,9 @@ class Communicator:
         check_tag(sendtag)
         check_tag(recvtag)
         with host_view(send_a, copy_in=True) as out, host_view(recv_a, copy_in=False, copy_out=True) as into:
-            with self._message_span("sendrecv", out, dst):
+            with message_span(self, "sendrecv", out, dst):
                 self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
         return recv_a
-
-    def _message_span(self, kind: str, host: np.ndarray, peer: int) -> Any:
-        """A ``trace.MESSAGE`` span for sending ``host`` to ``peer`` (under ``trace.enable(messages=True)``);
-        otherwise the shared do-nothing context, after one flag check."""
-        if not trace.messages_enabled():
-            return trace.NO_SPAN
-        details = {"group": self.name, "bytes": host.nbytes, "dtype": str(host.dtype), "peer": peer}
-        return trace.span(kind, trace.MESSAGE, details)
 
     # --- the fast path the hand-written collectives use ------------------------------------------------
     # The public send/recv/sendrecv above check every argument and stage GPU arrays; that costs ~4 us per

@@ -74,6 +74,7 @@ from minidist.distributed.call_site import call_site
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
 from minidist.distributed.tags import identity
+from minidist.distributed.traffic import collective_span
 from minidist.distributed.watchdog import CallInfo, abort_job, timeout_seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -136,7 +137,7 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
             previous = liveness.enter(link, ident)
             try:
                 if trace.messages_enabled():  # a span with the bytes sent (trace.enable(messages=True))
-                    with _traced(name, group, array):
+                    with collective_span(name, group, array):
                         return run(group, args, kwargs)
                 if not checks_enabled():  # the common case, without run's extra call
                     return fn(*args, **kwargs)
@@ -159,29 +160,6 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
         return checked  # type: ignore[return-value]
 
     return decorate
-
-
-@contextmanager
-def _traced(name: str, group: Communicator, array: Any) -> Iterator[None]:
-    """One ``trace.COLLECTIVE`` span for a collective call, with the bytes this rank sent in it.
-
-    The bytes are counted where they leave, per message (``Communicator.bytes_sent`` of the channel), so
-    they are what the algorithm really sent: a ring all-reduce of N bytes over n ranks sends
-    ``2 (n-1)/n N``, recursive doubling ``log2(n) N`` (``collectives.py``). ``payload`` is the array's
-    own bytes (all_gather: this rank's chunk), ``dtype`` its dtype. MPI's built-in algorithms send
-    outside our counters: their ``bytes`` is None.
-    """
-    link = group.collective_channel
-    details: dict[str, Any] = {"group": group.name, "ranks": group.size,
-                               "payload": getattr(array, "nbytes", 0),
-                               "dtype": str(getattr(array, "dtype", ""))}  # fmt: skip
-    before, link.algorithm = link.bytes_sent, None
-    with trace.span(name, trace.COLLECTIVE, details):
-        try:
-            yield
-        finally:
-            details["algorithm"] = link.algorithm
-            details["bytes"] = None if link.algorithm == "mpi" else link.bytes_sent - before
 
 
 @collective_call("barrier")
