@@ -22,7 +22,9 @@ of 2 bytes and 1-byte masks that is the paper's ``s b h (34 + 5 a s / h)`` bytes
 all-reduce of N bytes over n ranks sends ``2 (n - 1) / n N`` per rank; a reduce-scatter or an
 all-gather (N = the full, unsplit buffer) ``(n - 1) / n N`` each (Patarasuk & Yuan, JPDC 2009), so an
 all-reduce moves exactly what a reduce-scatter followed by an all-gather moves: that is why sequence
-parallelism costs no extra bandwidth (Korthikanti et al. §4.2.2).
+parallelism costs no extra bandwidth (Korthikanti et al. §4.2.2), but for one thing: to store only a
+1/t shard of a column layer's input, its backward all-gathers the input again (Megatron-LM and
+minidist do; ``regather`` below).
 """
 
 from __future__ import annotations
@@ -114,23 +116,33 @@ def all_gather_bytes(nbytes: float, n: int) -> float:
 
 
 def tensor_parallel_bytes_per_layer(
-    batch: int, seq: int, hidden: int, tp: int, sequence_parallel: bool = False, bytes_per_value: float = 4
+    batch: int,
+    seq: int,
+    hidden: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    bytes_per_value: float = 4,
+    regather: bool = True,
 ) -> Traffic:
     """Bytes one rank sends over its tp group for one transformer layer in one step.
 
     Forward: 2 all-reduces (g) of the ``batch x seq x hidden`` activations, after attention and after
     the MLP; backward: 2 more (f, before each region) (Shoeybi et al. 2019, §3, Fig. 4). Under sequence
     parallelism each becomes an all-gather before the region and a reduce-scatter after it, forward
-    and backward (Korthikanti et al. 2022, §4.2.2): the same bytes. ``seq``: the tokens this rank's
-    tp group works on (``T / cp`` under context parallelism).
+    and backward (Korthikanti et al. 2022, §4.2.2): the same bytes. ``regather`` (sequence parallelism
+    only): the two column-parallel layers keep just their input's sequence shard and all-gather it
+    again in backward for their weight gradient (Megatron-LM's implementation, and minidist's
+    ``ParallelBlock``): 2 more all-gathers per layer in backward, the price of storing 1/tp of the input.
+    ``seq``: the tokens this rank's tp group works on (``T / cp`` under context parallelism).
     """
     _check_positive_int(tp, "tp")
     nbytes = batch * seq * hidden * bytes_per_value
-    if sequence_parallel:
-        one = all_gather_bytes(nbytes, tp) + reduce_scatter_bytes(nbytes, tp)  # one region, one pass
-    else:
+    if not sequence_parallel:
         one = all_reduce_bytes(nbytes, tp)
-    return Traffic(forward=2 * one, backward=2 * one)
+        return Traffic(forward=2 * one, backward=2 * one)
+    one = all_gather_bytes(nbytes, tp) + reduce_scatter_bytes(nbytes, tp)  # one region, one pass
+    again = 2 * all_gather_bytes(nbytes, tp) if regather else 0.0
+    return Traffic(forward=2 * one, backward=2 * one + again)
 
 
 def tensor_parallel_bytes(
@@ -141,14 +153,18 @@ def tensor_parallel_bytes(
     tp: int,
     sequence_parallel: bool = False,
     bytes_per_value: float = 4,
+    regather: bool = True,
 ) -> Traffic:
     """Bytes one rank sends over its tp group in one step of a whole GPT: ``layers`` layers (above)
     plus the vocabulary-parallel embedding's all-reduce of its output (forward only; a reduce-scatter
     under sequence parallelism) and the output head's f (its input's gradient all-reduced in backward;
     an all-gather forward and a reduce-scatter backward under sequence parallelism). The loss's own
-    all-reduces are :func:`vocab_parallel_loss_bytes`."""
+    all-reduces are :func:`vocab_parallel_loss_bytes`; ``regather`` as in
+    :func:`tensor_parallel_bytes_per_layer` (the head's input is not gathered again)."""
     _check_positive_int(layers, "layers")
-    per_layer = tensor_parallel_bytes_per_layer(batch, seq, hidden, tp, sequence_parallel, bytes_per_value)
+    per_layer = tensor_parallel_bytes_per_layer(
+        batch, seq, hidden, tp, sequence_parallel, bytes_per_value, regather
+    )
     embedding, head = vocabulary_ends_bytes(batch, seq, hidden, tp, sequence_parallel, bytes_per_value)
     return Traffic(
         layers * per_layer.forward + embedding.forward + head.forward,
@@ -205,10 +221,11 @@ def pipeline_bytes_per_boundary(
     sequence_parallel: bool = False,
     bytes_per_value: float = 4,
 ) -> Traffic:
-    """Bytes a stage sends over one stage boundary in one step: the activations of its ``batch``
-    sequences of ``seq`` tokens (all microbatches together) forward, their gradients backward (the
-    receiving stage's share each way; Narayanan et al. 2021, §3). Under sequence parallelism a tp rank
-    sends only its ``1 / tp`` slice of the sequence."""
+    """Bytes that cross one stage boundary in one step, per tp rank: the activations of ``batch``
+    sequences of ``seq`` tokens (all microbatches together) forward, sent by the earlier stage, and
+    their gradients backward, sent by the later one (Narayanan et al. 2021, §3). So a middle stage
+    sends ``forward`` to the next stage and ``backward`` to the previous one. Under sequence
+    parallelism a tp rank sends only its ``1 / tp`` slice of the sequence."""
     nbytes = batch * seq * hidden * bytes_per_value / (tp if sequence_parallel else 1)
     return Traffic(nbytes, nbytes)
 
@@ -255,10 +272,12 @@ def communication_per_step(
     """Bytes one rank sends per step to each group, for a GPT on a dp x tp x pp x cp mesh.
 
     ``batch``: the global batch of sequences of ``seq`` tokens; ``grad_bytes``: the gradient bytes this
-    rank holds (its pipeline stage's tp shard). A rank of a middle stage has ``layers / pp`` layers and
-    two boundaries; this counts a rank with ``layers / pp`` layers, the embedding's and the head's tp
-    traffic, the loss, and one boundary (``0`` for ``pp = 1``), an upper bound for every stage.
-    Returns ``{"tp": ..., "cp": ..., "pp": ..., "dp": ...}`` (``"dp"``: over the dp x cp group).
+    rank holds (its pipeline stage's tp shard). Counted for a rank with ``layers / pp`` layers that also
+    has the embedding's, the head's and the loss's tp traffic, and sends activations to a next stage and
+    gradients to a previous one (``0`` for ``pp = 1``): exact for ``pp = 1``, an upper bound for every
+    stage otherwise (only the first stage embeds, only the last has the head and the loss).
+    Sequence parallelism as minidist runs it (``regather``). Returns ``{"tp": ..., "cp": ..., "pp": ...,
+    "dp": ...}`` (``"dp"``: over the dp x cp group).
     Raises ``ValueError`` if ``layers`` is not divisible by ``pp`` or ``batch`` by ``dp``.
     """
     for value, name in ((dp, "dp"), (tp, "tp"), (pp, "pp"), (cp, "cp"), (layers, "layers"), (batch, "batch")):

@@ -320,7 +320,8 @@ MUTANTS = [
      'm = dist.all_reduce(z.max(axis=1), op="max", group=group)', "m = z.max(axis=1)",
      "its own largest logit", None),
     ("A9", "A9.1", "minidist/parallel/tensor_parallel/vocab_parallel_loss.py",  # the shift of an even split
-     "local = t - start", "local = t - group.rank * z.shape[1]", "does not own the target", None),
+     "        local = t - start\n", "        local = t - group.rank * z.shape[1]\n",
+     "does not own the target", None),
     ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # a fully masked block computed
      "elif k_start <= q_stop - 1:", "else:", "fully masked", None),
     ("A9", "A9.2", "minidist/parallel/context_parallel/ring_attention.py",  # strictly below the diagonal
@@ -453,6 +454,12 @@ RULE_BREAKERS = [
      "        softmax(logs, dim=-1).backward(dp)\n        dp = logs.grad\n",
      "A8.2 (ScaledDotProductAttention.backward) uses tensor.Tensor.backward (called from "
      "minidist/ops/attention.py line", None),
+    # The maxima gathered instead of all-reduced: the right numbers, but A9.1 is three all-reduces, no gather.
+    ("A9", "A9.1", "minidist/parallel/tensor_parallel/vocab_parallel_loss.py",
+     'm = dist.all_reduce(z.max(axis=1), op="max", group=group)',
+     "m = dist.all_gather(xp.ascontiguousarray(z.max(axis=1)), group=group)"
+     ".reshape(group.size, -1).max(axis=0)",
+     "uses dist.all_gather", None),
 ]  # fmt: skip
 
 

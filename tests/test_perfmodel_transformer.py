@@ -70,11 +70,15 @@ def test_tensor_parallel_traffic_by_hand():
     # b = 2, s = 3, h = 4, float32: 96 bytes per activation; tp = 4: an all-reduce sends 2 * 3/4 * 96 = 144.
     per_layer = pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4)
     assert per_layer == (2 * 144, 2 * 144) and per_layer.total == 576
-    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True) == per_layer  # same bytes
+    # Sequence parallelism: each all-reduce is a reduce-scatter + an all-gather (72 + 72 bytes): the same
+    # bytes; storing only the shard of the 2 column layers' inputs costs 2 all-gathers more in backward.
+    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True, regather=False) == per_layer
+    assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sequence_parallel=True) == (288, 288 + 2 * 72)
     assert pt.tensor_parallel_bytes_per_layer(2, 3, 4, 1).total == 0  # nothing to send alone
     # Whole model, 3 layers: + the embedding's g forward and the head's f backward, 144 each.
     assert pt.tensor_parallel_bytes(3, 2, 3, 4, 4) == (3 * 288 + 144, 3 * 288 + 144)
-    assert pt.tensor_parallel_bytes(3, 2, 3, 4, 4, sequence_parallel=True) == (3 * 288 + 144, 3 * 288 + 144)
+    sp = pt.tensor_parallel_bytes(3, 2, 3, 4, 4, sequence_parallel=True)
+    assert sp == (3 * 288 + 144, 3 * (288 + 144) + 144)  # the head's input is not gathered again
 
 
 def test_the_vocabulary_ends_by_hand_and_as_parts_of_the_whole_model():
@@ -157,3 +161,22 @@ def test_bad_sizes_raise_value_error(call, match):
 
 def test_numpy_integers_are_sizes():
     assert pt.activation_memory_per_layer(np.int64(4), 1, 2, 1) == 352
+
+
+def test_formulas_are_the_bytes_minidist_sends_on_two_ranks(tmp_path):
+    """ParallelGPT (tp 2, with and without sequence parallelism) and ring_attention (cp 2), one step,
+    the bytes counted at the collectives and sends (tests/workers/perfmodel/traffic.py). About 5 s."""
+    import json
+
+    from mpi_utils import run_mpi
+
+    run_mpi(2, "perfmodel/traffic.py", tmp_path, timeout=120)
+    got = json.loads((tmp_path / "traffic.json").read_text())
+    b, t, c, layers, e = 2, 8, 16, 2, 8  # the worker's GPT, float64
+    for key, sp in (("tp", False), ("tp_sp", True)):
+        model = pt.tensor_parallel_bytes(layers, b, t, c, 2, sp, e)
+        loss = pt.vocab_parallel_loss_bytes(b, t, 2, e)
+        assert got[key]["forward"] == pytest.approx(model.forward + loss.forward, rel=1e-12), key
+        assert got[key]["backward"] == pytest.approx(model.backward + loss.backward, rel=1e-12), key
+    ring = pt.context_parallel_bytes_per_layer(b, t, c, 2, bytes_per_value=e)
+    assert got["cp"] == pytest.approx({"forward": ring.forward, "backward": ring.backward}, rel=1e-12)

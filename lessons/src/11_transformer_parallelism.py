@@ -166,7 +166,7 @@ same = np.allclose(whole.numpy(), reduce_from_tensor_parallel_region(partial, wo
 print(f"rank {world.rank}: reduce-scatter keeps {mine.shape}; all-gather of it = all-reduce: {same}")
 
 # %%
-n = 2**20
+n = 2**20  # the same bytes on the wire for the identity itself
 pair = pt.reduce_scatter_bytes(n, tp) + pt.all_gather_bytes(n, tp)
 print(
     f"bytes per rank, 1 MiB on {tp} ranks: all-reduce {pt.all_reduce_bytes(n, tp):.0f}, the pair {pair:.0f}"
@@ -325,7 +325,9 @@ checks.tp_bytes_per_layer(tp_bytes_per_layer)
 # **The answer.** Try first; then open this cell.
 #
 # Four all-reduces (2 forward, 2 backward) of batch x seq x hidden values: 4 x 2(tp-1)/tp x that many
-# bytes. Sequence parallelism sends the same: each all-reduce became a reduce-scatter and an all-gather.
+# bytes. Sequence parallelism sends the same (each all-reduce became a reduce-scatter and an all-gather),
+# plus 2 all-gathers in backward: the column layers keep only their input's shard and gather it again
+# for the weight gradient (Megatron-LM does the same; `regather` in `pt.tensor_parallel_bytes_per_layer`).
 
 # %% [markdown]
 # The whole step, per rank and group, for the GPT of `examples/train_gpt.py` (4 layers, C = 128,
@@ -348,14 +350,16 @@ for layout in layouts:
 
 # %% [markdown]
 # Tensor parallelism moves the most and sits on the critical path: that is why it stays inside a
-# node. `benchmarks/gpt.py` prints these formulas next to the bytes measured from minidist's trace.
+# node. These are minidist's own bytes, not only the papers': counted at the collectives of a
+# `ParallelGPT` and of `ring_attention` on 2 ranks, they equal the formulas
+# (`tests/test_perfmodel_transformer.py`).
 #
 # ## Summary
 # - tp splits attention by heads (c_attn strided, c_proj row) and the MLP column then row: 2
 #   all-reduces forward and 2 backward per layer; the vocabulary is split by rows of wte.
 # - The split-vocabulary loss needs three all-reduces of B x T values: max, sum of exponentials, target.
-# - Sequence parallelism turns each all-reduce into reduce-scatter + all-gather: same bytes, and the
-#   activations between the blocks shrink by tp.
+# - Sequence parallelism turns each all-reduce into reduce-scatter + all-gather: same bytes (plus a
+#   re-gather of the column layers' inputs in backward), and the activations shrink by tp.
 # - Ring attention passes K/V blocks round the cp group and combines them with an online softmax; the
 #   balanced split gives every rank equal causal work.
 # - The mesh orders tp, cp, dp, pp from fastest to slowest; gradients average over dp x cp.

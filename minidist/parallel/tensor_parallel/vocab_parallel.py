@@ -144,7 +144,8 @@ class VocabParallelEmbedding(Module):
         Module.__init__(layer)
         group, error = resolve_group("VocabParallelEmbedding.from_weight", group)
         full = weight.data if isinstance(weight, Tensor) else weight
-        shape = tuple(int(n) for n in getattr(full, "shape", ()))
+        full = full if hasattr(full, "shape") else np.asarray(full)  # a nested list: a host array
+        shape = tuple(int(n) for n in full.shape)
         try:
             if error is not None:
                 raise error

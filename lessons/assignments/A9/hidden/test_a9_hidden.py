@@ -1,5 +1,6 @@
 """A9 hidden tests: 3 ranks and a vocabulary of 7 (3 + 2 + 2), reduction "sum", one token per rank's
-slice at its border; ring attention on 4 ranks with backward, and a plan for every rank of cp = 4."""
+slice at its border; ring attention on 4 ranks with backward and on 2, and a plan for every rank of
+cp = 4."""
 
 from __future__ import annotations
 
@@ -33,3 +34,9 @@ def test_causal_plan_four_ranks_and_one():
 def test_ring_attention_four_ranks_backward():
     cases = [ring(12, (1, 2, 16, 2), True, "balanced", True), ring(13, (1, 1, 8, 3), False, "balanced", True)]
     assert_no_failures(run_ranks(4, WORKER, {"cases": cases}))
+
+
+@pytest.mark.mpi
+def test_ring_attention_two_ranks():
+    cases = [ring(4, (1, 2, 8, 3), True, "balanced"), ring(8, (2, 1, 4, 2), False, "contiguous", True)]
+    assert_no_failures(run_ranks(2, WORKER, {"cases": cases}))

@@ -1,6 +1,7 @@
 """A9 public tests: the vocabulary-parallel cross-entropy and ring attention, against one process.
 
-The MPI tests run 2 or 3 real ranks (``workers/a9_check.py``): every rank draws the same whole arrays,
+The MPI tests run 2 or 3 real ranks (``workers/a9_check.py``; 3 launches, so that an untouched
+starter is graded quickly): every rank draws the same whole arrays,
 computes the one-process answer itself (``F.cross_entropy`` of all the logits, or
 ``F.scaled_dot_product_attention`` of the whole sequence) and compares its own piece, in float64. The
 two tests of ring attention's parts need no ranks: the causal plan (``attention_blocks``) against the
@@ -60,12 +61,10 @@ def test_online_softmax_step():
 
 
 @pytest.mark.mpi
-def test_ring_attention_two_ranks():
-    cases = [ring(4, (1, 2, 8, 3), True, "balanced"), ring(5, (2, 1, 4, 2), False, "contiguous", True)]
-    assert_no_failures(run_ranks(2, WORKER, {"cases": cases}))
-
-
-@pytest.mark.mpi
 def test_ring_attention_three_ranks():
-    cases = [ring(6, (1, 2, 12, 3), True, "contiguous"), ring(7, (1, 1, 12, 2), True, "balanced", True)]
+    cases = [
+        ring(6, (1, 2, 12, 3), True, "contiguous"),
+        ring(7, (1, 1, 12, 2), True, "balanced", True),
+        ring(5, (2, 1, 6, 2), False, "contiguous", True),
+    ]
     assert_no_failures(run_ranks(3, WORKER, {"cases": cases}))
