@@ -60,16 +60,11 @@ parser.add_argument("--sequence-parallel", action="store_true")
 parser.add_argument("--microbatches", type=int, default=4, help="pipeline microbatches (pp > 1)")
 parser.add_argument("--schedule", default="1f1b", help="pipeline schedule (pp > 1)")
 parser.add_argument("--batch-size", type=int, default=32, help="global batch B (windows per step)")
-parser.add_argument("--block-size", type=int, default=64)
-parser.add_argument("--n-layer", type=int, default=4)
-parser.add_argument("--n-head", type=int, default=4)
-parser.add_argument("--n-embd", type=int, default=128)
+for size, default in (("block-size", 64), ("n-layer", 4), ("n-head", 4), ("n-embd", 128)):
+    parser.add_argument(f"--{size}", type=int, default=default)
 parser.add_argument("--vocab-size", type=int, default=65, help="V (at least the text's 63 symbols)")
 parser.add_argument("--seed", type=int, default=1337)
-parser.add_argument(
-    "--max-norm", type=float, default=0.0, help="clip the gradient norm to this (0: no clipping; it adds "
-    "bookkeeping only: an all-gather of 5 float64 per tp and pp group)",
-)  # fmt: skip
+parser.add_argument("--max-norm", type=float, default=0.0, help="clip the gradient norm (0: do not)")
 parser.add_argument("--json", type=Path, default=None, help="write every rank's rows to this file")
 
 
@@ -165,11 +160,14 @@ def formula(step: Step, args: argparse.Namespace, config: GPTConfig) -> dict[tup
     first, last = mesh.pp_rank == 0, mesh.pp_rank == mesh.pp - 1
     out: dict[tuple[str, str, str], float] = {}
     if tp > 1:
-        layer = pm.tensor_parallel_bytes_per_layer(b, s, h, tp, sp, e).total
+        layer = pm.tensor_parallel_bytes_per_layer(b, s, h, tp, sp, e, regather=False).total
         embedding, head = pm.vocabulary_ends_bytes(b, s, h, tp, sp, e)
         total = step.layers * layer + first * embedding.total + last * head.total
-        if sp:  # every all-gather has its reduce-scatter (the same g in forward and backward): half each
-            out[("tp", "all_gather", PART["tp"])] = out[("tp", "reduce_scatter", PART["tp"])] = total / 2
+        if sp:  # every all-gather has its reduce-scatter (the same g, forward and backward): half each,
+            # and backward all-gathers the column layers' inputs again (regather): all-gathers only
+            again = pm.tensor_parallel_bytes_per_layer(b, s, h, tp, sp, e).total - layer
+            out[("tp", "all_gather", PART["tp"])] = total / 2 + step.layers * again
+            out[("tp", "reduce_scatter", PART["tp"])] = total / 2
             values = sum(p.size for p in step.params if p.sequence_parallel)
             out[("tp", "all_reduce", SP_GRADS)] = pm.sequence_parallel_grad_bytes(values, tp, e).total
         else:
