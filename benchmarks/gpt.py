@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/gpt.py                # quick: 40 steps each, ~30 s on a quiet core
     OMP_NUM_THREADS=1 python benchmarks/gpt.py --steps 500    # the loss comparison (~2.5 min)
+    mpiexec -n 8 python benchmarks/gpt.py --comm --dp 2 --tp 2 --pp 2   # bytes per group: gpt_comm.py
 
 The config is nanoGPT's CPU "baby GPT" (block 64, batch 12, 4 layers, 4 heads, width 128, dropout 0 so
 that the two runs draw no random numbers), trained on the bundled Shakespeare exactly as
@@ -26,9 +27,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before NumPy and torch load their BLAS
+
+if __name__ == "__main__" and "--comm" in sys.argv[1:]:
+    # The communication of one step of the parallel GPT (issue 18): gpt_comm.py, on MPI ranks and without
+    # torch, e.g. ``mpiexec -n 8 python benchmarks/gpt.py --comm --dp 2 --tp 2 --pp 2``.
+    import gpt_comm
+
+    gpt_comm.main([a for a in sys.argv[1:] if a != "--comm"])
+    sys.exit()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -52,6 +62,7 @@ parser.add_argument("--n-head", type=int, default=4)
 parser.add_argument("--n-embd", type=int, default=128)
 parser.add_argument("--eval-iters", type=int, default=20, help="validation batches in the final loss")
 parser.add_argument("--seed", type=int, default=1337)
+parser.add_argument("--comm", action="store_true", help="instead: gpt_comm.py's bytes per group (its flags)")
 # examples/train_gpt.py's optimizer settings (its defaults)
 LR, MIN_LR, WARMUP, WEIGHT_DECAY, BETAS, CLIP = 2e-3, 2e-4, 100, 0.1, (0.9, 0.99), 1.0
 

@@ -15,7 +15,8 @@ minidist keeps every activation in the training dtype (float32 here), masks incl
 *elements* cost 4 bytes each: the formulas become 4 (18 sbh + 3 a s^2 b), 4 (6 sbh + (12 sbh +
 3 a s^2 b) / t) and 4 (18 sbh + 3 a s^2 b) / t (the paper's items: LayerNorm inputs 2 sbh elements,
 q k v input, q and k, softmax, its dropout mask and output, v, projection input, dropout mask, MLP
-input, GELU input and output 4 sbh each, dropout mask). This script measures, per rank, after one
+input, GELU input and output 4 sbh each, dropout mask); both columns come from
+``minidist.perfmodel_transformer.activation_memory_per_layer``. This script measures, per rank, after one
 forward of a ``ParallelBlock`` (dropout 0.1, float32):
 
 * **saved**: the arrays the ops saved for their backward (the inputs they read back, masks, softmax
@@ -40,6 +41,7 @@ from minidist.autograd import Tensor
 from minidist.models.transformer import Block
 from minidist.parallel.tensor_parallel import ParallelBlock, model_parallel_manual_seed
 from minidist.parallel.tensor_parallel.sequence_parallel import split_sequence
+from minidist.perfmodel_transformer import activation_memory_per_layer
 
 SHAPES = [(256, 2, 256, 8), (64, 4, 512, 4)]  # (s, b, h, a): sequence, batch, width, heads
 DROPOUT = 0.1
@@ -81,26 +83,16 @@ def graph_bytes(output: Tensor, exclude: set[int]) -> tuple[int, int]:
     return sum(saved.values()), sum(held.values())
 
 
-def formula_elements(shape: tuple[int, ...], t: int, sequence_parallel: bool) -> float:
-    """Korthikanti et al.'s stored elements per layer (module docstring), masks counted as elements."""
-    S, B, H, A = shape
-    sbh, as2b = S * B * H, A * S * S * B
-    if t == 1:
-        return 18 * sbh + 3 * as2b
-    if sequence_parallel:
-        return (18 * sbh + 3 * as2b) / t
-    return 6 * sbh + (12 * sbh + 3 * as2b) / t
+def formula_bytes(shape: tuple[int, ...], t: int, sequence_parallel: bool) -> float:
+    """Korthikanti et al.'s stored items per layer at 4 bytes each, masks included (module docstring)."""
+    s, b, h, a = shape
+    return activation_memory_per_layer(s, b, h, a, t, sequence_parallel, bytes_per_value=4, mask_bytes=4)
 
 
 def paper_bytes(shape: tuple[int, ...], t: int, sequence_parallel: bool) -> float:
     """The paper's bytes per layer (16-bit activations, 1-byte masks), its eq. 1-3."""
-    S, B, H, A = shape
-    sbh, ratio = S * B * H, 5 * A * S / H
-    if t == 1:
-        return sbh * (34 + ratio)
-    if sequence_parallel:
-        return sbh * (34 + ratio) / t
-    return sbh * (10 + 24 / t + ratio / t)
+    s, b, h, a = shape
+    return activation_memory_per_layer(s, b, h, a, t, sequence_parallel)
 
 
 def main() -> None:
@@ -118,7 +110,7 @@ def main() -> None:
         params = {id(_root(p.data)) for p in block.parameters()}
         mine = np.array(graph_bytes(y, params), dtype=np.float64)
         saved, held = dist.all_reduce(mine, op="max", group=world)
-        rows.append((shape, sp, saved, held, 4 * formula_elements(shape, t, sp), paper_bytes(shape, t, sp)))
+        rows.append((shape, sp, saved, held, formula_bytes(shape, t, sp), paper_bytes(shape, t, sp)))
     if world.rank == 0:
         print(f"one GPT block, float32, dropout {DROPOUT}, MB per rank (the largest over the ranks)")
         print(

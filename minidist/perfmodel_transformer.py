@@ -90,6 +90,19 @@ def all_reduce_bytes(nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes
 
 
+def recursive_doubling_bytes(nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a recursive-doubling all-reduce of ``nbytes`` over ``n`` ranks, ``n`` a
+    power of two: ``log2 n`` exchanges of the whole array, ``log2(n) N`` (Thakur, Rabenseifner & Gropp
+    2005). From n = 4 on that is more than the ring's ``2 (n-1)/n N`` (2 N against 1.5 N), in fewer
+    messages, which is why minidist's ``algorithm="auto"`` runs it for short arrays only
+    (``minidist/distributed/tuning.py``). Raises ``ValueError`` for an ``n`` that is not a power of two
+    (the fold to one makes the ranks send different amounts)."""
+    _check_positive_int(n, "n")
+    if n & (n - 1):
+        raise ValueError(f"recursive doubling folds {n} ranks to a power of two first: give a power of two")
+    return (n.bit_length() - 1) * nbytes
+
+
 def reduce_scatter_bytes(nbytes: float, n: int) -> float:
     """Bytes one rank sends in a ring reduce-scatter of a full buffer of ``nbytes``: ``(n - 1) / n``."""
     _check_positive_int(n, "n")
@@ -152,18 +165,28 @@ def tensor_parallel_bytes(
     per_layer = tensor_parallel_bytes_per_layer(
         batch, seq, hidden, tp, sequence_parallel, bytes_per_value, regather
     )
-    nbytes = batch * seq * hidden * bytes_per_value
-    if sequence_parallel:
-        # The embedding's reduce-scatter has an all-gather for backward.
-        embedding = Traffic(reduce_scatter_bytes(nbytes, tp), all_gather_bytes(nbytes, tp))
-        head = Traffic(all_gather_bytes(nbytes, tp), reduce_scatter_bytes(nbytes, tp))
-    else:
-        embedding = Traffic(all_reduce_bytes(nbytes, tp), 0.0)  # g: identity backward
-        head = Traffic(0.0, all_reduce_bytes(nbytes, tp))  # f: identity forward
+    embedding, head = vocabulary_ends_bytes(batch, seq, hidden, tp, sequence_parallel, bytes_per_value)
     return Traffic(
         layers * per_layer.forward + embedding.forward + head.forward,
         layers * per_layer.backward + embedding.backward + head.backward,
     )
+
+
+def vocabulary_ends_bytes(
+    batch: int, seq: int, hidden: int, tp: int, sequence_parallel: bool = False, bytes_per_value: float = 4
+) -> tuple[Traffic, Traffic]:
+    """``(embedding, head)``: bytes one rank sends over its tp group for the two vocabulary-parallel ends
+    of a GPT in one step (a pipeline holds them on different stages). The embedding sums its partial
+    lookups (g: an all-reduce forward, nothing backward; under sequence parallelism a reduce-scatter
+    forward, an all-gather backward); the head needs every position (f: nothing forward, an
+    all-reduce of the input's gradient backward; under sequence parallelism an all-gather forward, a
+    reduce-scatter backward) (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2)."""
+    _check_positive_int(tp, "tp")
+    nbytes = batch * seq * hidden * bytes_per_value
+    if sequence_parallel:
+        gather, scatter = all_gather_bytes(nbytes, tp), reduce_scatter_bytes(nbytes, tp)
+        return Traffic(scatter, gather), Traffic(gather, scatter)
+    return Traffic(all_reduce_bytes(nbytes, tp), 0.0), Traffic(0.0, all_reduce_bytes(nbytes, tp))
 
 
 def vocab_parallel_loss_bytes(batch: int, seq: int, tp: int, bytes_per_value: float = 4) -> Traffic:
@@ -205,6 +228,25 @@ def pipeline_bytes_per_boundary(
     parallelism a tp rank sends only its ``1 / tp`` slice of the sequence."""
     nbytes = batch * seq * hidden * bytes_per_value / (tp if sequence_parallel else 1)
     return Traffic(nbytes, nbytes)
+
+
+def sequence_parallel_grad_bytes(values: int, tp: int, bytes_per_value: float = 4) -> Traffic:
+    """Bytes one rank sends to sum, over its tp group after backward, the gradients of the ``values``
+    parameter elements it uses on its sequence shard only: under sequence parallelism every tp rank
+    sees other positions, so each LayerNorm's weight and bias gradient is a partial sum (Korthikanti
+    et al. 2022, §4.2.2; Megatron-LM all-reduces them in its finalize-grads step). In minidist's GPT
+    that is ``6 h`` per layer (two LayerNorms' weights and biases, the two row-parallel layers'
+    biases, added after the reduce-scatter), ``2 h`` for ``ln_f`` and the ``block_size x h`` position
+    table ``wpe`` (each rank adds only its positions' rows). One ring all-reduce."""
+    return Traffic(0.0, all_reduce_bytes(values * bytes_per_value, tp))
+
+
+def tied_embedding_bytes(vocab_rows: int, hidden: int, bytes_per_value: float = 4) -> Traffic:
+    """Bytes one rank sends to keep a pipeline's tied token table equal on the first and the last stage:
+    the gradient of its ``vocab_rows x hidden`` piece (its tp shard) summed over the two ranks holding
+    it, an all-reduce of 2 ranks after backward, which sends the whole piece once (Shoeybi et al. 2019,
+    §3; Narayanan et al. 2021 keep the embedding and output layer in sync this way)."""
+    return Traffic(0.0, all_reduce_bytes(vocab_rows * hidden * bytes_per_value, 2))
 
 
 def data_parallel_bytes(grad_bytes: float, n: int) -> Traffic:

@@ -22,6 +22,14 @@ module-level list, the one piece of global state here, because spans are opened 
 (DDP's communication thread) that has no tracer object to hand. When tracing is off, ``span`` costs one
 flag check. ``list.append`` is atomic under the GIL, so threads may record concurrently.
 
+**Bytes**: ``enable(messages=True)`` also records a span for every collective call (category
+:data:`COLLECTIVE`, named ``"all_reduce"``, ``"reduce_scatter"``...) and every point-to-point send
+(:data:`MESSAGE`: ``"send"``, ``"sendrecv"``, ``"isend"``) with ``args``: the group's ``name``
+(``ProcessMesh`` names its groups ``"tp"``, ``"cp"``, ``"pp"``, ``"dp"``, ``"dp_cp"``), the ``bytes``
+this rank sent, the array's ``dtype`` and, for a collective, its ``payload`` (the array's bytes) and the
+``algorithm`` it ran.
+Off by default: a span per message costs microseconds, which a timeline of compute does not want.
+
 Output format: the "Trace Event Format" (complete events, ``"ph": "X"``, times in microseconds), with
 ranks as processes (``pid``) and threads as ``tid``, as described in Google's "Trace Event Format"
 document used by chrome://tracing and Perfetto.
@@ -43,29 +51,34 @@ COMM = "comm"  # a collective's own work (DDP: pack, all-reduce, unpack of one b
 BACKWARD = "backward"  # the whole loss.backward() call, as the training loop sees it
 WAIT = "wait"  # time a thread spent blocked waiting for communication (inside a backward span)
 LAUNCH = "launch"  # the moment a collective was handed to a communication thread (a very short span)
+COLLECTIVE = "collective"  # one call of a collective, with its bytes (only with enable(messages=True))
+MESSAGE = "message"  # one point-to-point send, with its bytes (only with enable(messages=True))
 
-Event = dict[str, Any]  # {"name", "cat", "start", "end" (seconds since enable), "tid", "thread"}
+Event = dict[str, Any]  # {"name", "cat", "start", "end" (seconds since enable), "tid", "thread"[, "args"]}
 
 _enabled = False
+_messages = False  # also record collectives and point-to-point sends (enable(messages=True))
 _t0 = 0.0
 _events: list[Event] = []
 
 
-def enable() -> None:
+def enable(messages: bool = False) -> None:
     """Start recording; clear earlier spans and set this rank's time zero to now.
 
-    Call it on every rank right after a barrier, so the ranks' time zeros coincide.
+    Call it on every rank right after a barrier, so the ranks' time zeros coincide. ``messages=True``
+    also records every collective call and point-to-point send with its group and bytes (module
+    docstring, "Bytes").
     """
-    global _enabled, _t0
+    global _enabled, _messages, _t0
     _events.clear()
     _t0 = time.perf_counter()
-    _enabled = True
+    _enabled, _messages = True, bool(messages)
 
 
 def disable() -> None:
     """Stop recording (spans already recorded are kept until the next :func:`enable`)."""
-    global _enabled
-    _enabled = False
+    global _enabled, _messages
+    _enabled = _messages = False
 
 
 def is_enabled() -> bool:
@@ -73,42 +86,55 @@ def is_enabled() -> bool:
     return _enabled
 
 
-_NO_SPAN = contextlib.nullcontext()  # what span() returns while tracing is off: one shared do-nothing
+def messages_enabled() -> bool:
+    """True between :func:`enable` ``(messages=True)`` and :func:`disable`: collectives and sends then
+    record spans with their bytes (``minidist.distributed`` asks before each one)."""
+    return _messages
 
 
-def span(name: str | Callable[[], str], category: str = "default") -> AbstractContextManager[None]:
+# What span() returns while tracing is off: one shared do-nothing (also for callers that decide themselves
+# whether to record, such as the point-to-point sends of minidist.distributed).
+NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def span(
+    name: str | Callable[[], str], category: str = "default", args: dict[str, Any] | None = None
+) -> AbstractContextManager[None]:
     """Record the time spent inside the ``with`` block as one span on the calling thread.
 
     ``name`` labels the box in the timeline (e.g. ``"allreduce bucket 3"``); ``category`` groups spans
     (``"forward"``, ``"backward"``, ``COMM``, ``WAIT``, ``"optimizer"``...). A block that raises is still
     recorded. ``name`` may also be a function returning the label: it is called only while tracing is
     on, so a label that is costly to build (the pipeline's ``str(step)``) costs nothing otherwise.
+    ``args``: details kept with the span (Perfetto shows them when it is clicked), e.g. ``{"bytes":
+    4096}``; the dict is read when the block ends, so the block may still add to it.
 
     While tracing is disabled this returns one shared do-nothing context manager: a flag check, no
     generator (a generator-based context manager cost the pipeline 4-7 us per span, issue 16).
     """
     if not _enabled:
-        return _NO_SPAN
-    return _recorded(name() if callable(name) else name, category)
+        return NO_SPAN
+    return _recorded(name() if callable(name) else name, category, args)
 
 
 @contextmanager
-def _recorded(name: str, category: str) -> Iterator[None]:
+def _recorded(name: str, category: str, args: dict[str, Any] | None) -> Iterator[None]:
     start = time.perf_counter()
     try:
         yield
     finally:
         end = time.perf_counter()
         thread = threading.current_thread()
-        _events.append(
-            {"name": name, "cat": category, "start": start - _t0, "end": end - _t0,
-             "tid": thread.ident, "thread": thread.name}
-        )  # fmt: skip
+        event = {"name": name, "cat": category, "start": start - _t0, "end": end - _t0,
+                 "tid": thread.ident, "thread": thread.name}  # fmt: skip
+        if args is not None:
+            event["args"] = dict(args)
+        _events.append(event)
 
 
 def events() -> list[Event]:
     """A copy of this rank's recorded spans, in the order they ended (times in seconds since enable)."""
-    return [dict(e) for e in _events]
+    return [dict(e, args=dict(e["args"])) if "args" in e else dict(e) for e in _events]
 
 
 # --- Chrome / Perfetto JSON --------------------------------------------------------------------------
@@ -118,10 +144,10 @@ def to_chrome_trace(events_per_rank: Sequence[Iterable[Event]]) -> dict[str, Any
     """Merge every rank's spans into one Chrome trace: ``{"traceEvents": [...], "displayTimeUnit": "ms"}``.
 
     ``events_per_rank[r]`` is rank r's :func:`events` list (e.g. from an MPI gather). Each span becomes a
-    complete event ``{"name", "cat", "ph": "X", "ts", "dur", "pid": r, "tid"}`` with ``ts``/``dur`` in
-    microseconds. Thread ids are renumbered 0, 1, ... per rank in order of first appearance (the OS ids
-    are huge and mean nothing across processes), and metadata events (``"ph": "M"``) name each process
-    ``"rank r"`` and each thread by its Python thread name.
+    complete event ``{"name", "cat", "ph": "X", "ts", "dur", "pid": r, "tid"}`` (and its ``"args"``, if
+    it has any) with ``ts``/``dur`` in microseconds. Thread ids are renumbered 0, 1, ... per rank in
+    order of first appearance (the OS ids are huge and mean nothing across processes), and metadata
+    events (``"ph": "M"``) name each process ``"rank r"`` and each thread by its Python thread name.
     """
     trace_events: list[dict[str, Any]] = []
     for rank, rank_events in enumerate(events_per_rank):
@@ -133,10 +159,11 @@ def to_chrome_trace(events_per_rank: Sequence[Iterable[Event]]) -> dict[str, Any
             if e["tid"] not in tids:
                 tids[e["tid"]] = len(tids)
                 trace_events.append(_metadata("thread_name", rank, tids[e["tid"]], e["thread"]))
-            trace_events.append(
-                {"name": e["name"], "cat": e["cat"], "ph": "X", "ts": e["start"] * 1e6,
-                 "dur": (e["end"] - e["start"]) * 1e6, "pid": rank, "tid": tids[e["tid"]]}
-            )  # fmt: skip
+            complete = {"name": e["name"], "cat": e["cat"], "ph": "X", "ts": e["start"] * 1e6,
+                        "dur": (e["end"] - e["start"]) * 1e6, "pid": rank, "tid": tids[e["tid"]]}  # fmt: skip
+            if "args" in e:
+                complete["args"] = e["args"]
+            trace_events.append(complete)
     return {"traceEvents": trace_events, "displayTimeUnit": "ms"}
 
 

@@ -81,6 +81,30 @@ def test_tensor_parallel_traffic_by_hand():
     assert sp == (3 * 288 + 144, 3 * (288 + 144) + 144)  # the head's input is not gathered again
 
 
+def test_the_vocabulary_ends_by_hand_and_as_parts_of_the_whole_model():
+    # b = 2, s = 3, h = 4, float32, tp = 4: 96 bytes per activation, an all-reduce sends 144, a
+    # reduce-scatter or an all-gather 72. Embedding: g forward; head: f backward (or their SP pairs).
+    assert pt.vocabulary_ends_bytes(2, 3, 4, 4) == ((144, 0), (0, 144))
+    assert pt.vocabulary_ends_bytes(2, 3, 4, 4, sequence_parallel=True) == ((72, 72), (72, 72))
+    for sp in (False, True):  # a pipeline stage holds one end: the whole model is the layers + both
+        embedding, head = pt.vocabulary_ends_bytes(2, 3, 4, 4, sp)
+        layer = pt.tensor_parallel_bytes_per_layer(2, 3, 4, 4, sp).total
+        assert pt.tensor_parallel_bytes(3, 2, 3, 4, 4, sp).total == 3 * layer + embedding.total + head.total
+
+
+def test_recursive_doubling_tied_and_sequence_parallel_grads_by_hand():
+    # log2(n) whole arrays: at n = 2 what the ring sends, at n = 4 twice the array (ring: 1.5 times)
+    assert pt.recursive_doubling_bytes(100, 2) == pt.all_reduce_bytes(100, 2) == 100
+    assert pt.recursive_doubling_bytes(100, 4) == 200 and pt.all_reduce_bytes(100, 4) == 150
+    assert pt.recursive_doubling_bytes(100, 1) == 0
+    with pytest.raises(ValueError, match="power of two"):
+        pt.recursive_doubling_bytes(100, 6)
+    # the tied table's 33 x 8 float32 shard summed over 2 ranks: the shard once, in backward
+    assert pt.tied_embedding_bytes(33, 8) == (0, 33 * 8 * 4)
+    # 100 LayerNorm values summed over tp = 4 (a ring all-reduce of 400 bytes), in backward
+    assert pt.sequence_parallel_grad_bytes(100, 4) == (0, 600)
+
+
 def test_vocab_parallel_loss_traffic_by_hand():
     # b = 2, s = 5, float32: 40 bytes per all-reduce buffer; tp = 2 sends 40 of them; 3 all-reduces.
     assert pt.vocab_parallel_loss_bytes(2, 5, 2) == (120, 0)

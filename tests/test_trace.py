@@ -177,3 +177,40 @@ def test_a_span_while_tracing_is_off_is_one_shared_no_op_and_builds_no_name():
         pass
     trace.disable()
     assert names == ["built"] and [(e["name"], e["cat"]) for e in trace.events()] == [("lazy", "cat")]
+
+
+def test_span_args_are_kept_read_at_the_end_and_exported():
+    trace.enable()
+    details = {"bytes": 0}
+    with trace.span("send", "message", details):
+        details["bytes"] = 4096  # known only when the block ends, as a collective's bytes are
+    with trace.span("plain", "x"):
+        pass
+    trace.disable()
+    sent, plain = trace.events()
+    assert sent["args"] == {"bytes": 4096} and "args" not in plain
+    sent["args"]["bytes"] = 1  # events() hands out copies
+    assert trace.events()[0]["args"] == {"bytes": 4096}
+    exported = [e for e in trace.to_chrome_trace([trace.events()])["traceEvents"] if e["ph"] == "X"]
+    assert exported[0]["args"] == {"bytes": 4096} and "args" not in exported[1]
+
+
+def test_collectives_record_their_bytes_only_when_messages_are_traced():
+    import numpy as np  # noqa: PLC0415
+
+    import minidist.distributed as dist  # noqa: PLC0415
+
+    world = dist.init()  # one process: a group of one sends nothing, but the call is still recorded
+    a = np.ones(10, np.float32)
+    trace.enable()
+    dist.all_reduce(a)
+    trace.disable()
+    assert [e for e in trace.events() if e["cat"] == trace.COLLECTIVE] == []
+    trace.enable(messages=True)
+    dist.all_reduce(a)
+    dist.all_gather(a[:3])
+    trace.disable()
+    assert not trace.messages_enabled()
+    spans = [(e["name"], e["args"]) for e in trace.events() if e["cat"] == trace.COLLECTIVE]
+    common = {"group": "world", "ranks": world.size, "dtype": "float32", "bytes": 0, "algorithm": None}
+    assert spans == [("all_reduce", {**common, "payload": 40}), ("all_gather", {**common, "payload": 12})]

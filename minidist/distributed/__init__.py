@@ -9,9 +9,9 @@ two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps)
 (binomial-tree reduce to one rank) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
 ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
 reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
-reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions;
-``agreement.py`` makes every rank raise the same error when any rank sees a problem (used by every
-layer above).
+reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions; ``traffic.py``
+counts the bytes each rank sends, per group and call, for the trace; ``agreement.py`` makes every rank
+raise the same error when any rank sees a problem (used by every layer above).
 
 When things go wrong: ``tags.py`` (every message of a collective names its call) -> ``liveness.py``
 (on by default: a watchdog thread names a rank that left, a message of another call, a collective
@@ -22,8 +22,8 @@ ranks compare each collective call, call site (``call_site.py``) included, befor
 after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last) ->
 ``report.py`` (``exit_with_error``: a script's fatal error printed once, naming the ranks that raised it).
 
-This package uses only ``minidist.backend`` from the rest of minidist: it knows nothing of autograd or
-modules. Importing it initialises MPI.
+This package uses only ``minidist.backend`` and ``minidist.trace`` from the rest of minidist: it knows
+nothing of autograd or modules. Importing it initialises MPI.
 """
 
 from minidist.distributed.agreement import agree, all_gather_json, raise_if_any

@@ -85,8 +85,11 @@ def _check_algorithm(collective: str, algorithm: str) -> None:
 
 
 def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
-    """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank)."""
-    return choose(collective, nbytes, group.size) if algorithm == "auto" else algorithm
+    """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank).
+    Noted on the group's channel, for the trace (``debug.collective_call``)."""
+    chosen = choose(collective, nbytes, group.size) if algorithm == "auto" else algorithm
+    group.collective_channel.algorithm = chosen
+    return chosen
 
 
 @collective_call("all_reduce")

@@ -35,6 +35,7 @@ from minidist import backend
 from minidist.distributed import liveness
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
+from minidist.distributed.traffic import message_span
 from minidist.distributed.validate import check_array, check_rank, check_tag
 from minidist.distributed.watchdog import CallTracker, install_excepthook
 
@@ -43,9 +44,12 @@ class Communicator:
     """A group of ranks that can exchange arrays: a thin wrapper over an mpi4py communicator.
 
     Attributes: ``rank`` (this process's rank in the group), ``size`` (number of ranks), ``mpi`` (the raw
-    ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below) and ``calls`` (a
+    ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below), ``calls`` (a
     :class:`~minidist.distributed.watchdog.CallTracker` that numbers the group's collectives, shared with the
-    channel).
+    channel), ``name`` (a label for traces and messages: ``"world"``, or what ``split`` was given, e.g.
+    ``ProcessMesh``'s ``"tp"``; ``""`` if none) and ``bytes_sent`` (bytes this rank has sent over this
+    communicator's own message space by minidist's point-to-point calls; a collective's messages count on
+    its ``collective_channel``, MPI's built-in collectives (``algorithm="mpi"``) not at all).
 
     Creating a Communicator is *collective*: every rank of ``mpi_comm`` must create it at the same point,
     because it duplicates the communicator (``MPI_Comm_dup``).
@@ -57,10 +61,15 @@ class Communicator:
     ``collective_channel``, a communicator with the same ranks but its own message space.
     """
 
-    def __init__(self, mpi_comm: MPI.Comm, *, _is_channel: bool = False) -> None:
+    def __init__(self, mpi_comm: MPI.Comm, *, name: str = "", _is_channel: bool = False) -> None:
         self.mpi = mpi_comm
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
+        self.name = name
+        # Counted per message (one integer addition): what a trace reports as the bytes a call sent
+        # (traffic.py), the quantity the cost formulas count (minidist.perfmodel_transformer).
+        self.bytes_sent = 0
+        self.algorithm: str | None = None  # on a channel: the algorithm its last collective ran (trace)
         self._scratch = np.empty(0, dtype=np.uint8)  # see scratch()
         self._scratch_request: tuple = (0, None)  # (count, dtype) of the last scratch() call ...
         self._scratch_view = self._scratch  # ... and the view it returned
@@ -72,11 +81,12 @@ class Communicator:
             self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)
             liveness.watch(self)
         else:
-            self.collective_channel = Communicator(mpi_comm.Dup(), _is_channel=True)
+            self.collective_channel = Communicator(mpi_comm.Dup(), name=name, _is_channel=True)
             self.calls = self.collective_channel.calls
 
     def __repr__(self) -> str:
-        return f"Communicator(rank={self.rank}, size={self.size})"
+        named = f", name={self.name!r}" if self.name else ""
+        return f"Communicator(rank={self.rank}, size={self.size}{named})"
 
     def __del__(self) -> None:
         # A channel collected before exit: its peers must learn that this rank left the group
@@ -84,19 +94,20 @@ class Communicator:
         if getattr(self, "collective_channel", None) is self:
             liveness.announce_drop(self)
 
-    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+    def split(self, color: int | None, key: int | None = None, name: str = "") -> Communicator | None:
         """Split into sub-groups: ranks passing the same ``color`` form one new Communicator.
 
         Collective over this communicator. ``key`` orders the ranks inside the new group (default: this
         rank, so the relative order is kept). ``color=None`` means "join no group" and returns None.
-        Raises ``ValueError`` for a negative color (MPI reserves those).
+        ``name`` labels the new group in traces (``"tp"``). Raises ``ValueError`` for a negative color
+        (MPI reserves those).
         """
         if color is not None and color < 0:
             raise ValueError(f"color must be >= 0 or None (no group), got {color}")
         new = self.mpi.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         if new == MPI.COMM_NULL:
             return None
-        return Communicator(new)
+        return Communicator(new, name=name)
 
     def barrier(self) -> None:
         """Block until every rank of the group has called ``barrier`` (``dist.barrier`` adds debug checks)."""
@@ -116,7 +127,7 @@ class Communicator:
         self._check_peer(dst, "dst")
         check_array(a)
         check_tag(tag)
-        with host_view(a, copy_in=True) as host:
+        with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
             self.host_send(host, dst, tag)
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
@@ -153,7 +164,8 @@ class Communicator:
         check_tag(sendtag)
         check_tag(recvtag)
         with host_view(send_a, copy_in=True) as out, host_view(recv_a, copy_in=False, copy_out=True) as into:
-            self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+            with message_span(self, "sendrecv", out, dst):
+                self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
         return recv_a
 
     # --- the fast path the hand-written collectives use ------------------------------------------------
@@ -166,6 +178,7 @@ class Communicator:
     def host_send(self, host: np.ndarray, dst: int, tag: int = 0) -> None:
         """:meth:`send` without argument checks: ``host`` must be a C-contiguous NumPy array."""
         buffer, tag = [host, mpi_datatype(host.dtype)], tag + self.tag_base
+        self.bytes_sent += host.nbytes
         if not self.calls.timed():
             self.mpi.Send(buffer, dest=dst, tag=tag)
         else:
@@ -201,6 +214,7 @@ class Communicator:
         status = MPI.Status()
         send_buffer, recv_buffer = [out, mpi_datatype(out.dtype)], [into, mpi_datatype(into.dtype)]
         sendtag, recvtag = sendtag + self.tag_base, recvtag + self.tag_base
+        self.bytes_sent += out.nbytes
         self.peer = src  # for the liveness watchdog's message, should this wait never end
         try:
             if not self.calls.timed():
@@ -301,7 +315,7 @@ def init() -> Communicator:
         _local_rank = node.Get_rank()
         node.Free()
         backend.use_local_rank(_local_rank)
-        _world = Communicator(world)
+        _world = Communicator(world, name="world")
         if world.Get_size() > 1:
             install_excepthook(world)
             liveness.start()

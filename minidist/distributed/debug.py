@@ -67,12 +67,14 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
+from minidist import trace
 from minidist.distributed import comm, liveness
 from minidist.distributed.arrivals import ranks as describe_ranks
 from minidist.distributed.call_site import call_site
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
 from minidist.distributed.tags import identity
+from minidist.distributed.traffic import collective_span
 from minidist.distributed.watchdog import CallInfo, abort_job, timeout_seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -134,18 +136,26 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
             link = group.collective_channel
             previous = liveness.enter(link, ident)
             try:
-                if not checks_enabled():
+                if trace.messages_enabled():  # a span with the bytes sent (trace.enable(messages=True))
+                    with collective_span(name, group, array):
+                        return run(group, args, kwargs)
+                if not checks_enabled():  # the common case, without run's extra call
                     return fn(*args, **kwargs)
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                given = bound.arguments
-                array = None if first == "group" else given.get(first)
-                described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
-                site = call_site() if debug_enabled() else None
-                with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
-                    return fn(*args, **kwargs)
+                return run(group, args, kwargs)
             finally:
                 liveness.leave(link, previous)
+
+        def run(group: Communicator, args: tuple, kwargs: dict[str, Any]) -> Any:
+            if not checks_enabled():
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            array = None if first == "group" else given.get(first)
+            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
+            site = call_site() if debug_enabled() else None
+            with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
+                return fn(*args, **kwargs)
 
         return checked  # type: ignore[return-value]
 

@@ -34,6 +34,7 @@ from mpi4py import MPI
 from minidist.distributed.comm import Communicator, _from, _to
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import mpi_datatype
+from minidist.distributed.traffic import message_span
 from minidist.distributed.validate import check_array, check_rank, check_tag
 
 
@@ -74,7 +75,9 @@ def isend(group: Communicator, a: np.ndarray, dst: int, tag: int = 0) -> P2PRequ
     matching :func:`irecv` must then be started before waiting). Raises ``TypeError``/``ValueError`` for a
     non-NumPy or non-contiguous ``a``, a bad ``dst`` or ``tag``."""
     _check(group, a, dst, tag, "dst", writable=False)
-    request = group.mpi.Isend([a, mpi_datatype(a.dtype)], dest=dst, tag=tag)
+    group.bytes_sent += a.nbytes
+    with message_span(group, "isend", a, dst):  # a span only under trace.enable(messages=True)
+        request = group.mpi.Isend([a, mpi_datatype(a.dtype)], dest=dst, tag=tag)
     return P2PRequest(request, a, dst, tag, is_recv=False)
 
 

@@ -160,7 +160,11 @@ class DistributedDataParallel(Module):
 
         # A private channel for gradient traffic (collective: every rank duplicates together), and the
         # thread that uses it. A group of one rank has nothing to communicate.
-        self._comm = dist.Communicator(self.group.mpi.Dup()) if self.group.size > 1 and params else None
+        self._comm = (  # named as its group, for traces
+            dist.Communicator(self.group.mpi.Dup(), name=getattr(self.group, "name", ""))
+            if self.group.size > 1 and params
+            else None
+        )
         if overlap and self._comm is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warnings.warn(
                 "DistributedDataParallel: MPI was initialised without MPI_THREAD_MULTIPLE, so gradients "

@@ -107,8 +107,9 @@ class ProcessMesh:
     rank i in it = ``tp_rank`` i), ``pp_group`` (the ``pp`` stages of one model replica, rank i =
     stage i), ``cp_group`` (the ``cp`` ranks splitting one sequence, rank i = ``cp_rank`` i: ring
     attention's ring) and ``dp_cp_group`` (the ``dp * cp`` ranks holding the same weights, rank
-    ``dp_rank * cp + cp_rank`` in it: average gradients over this one when cp > 1). ``str(mesh)``
-    draws the grid.
+    ``dp_rank * cp + cp_rank`` in it: average gradients over this one when cp > 1), each carrying
+    its axis as ``name`` (``"tp"``, ``"dp"``, ``"pp"``, ``"cp"``, ``"dp_cp"``: how traces label their
+    bytes). ``str(mesh)`` draws the grid.
 
     Raises (on every rank: the sizes are compared across ranks before anything can fail):
         TypeError: a size is not an int (NumPy integers are accepted; bools are not).
@@ -151,14 +152,14 @@ class ProcessMesh:
         # group by the axis's own coordinate, so rank i of tp_group is tp_rank i (and so on). The splits
         # run in the same order on every rank (each is collective over the world).
         d, t, p, c = self.coords4
-        self.tp_group = world.split(color=(p * dp + d) * cp + c, key=t)
-        self.dp_group = world.split(color=(p * cp + c) * tp + t, key=d)
-        self.pp_group = world.split(color=(d * cp + c) * tp + t, key=p)
-        self.cp_group = world.split(color=(p * dp + d) * tp + t, key=c)
+        self.tp_group = world.split(color=(p * dp + d) * cp + c, key=t, name="tp")
+        self.dp_group = world.split(color=(p * cp + c) * tp + t, key=d, name="dp")
+        self.pp_group = world.split(color=(d * cp + c) * tp + t, key=p, name="pp")
+        self.cp_group = world.split(color=(p * dp + d) * tp + t, key=c, name="cp")
         # Its own communicator even when cp = 1 (the same ranks as dp_group): DDP's communication
         # thread may work on one while the training loop uses the other, and a communicator serves one
         # thread at a time.
-        self.dp_cp_group = world.split(color=p * tp + t, key=d * cp + c)
+        self.dp_cp_group = world.split(color=p * tp + t, key=d * cp + c, name="dp_cp")
 
     def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         """The world rank at the given coordinates. Raises ``ValueError`` for a coordinate out of range."""

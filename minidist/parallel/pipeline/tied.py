@@ -111,7 +111,7 @@ def make_groups(tied: list[TiedParameter], pp_group: Communicator) -> None:
         if t.ranks not in groups:
             mine = pp_group.rank in t.ranks
             key = t.ranks.index(pp_group.rank) if mine else None  # the original's holder is rank 0
-            groups[t.ranks] = pp_group.split(0 if mine else None, key=key)
+            groups[t.ranks] = pp_group.split(0 if mine else None, key=key, name="tied")
         t.group = groups[t.ranks]
     error = None
     for t in tied:
