@@ -190,6 +190,23 @@ def test_the_loss_has_the_logits_dtype_and_is_replicated():
     assert z.grad.dtype == np.float32
 
 
+@pytest.mark.parametrize("offset", [1e3, 1e5])
+def test_large_float32_logits_keep_the_loss_precise(offset):
+    """Logits far from 0 in float32 (an untrained head's bias, or scores before a max subtraction):
+    the loss must stay as precise as F.cross_entropy's, i.e. within float32 rounding of the loss
+    itself, not of the logits. Computing ``(log S + m) - z_t`` rounds log S to the ulp of m (0.008
+    at 1e5); ``log S + (m - z_t)`` subtracts the two close logits exactly first."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((8, 7)) * 3
+    t = rng.integers(0, 7, 8)
+    z[np.arange(8), t] += 5  # mostly right predictions: small losses, where the rounding shows
+    z32 = (z + offset).astype(np.float32)
+    z64 = z32.astype(np.float64)  # the same logits, the reference computed in float64
+    exact = np.log(np.exp(z64 - z64.max(1, keepdims=True)).sum(1)) + z64.max(1) - z64[np.arange(8), t]
+    loss = vocab_parallel_cross_entropy(md.tensor(z32), t, reduction="none")
+    np.testing.assert_allclose(loss.numpy(), exact, rtol=1e-5, atol=1e-6)
+
+
 def one_rank_of_two(monkeypatch) -> Communicator:
     """Rank 0 of a group of 2 whose collectives return this rank's own input (sum / max of one term):
     enough to run every line of the layers, foreign ids included, in one process."""
