@@ -148,6 +148,11 @@ VOCAB_ERRORS = {
     "loss_reduction": ("ValueError", r"reduction must be 'mean', 'sum' or 'none', got 'avg'"),
     "loss_empty_mean": ("ValueError", r"the mean over an empty batch is undefined"),
     "loss_fewer_targets_on_rank_1": ("ValueError", r"passed different numbers of targets \(3 to 6\)"),
+    "loss_float_targets_on_rank_1": ("TypeError", r"^rank 1 of the tensor-parallel group: .* dtype float64"),
+    "loss_target_shape_on_rank_0": ("ValueError", r"^rank 0 of the tensor-parallel group: .* shape \(6,\)"),
+    "loss_bad_reduction_on_rank_1": ("ValueError", r"^rank 1 of the tensor-parallel group: .* got 'avg'"),
+    "loss_reductions_differ": ("ValueError", r"passed different values: reduction \(mean on rank 0; sum on "
+                               r"rank 1\)"),
     "loss_no_vocabulary_on_rank_1": ("ValueError", r"the logits of rank 1 of the tensor-parallel group have "
                                      r"no vocabulary entry"),
 }  # fmt: skip
@@ -217,7 +222,7 @@ def one_rank_of_two(monkeypatch) -> Communicator:
     monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
     def all_reduce(a, op="sum", group=None, algorithm="auto"):
-        if a.dtype == np.int64 and a.size == group.size + 4:  # the loss's facts: rank 1 holds ids 6-10
+        if a.dtype == np.int64 and a.size == group.size + 7:  # the loss's facts: rank 1 holds ids 6-10
             a[1] = 5
         return a
 

@@ -51,6 +51,11 @@ cases = {
     "loss_empty_mean": lambda: loss(ids[:0], z=logits[:0]),
     "loss_empty_sum": lambda: loss(ids[:0], z=logits[:0], reduction="sum"),
     "loss_fewer_targets_on_rank_1": lambda: loss(ids[: 2 - rank], z=logits[: 2 - rank]),
+    # one rank's own arguments wrong: the other rank must raise the same error, not wait in the all-reduce
+    "loss_float_targets_on_rank_1": lambda: loss(ids.astype(np.float64) if rank else ids),
+    "loss_target_shape_on_rank_0": lambda: loss(ids if rank else ids.reshape(-1)),
+    "loss_bad_reduction_on_rank_1": lambda: loss(ids, reduction="avg" if rank else "mean"),
+    "loss_reductions_differ": lambda: loss(ids, reduction="sum" if rank else "mean"),
     "loss_no_vocabulary_on_rank_1": lambda: loss(
         ids, z=logits if rank == 0 else md.tensor(np.ones((2, 3, 0)))
     ),
