@@ -134,6 +134,7 @@ VOCAB_ERRORS = {
     "embedding_id_too_large_on_rank_1": ("IndexError", r"index out of range in self: .* \[0, 7\) .* 0 to 9"),
     "embedding_negative_id_on_rank_0": ("IndexError", r"index out of range in self: .* from -1 to 6"),
     "embedding_float_ids": ("RuntimeError", r"expected integer token ids .* got float32"),
+    "embedding_float_ids_on_rank_1": ("RuntimeError", r"^rank 1 of the tensor-parallel group: .* float32"),
     "embedding_vocab_smaller_than_tp": ("ValueError", r"num_embeddings=1 is smaller than the tensor-parallel "
                                         r"group size 2, so a rank would own no row"),
     "embedding_vocab_differs": ("ValueError", r"passed different values: num_embeddings \(7 on rank 0; 8 on"),

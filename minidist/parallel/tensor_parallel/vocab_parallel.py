@@ -29,6 +29,7 @@ import minidist.distributed as dist
 from minidist import random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.backend import array_module
+from minidist.distributed.agreement import agree as agree_errors
 from minidist.distributed.comm import Communicator
 from minidist.nn.module import Module, Parameter
 from minidist.ops.embedding import Embedding
@@ -95,8 +96,8 @@ class VocabParallelEmbedding(Module):
     Raises (at construction, on every rank of the group): ``TypeError`` for sizes that are not ints or
     a ``group`` that is not a Communicator, ``ValueError`` for a size < 1, ``num_embeddings`` smaller
     than the group (a rank would own no row), ``padding_idx`` outside [-V, V), or ranks that passed
-    different arguments. In ``forward``: ``RuntimeError`` for ids that are not integers (as
-    ``F.embedding``), ``IndexError`` on every rank if any rank's ids leave [0, V).
+    different arguments. In ``forward``, on every rank if any rank's ids are wrong: ``RuntimeError``
+    for ids that are not integers (as ``F.embedding``), ``IndexError`` for ids outside [0, V).
     """
 
     def __init__(
@@ -178,17 +179,22 @@ class VocabParallelEmbedding(Module):
     def forward(self, input: Any) -> Tensor:
         xp = array_module(self.weight.data)
         ids = xp.asarray(input.data if isinstance(input, Tensor) else input)  # on the table's device
-        if ids.dtype.kind not in "iu":  # checked here alone: every rank of the group has the same ids
-            raise RuntimeError(
+        error = None
+        if ids.dtype.kind not in "iu":
+            error = RuntimeError(
                 "VocabParallelEmbedding: expected integer token ids (Long or Int, as F.embedding), got "
                 f"{ids.dtype}; pass e.g. ids.astype(np.int64)"
             )
-        low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, -1)
-        if self.group.size > 1:  # the group's range: one all-reduce (max) of [high, -low]
-            high, neg_low = dist.all_reduce(
-                np.array([high, -low], dtype=np.int64), op="max", group=self.group
+        low, high = (int(ids.min()), int(ids.max())) if ids.size and error is None else (0, -1)
+        if self.group.size > 1:  # the group's range and error flag: one all-reduce (max) of 3 int64
+            high, neg_low, failed = dist.all_reduce(
+                np.array([high, -low, error is not None], dtype=np.int64), op="max", group=self.group
             )
             low, high = -int(neg_low), int(high)
+            if failed:  # a rank got ids that are not integers: every rank raises its error
+                agree_errors(None, error, self.group, label="tensor-parallel group")
+        elif error is not None:
+            raise error
         if low < 0 or high >= self.num_embeddings:
             raise IndexError(
                 f"index out of range in self: VocabParallelEmbedding ids must lie in [0, "

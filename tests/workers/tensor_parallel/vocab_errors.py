@@ -38,6 +38,7 @@ cases = {
     "embedding_id_too_large_on_rank_1": lambda: embedding(ids + 3 * rank),
     "embedding_negative_id_on_rank_0": lambda: embedding(ids - 1 + rank),
     "embedding_float_ids": lambda: embedding(ids.astype(np.float32)),
+    "embedding_float_ids_on_rank_1": lambda: embedding(ids.astype(np.float32) if rank else ids),
     "embedding_vocab_smaller_than_tp": lambda: VocabParallelEmbedding(1, 5, world),
     "embedding_vocab_differs": lambda: VocabParallelEmbedding(7 + rank, 5, world),
     "embedding_padding_idx_out_of_range": lambda: VocabParallelEmbedding(V, 5, world, padding_idx=7),
