@@ -166,7 +166,7 @@ def run_configs(tmp_path, world_size, configs):
                 assert "tied parameter 'wte.weight'" in info["error"] and "same seed" in info["error"]
             continue
         tie = cfg.get("tie", True)
-        ref = common.single_process(cfg["seed"], cfg.get("n_layer", 2), tie)
+        ref = common.single_process(cfg["seed"], cfg.get("n_layer", 2), tie, cfg.get("freeze_wte", False))
         ref_params, ref_losses, ref_norms, ref_logits = ref
         merged, copies = {}, {}
         for r, info in enumerate(infos):
@@ -178,7 +178,7 @@ def run_configs(tmp_path, world_size, configs):
             np.testing.assert_allclose(info["losses"], ref_losses, **TOL, err_msg=f"{cfg}: losses, rank {r}")
             # clip_grad_norm_ over the pp group counts the tied copy once: the GPT's norm, > MAX_NORM
             np.testing.assert_allclose(info["norms"], ref_norms, **TOL, err_msg=f"{cfg}: norms, rank {r}")
-            assert min(ref_norms) > common.MAX_NORM
+            assert min(ref_norms) > common.MAX_NORM or cfg.get("freeze_wte")  # (frozen: a smaller norm)
             predicted = np.load(tmp_path / f"{k}_rank{r}_predict.npy")
             np.testing.assert_allclose(predicted, ref_logits, **TOL, err_msg=f"{cfg}: predict, rank {r}")
             last = info["stage"] == cfg["pp"] - 1
@@ -201,6 +201,7 @@ def test_gpt_on_two_stages_equals_one_process(tmp_path):
         dict(pp=2, dp=1, m=2, schedule="1f1b", seed=3, tie=False),
         dict(pp=2, dp=1, m=1, schedule="1f1b", seed=4, cuts=[1]),  # the embedding alone on stage 0
         dict(pp=2, dp=1, m=2, schedule="1f1b", seed=5, bad_seed=True),
+        dict(pp=2, dp=1, m=2, schedule="1f1b", seed=6, freeze_wte=True),  # a frozen tied table stays put
     ]
     assert len(run_configs(tmp_path, 2, cfgs)) == len(cfgs)
 

@@ -42,11 +42,15 @@ def make_optimizer(params) -> optim.AdamW:
     return optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def single_process(seed: int, n_layer: int = 2, tie: bool = True) -> tuple[dict, list, list, np.ndarray]:
+def single_process(
+    seed: int, n_layer: int = 2, tie: bool = True, freeze_wte: bool = False
+) -> tuple[dict, list, list, np.ndarray]:
     """The reference: the GPT on one process, the whole batch, ``STEPS`` AdamW steps after clipping the
     gradient norm to ``MAX_NORM``. Returns its parameters, its losses, its gradient norms and its logits
-    on all windows after training (``predict``'s answer)."""
+    on all windows after training (``predict``'s answer). ``freeze_wte``: the token table does not train
+    (``requires_grad = False``: no gradient, so AdamW's weight decay leaves it alone too)."""
     gpt = build(seed, n_layer, tie)
+    gpt.wte.weight.requires_grad = not freeze_wte
     opt = make_optimizer(gpt.parameters())
     ids, targets = data(seed)
     losses, norms = [], []

@@ -131,10 +131,14 @@ def make_groups(tied: list[TiedParameter], pp_group: Communicator) -> None:
 
 def sum_tied_gradients(tied: list[TiedParameter]) -> None:
     """Sum each tied parameter's gradient over its holders, in place (a missing gradient counts as 0):
-    afterwards every copy has the gradient the one shared weight has on one process."""
+    afterwards every copy has the gradient the one shared weight has on one process. A frozen weight
+    (``requires_grad`` False) is left without a gradient, as on one process: a zero gradient would
+    still let AdamW's weight decay change it."""
     for t in tied:
         if t.group is None:
             continue
         if t.param.grad is None:
             t.param.grad = backend.array_module(t.param.data).zeros_like(t.param.data)
-        dist.all_reduce(t.param.grad, op="sum", group=t.group)
+        dist.all_reduce(t.param.grad, op="sum", group=t.group)  # every holder takes part, frozen or not
+        if not t.param.requires_grad:
+            t.param.grad = None
