@@ -135,6 +135,7 @@ VOCAB_ERRORS = {
     "embedding_negative_id_on_rank_0": ("IndexError", r"index out of range in self: .* from -1 to 6"),
     "embedding_float_ids": ("RuntimeError", r"expected integer token ids .* got float32"),
     "embedding_float_ids_on_rank_1": ("RuntimeError", r"^rank 1 of the tensor-parallel group: .* float32"),
+    "embedding_ids_differ": ("ValueError", r"passed different ids \(their sums range from 17 to 18\)"),
     "embedding_vocab_smaller_than_tp": ("ValueError", r"num_embeddings=1 is smaller than the tensor-parallel "
                                         r"group size 2, so a rank would own no row"),
     "embedding_vocab_differs": ("ValueError", r"passed different values: num_embeddings \(7 on rank 0; 8 on"),
@@ -154,6 +155,7 @@ VOCAB_ERRORS = {
     "loss_bad_reduction_on_rank_1": ("ValueError", r"^rank 1 of the tensor-parallel group: .* got 'avg'"),
     "loss_reductions_differ": ("ValueError", r"passed different values: reduction \(mean on rank 0; sum on "
                                r"rank 1\)"),
+    "loss_targets_differ": ("ValueError", r"passed different targets \(their sums range from 17 to 18\)"),
     "loss_no_vocabulary_on_rank_1": ("ValueError", r"the logits of rank 1 of the tensor-parallel group have "
                                      r"no vocabulary entry"),
 }  # fmt: skip
@@ -223,7 +225,7 @@ def one_rank_of_two(monkeypatch) -> Communicator:
     monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
     def all_reduce(a, op="sum", group=None, algorithm="auto"):
-        if a.dtype == np.int64 and a.size == group.size + 7:  # the loss's facts: rank 1 holds ids 6-10
+        if a.dtype == np.int64 and a.size == group.size + 9:  # the loss's facts: rank 1 holds ids 6-10
             a[1] = 5
         return a
 

@@ -100,16 +100,16 @@ def vocab_parallel_cross_entropy(
     "sum", the (...) per-token losses for "none". Equal (up to the order of float sums) to
     ``F.cross_entropy`` of the gathered (N, V) logits; its gradient is this rank's slice of that one's.
 
-    Collective over ``group`` (default: the world): one all-reduce of p + 7 int64 (the ranks' slice
-    sizes, the target count and range, an error flag, the reduction), then three of N numbers
+    Collective over ``group`` (default: the world): one all-reduce of p + 9 int64 (the ranks' slice
+    sizes, the target count, range and sum, an error flag, the reduction), then three of N numbers
     (:class:`VocabParallelCrossEntropy`).
 
     Raises, on every rank of the group at once (a mistake on one rank alone included; then the message
     starts with "rank R of the tensor-parallel group"): ``ValueError`` for an unknown ``reduction``,
     ranks that passed different reductions, scalar logits, targets whose shape is not the logits'
-    leading shape, an empty batch with "mean", a rank with no vocabulary slice (V_r = 0) or ranks that
-    disagree on N; ``TypeError`` for targets that are not integers (as ``F.cross_entropy``);
-    ``IndexError`` if any target leaves [0, V) (torch's class).
+    leading shape, an empty batch with "mean", a rank with no vocabulary slice (V_r = 0), ranks that
+    disagree on N or pass targets of different sums; ``TypeError`` for targets that are not integers
+    (as ``F.cross_entropy``); ``IndexError`` if any target leaves [0, V) (torch's class).
     """
     group = group_or_world(group)
     xp = array_module(logits.data)
@@ -151,20 +151,23 @@ def _vocab_start(
 ) -> int:
     """This rank's first vocabulary id (the sum of the lower ranks' slice widths), after checking, on
     every rank alike, that no rank has an ``error`` of its own arguments, the ranks agree on the
-    reduction, every rank has a slice, the same number of targets, and targets in [0, V)."""
-    # One max all-reduce of p + 7 int64: slot r holds rank r's width (the others 0, so the max fills
+    reduction, every rank has a slice, the same number of targets, targets in [0, V) and of the same
+    sum (a cheap test that the targets are the same: it catches a rank given another batch)."""
+    # One max all-reduce of p + 9 int64: slot r holds rank r's width (the others 0, so the max fills
     # every slot); then n and -n (equal maxima iff every rank has n targets), the targets' range, an
-    # error flag and the reduction's index and its negative (equal maxima iff every rank passed it).
+    # error flag, the reduction's index and its negative (equal maxima iff every rank passed it), and
+    # the targets' sum and its negative (likewise).
     # A rank whose own arguments are wrong still takes part, so the others do not wait for it.
     p, n = group.size, 0 if error is not None else targets.size
     low, high = (int(targets.min()), int(targets.max())) if n else (0, -1)
     red = REDUCTIONS.index(reduction) if reduction in REDUCTIONS else -1
-    facts = np.zeros(p + 7, dtype=np.int64)
+    total = int(targets.sum()) if n else 0
+    facts = np.zeros(p + 9, dtype=np.int64)
     facts[group.rank] = width
-    facts[p:] = (n, -n, high, -low, error is not None, red, -red)
+    facts[p:] = (n, -n, high, -low, error is not None, red, -red, total, -total)
     if p > 1:
         dist.all_reduce(facts, op="max", group=group)
-    widths, (most, neg_fewest, high, neg_low, failed, red, neg_red) = facts[:p], facts[p:]
+    widths, (most, neg_fewest, high, neg_low, failed, red, neg_red, total, neg_total) = facts[:p], facts[p:]
     if failed or red != -neg_red:  # the slow path: every rank raises the same error (agreement.py)
         agree({"reduction": reduction}, error, group, what="vocab_parallel_cross_entropy",
               label="tensor-parallel group", fix="pass the same reduction on every rank")  # fmt: skip
@@ -186,5 +189,11 @@ def _vocab_start(
         raise IndexError(
             f"Target {bad} is out of bounds: vocab_parallel_cross_entropy targets must lie in [0, {vocab}) "
             f"(the vocabulary of the {group.size} ranks), got values from {-neg_low} to {high}"
+        )
+    if total != -neg_total:
+        raise ValueError(
+            "vocab_parallel_cross_entropy: the ranks of the tensor-parallel group passed different targets "
+            f"(their sums range from {-neg_total} to {total}); every rank of the group needs the same "
+            "targets (and the logits of the same tokens): take the batch by dp/cp rank, not by tp rank"
         )
     return int(widths[: group.rank].sum())

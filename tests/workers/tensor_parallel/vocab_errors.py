@@ -39,6 +39,7 @@ cases = {
     "embedding_negative_id_on_rank_0": lambda: embedding(ids - 1 + rank),
     "embedding_float_ids": lambda: embedding(ids.astype(np.float32)),
     "embedding_float_ids_on_rank_1": lambda: embedding(ids.astype(np.float32) if rank else ids),
+    "embedding_ids_differ": lambda: embedding((ids + rank) % V),  # another batch on rank 1, in range
     "embedding_vocab_smaller_than_tp": lambda: VocabParallelEmbedding(1, 5, world),
     "embedding_vocab_differs": lambda: VocabParallelEmbedding(7 + rank, 5, world),
     "embedding_padding_idx_out_of_range": lambda: VocabParallelEmbedding(V, 5, world, padding_idx=7),
@@ -57,6 +58,7 @@ cases = {
     "loss_target_shape_on_rank_0": lambda: loss(ids if rank else ids.reshape(-1)),
     "loss_bad_reduction_on_rank_1": lambda: loss(ids, reduction="avg" if rank else "mean"),
     "loss_reductions_differ": lambda: loss(ids, reduction="sum" if rank else "mean"),
+    "loss_targets_differ": lambda: loss((ids + rank) % V),  # another batch on rank 1, in range
     "loss_no_vocabulary_on_rank_1": lambda: loss(
         ids, z=logits if rank == 0 else md.tensor(np.ones((2, 3, 0)))
     ),
