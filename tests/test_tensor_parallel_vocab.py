@@ -134,6 +134,8 @@ VOCAB_ERRORS = {
     "embedding_id_too_large_on_rank_1": ("IndexError", r"index out of range in self: .* \[0, 7\) .* 0 to 9"),
     "embedding_negative_id_on_rank_0": ("IndexError", r"index out of range in self: .* from -1 to 6"),
     "embedding_float_ids": ("RuntimeError", r"expected integer token ids .* got float32"),
+    "embedding_float_ids_on_rank_1": ("RuntimeError", r"^rank 1 of the tensor-parallel group: .* float32"),
+    "embedding_ids_differ": ("ValueError", r"passed different ids \(their sums range from 17 to 18\)"),
     "embedding_vocab_smaller_than_tp": ("ValueError", r"num_embeddings=1 is smaller than the tensor-parallel "
                                         r"group size 2, so a rank would own no row"),
     "embedding_vocab_differs": ("ValueError", r"passed different values: num_embeddings \(7 on rank 0; 8 on"),
@@ -148,6 +150,12 @@ VOCAB_ERRORS = {
     "loss_reduction": ("ValueError", r"reduction must be 'mean', 'sum' or 'none', got 'avg'"),
     "loss_empty_mean": ("ValueError", r"the mean over an empty batch is undefined"),
     "loss_fewer_targets_on_rank_1": ("ValueError", r"passed different numbers of targets \(3 to 6\)"),
+    "loss_float_targets_on_rank_1": ("TypeError", r"^rank 1 of the tensor-parallel group: .* dtype float64"),
+    "loss_target_shape_on_rank_0": ("ValueError", r"^rank 0 of the tensor-parallel group: .* shape \(6,\)"),
+    "loss_bad_reduction_on_rank_1": ("ValueError", r"^rank 1 of the tensor-parallel group: .* got 'avg'"),
+    "loss_reductions_differ": ("ValueError", r"passed different values: reduction \(mean on rank 0; sum on "
+                               r"rank 1\)"),
+    "loss_targets_differ": ("ValueError", r"passed different targets \(their sums range from 17 to 18\)"),
     "loss_no_vocabulary_on_rank_1": ("ValueError", r"the logits of rank 1 of the tensor-parallel group have "
                                      r"no vocabulary entry"),
 }  # fmt: skip
@@ -190,6 +198,23 @@ def test_the_loss_has_the_logits_dtype_and_is_replicated():
     assert z.grad.dtype == np.float32
 
 
+@pytest.mark.parametrize("offset", [1e3, 1e5])
+def test_large_float32_logits_keep_the_loss_precise(offset):
+    """Logits far from 0 in float32 (an untrained head's bias, or scores before a max subtraction):
+    the loss must stay as precise as F.cross_entropy's, i.e. within float32 rounding of the loss
+    itself, not of the logits. Computing ``(log S + m) - z_t`` rounds log S to the ulp of m (0.008
+    at 1e5); ``log S + (m - z_t)`` subtracts the two close logits exactly first."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((8, 7)) * 3
+    t = rng.integers(0, 7, 8)
+    z[np.arange(8), t] += 5  # mostly right predictions: small losses, where the rounding shows
+    z32 = (z + offset).astype(np.float32)
+    z64 = z32.astype(np.float64)  # the same logits, the reference computed in float64
+    exact = np.log(np.exp(z64 - z64.max(1, keepdims=True)).sum(1)) + z64.max(1) - z64[np.arange(8), t]
+    loss = vocab_parallel_cross_entropy(md.tensor(z32), t, reduction="none")
+    np.testing.assert_allclose(loss.numpy(), exact, rtol=1e-5, atol=1e-6)
+
+
 def one_rank_of_two(monkeypatch) -> Communicator:
     """Rank 0 of a group of 2 whose collectives return this rank's own input (sum / max of one term):
     enough to run every line of the layers, foreign ids included, in one process."""
@@ -200,7 +225,7 @@ def one_rank_of_two(monkeypatch) -> Communicator:
     monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
     def all_reduce(a, op="sum", group=None, algorithm="auto"):
-        if a.dtype == np.int64 and a.size == group.size + 4:  # the loss's facts: rank 1 holds ids 6-10
+        if a.dtype == np.int64 and a.size == group.size + 9:  # the loss's facts: rank 1 holds ids 6-10
             a[1] = 5
         return a
 

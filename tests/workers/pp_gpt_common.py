@@ -42,20 +42,30 @@ def make_optimizer(params) -> optim.AdamW:
     return optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def single_process(seed: int, n_layer: int = 2, tie: bool = True) -> tuple[dict, list, list, np.ndarray]:
+def single_process(
+    seed: int, n_layer: int = 2, tie: bool = True, freeze: tuple[str, ...] = (), accumulate: int = 1
+) -> tuple[dict, list, list, np.ndarray]:
     """The reference: the GPT on one process, the whole batch, ``STEPS`` AdamW steps after clipping the
     gradient norm to ``MAX_NORM``. Returns its parameters, its losses, its gradient norms and its logits
-    on all windows after training (``predict``'s answer)."""
+    on all windows after training (``predict``'s answer). ``freeze``: names of parameters that do not
+    train (``requires_grad = False``: no gradient, so AdamW's weight decay leaves them alone too).
+    ``accumulate``: each step's batch in that many consecutive parts, one backward each, their gradients
+    accumulated (PyTorch's semantics; the loss recorded is the parts' mean)."""
     gpt = build(seed, n_layer, tie)
+    for name, p in gpt.named_parameters():
+        p.requires_grad = name not in freeze
     opt = make_optimizer(gpt.parameters())
     ids, targets = data(seed)
     losses, norms = [], []
     for step in range(STEPS):
         xb, yb = global_batch(ids, targets, step)
         opt.zero_grad()
-        loss = loss_fn(gpt(xb), yb)
-        loss.backward()
+        parts = []
+        for rows in np.array_split(np.arange(len(xb)), accumulate):
+            loss = loss_fn(gpt(xb[rows]), yb[rows])
+            loss.backward()
+            parts.append(loss.item())
         norms.append(clip_grad_norm_(gpt.parameters(), MAX_NORM))
         opt.step()
-        losses.append(loss.item())
+        losses.append(float(np.mean(parts)))
     return gpt.state_dict(), losses, norms, gpt(ids).numpy()

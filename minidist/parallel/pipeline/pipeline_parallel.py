@@ -63,7 +63,14 @@ from minidist.parallel.pipeline.groups import as_count, gather_step, resolve_gro
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
-from minidist.parallel.pipeline.tied import find_tied, make_groups, sum_tied_gradients, untie
+from minidist.parallel.pipeline.tied import (
+    find_tied,
+    make_groups,
+    put_back_tied_gradients,
+    set_aside_tied_gradients,
+    sum_tied_gradients,
+    untie,
+)
 
 _MISSING, _NOT_CALLABLE = 1, 2  # bit flags in train_step's agreement (_check_batch)
 
@@ -233,6 +240,7 @@ class PipelineParallel:
             xs = [Tensor(data[i * size : (i + 1) * size]) for i in range(m)]
         if s == p - 1:
             ys = [targets[i * size : (i + 1) * size] for i in range(m)]
+        earlier = set_aside_tied_gradients(self.tied)  # summed by an earlier step: not to be summed again
         # The mean loss is known on the last stage only; with it goes whether any stage failed (a loss_fn
         # on the last stage, an activation whose shape changed between microbatches on any stage).
         loss = self._executor.run(xs, ys, loss_fn)
@@ -246,16 +254,18 @@ class PipelineParallel:
                 error = e
         if self.dp_group is None or self.dp_group.size == 1:
             if error is not None:
+                put_back_tied_gradients(self.tied, earlier)
                 raise error
-            sum_tied_gradients(self.tied)
+            sum_tied_gradients(self.tied, earlier)
             return float(result[0])
         weight = batch / global_batch  # this replica's share of the global batch
         result[0] *= weight  # sum over the dp group: the mean over the global batch; and any failure
         dist.all_reduce(result, op="sum", group=self.dp_group)
         if result[1]:
+            put_back_tied_gradients(self.tied, earlier)
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
         self._combine_gradients_over_dp(weight)
-        sum_tied_gradients(self.tied)  # the embedding's and the tied head's gradients, summed
+        sum_tied_gradients(self.tied, earlier)  # the embedding's and the tied head's gradients, summed
         return float(result[0])
 
     def predict(self, inputs: Any) -> Any:
@@ -335,6 +345,8 @@ class PipelineParallel:
         """One all-reduce(sum) per dtype of ``weight`` x this stage's flat gradients, after the backward."""
         by_dtype: dict[Any, list[Parameter]] = {}
         for p in self.parameters():
+            if not p.requires_grad:  # frozen: no gradient, as on one process (a zero one would be decayed)
+                continue
             if p.grad is None:  # every replica must send the same buffer: missing gradients count as 0
                 p.grad = backend.xp().zeros_like(p.data)
             by_dtype.setdefault(p.grad.dtype, []).append(p)

@@ -129,12 +129,43 @@ def make_groups(tied: list[TiedParameter], pp_group: Communicator) -> None:
     dist.raise_if_any(error, pp_group, label="pipeline group")
 
 
-def sum_tied_gradients(tied: list[TiedParameter]) -> None:
-    """Sum each tied parameter's gradient over its holders, in place (a missing gradient counts as 0):
-    afterwards every copy has the gradient the one shared weight has on one process."""
+def set_aside_tied_gradients(tied: list[TiedParameter]) -> list[Any]:
+    """Take the gradients the tied parameters hold before a step's backward out of them (this rank's
+    holders are left with None) and return them, for :func:`sum_tied_gradients` to add back after the
+    sum. Gradients accumulated over several steps without ``zero_grad`` were summed already: summing
+    them again would count the earlier steps' share once per holder (twice with two stages)."""
+    earlier = []
     for t in tied:
+        earlier.append(None if t.group is None else t.param.grad)
+        if t.group is not None:
+            t.param.grad = None
+    return earlier
+
+
+def put_back_tied_gradients(tied: list[TiedParameter], earlier: Sequence[Any]) -> None:
+    """After a failed step: add the gradients set aside before it back, unsummed (no collective)."""
+    for t, before in zip(tied, earlier):
+        if before is not None:
+            if t.param.grad is not None:
+                before += t.param.grad
+            t.param.grad = before
+
+
+def sum_tied_gradients(tied: list[TiedParameter], earlier: Sequence[Any] | None = None) -> None:
+    """Sum each tied parameter's gradient over its holders, in place (a missing gradient counts as 0),
+    then add back its ``earlier`` gradient (:func:`set_aside_tied_gradients`, summed by an earlier
+    step): afterwards every copy has the gradient the one shared weight has on one process. A frozen
+    weight (``requires_grad`` False) is left without a gradient, as on one process: a zero gradient
+    would still let AdamW's weight decay change it."""
+    for i, t in enumerate(tied):
         if t.group is None:
             continue
         if t.param.grad is None:
             t.param.grad = backend.array_module(t.param.data).zeros_like(t.param.data)
-        dist.all_reduce(t.param.grad, op="sum", group=t.group)
+        dist.all_reduce(t.param.grad, op="sum", group=t.group)  # every holder takes part, frozen or not
+        before = earlier[i] if earlier is not None else None
+        if before is not None:
+            before += t.param.grad  # in place: the array the user's .grad referred to before the step
+            t.param.grad = before
+        if not t.param.requires_grad:
+            t.param.grad = None

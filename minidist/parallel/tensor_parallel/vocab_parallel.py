@@ -29,6 +29,7 @@ import minidist.distributed as dist
 from minidist import random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.backend import array_module
+from minidist.distributed.agreement import agree as agree_errors
 from minidist.distributed.comm import Communicator
 from minidist.nn.module import Module, Parameter
 from minidist.ops.embedding import Embedding
@@ -95,8 +96,9 @@ class VocabParallelEmbedding(Module):
     Raises (at construction, on every rank of the group): ``TypeError`` for sizes that are not ints or
     a ``group`` that is not a Communicator, ``ValueError`` for a size < 1, ``num_embeddings`` smaller
     than the group (a rank would own no row), ``padding_idx`` outside [-V, V), or ranks that passed
-    different arguments. In ``forward``: ``RuntimeError`` for ids that are not integers (as
-    ``F.embedding``), ``IndexError`` on every rank if any rank's ids leave [0, V).
+    different arguments. In ``forward``, on every rank if any rank's ids are wrong: ``RuntimeError``
+    for ids that are not integers (as ``F.embedding``), ``IndexError`` for ids outside [0, V),
+    ``ValueError`` for ranks whose ids differ (detected by their sums: one more int64 in the range check).
     """
 
     def __init__(
@@ -178,22 +180,35 @@ class VocabParallelEmbedding(Module):
     def forward(self, input: Any) -> Tensor:
         xp = array_module(self.weight.data)
         ids = xp.asarray(input.data if isinstance(input, Tensor) else input)  # on the table's device
-        if ids.dtype.kind not in "iu":  # checked here alone: every rank of the group has the same ids
-            raise RuntimeError(
+        error = None
+        if ids.dtype.kind not in "iu":
+            error = RuntimeError(
                 "VocabParallelEmbedding: expected integer token ids (Long or Int, as F.embedding), got "
                 f"{ids.dtype}; pass e.g. ids.astype(np.int64)"
             )
-        low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, -1)
-        if self.group.size > 1:  # the group's range: one all-reduce (max) of [high, -low]
-            high, neg_low = dist.all_reduce(
-                np.array([high, -low], dtype=np.int64), op="max", group=self.group
-            )
+        low, high = (int(ids.min()), int(ids.max())) if ids.size and error is None else (0, -1)
+        total = int(ids.sum()) if ids.size and error is None else 0
+        if self.group.size > 1:  # the group's range, error flag and ids' sum: one all-reduce (max)
+            facts = np.array([high, -low, error is not None, total, -total], dtype=np.int64)
+            high, neg_low, failed, total, neg_total = dist.all_reduce(facts, op="max", group=self.group)
             low, high = -int(neg_low), int(high)
+            if failed:  # a rank got ids that are not integers: every rank raises its error
+                agree_errors(None, error, self.group, label="tensor-parallel group")
+        elif error is not None:
+            raise error
+        else:
+            neg_total = -total
         if low < 0 or high >= self.num_embeddings:
             raise IndexError(
                 f"index out of range in self: VocabParallelEmbedding ids must lie in [0, "
                 f"{self.num_embeddings}) (num_embeddings), got values from {low} to {high} on the "
                 f"ranks of the tensor-parallel group"
+            )
+        if total != -neg_total:  # a cheap test that every rank has the same ids (another batch fails it)
+            raise ValueError(
+                f"VocabParallelEmbedding: the ranks of the tensor-parallel group passed different ids (their "
+                f"sums range from {-int(neg_total)} to {int(total)}); every rank of the group needs the same "
+                "ids: take the batch by dp/cp rank, not by tp rank"
             )
         owned = (ids >= self.vocab_start) & (ids < self.vocab_end)
         local = xp.where(owned, ids - self.vocab_start, 0)  # foreign ids: row 0, zeroed by the op

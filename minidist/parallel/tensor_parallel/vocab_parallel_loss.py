@@ -22,6 +22,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist.autograd import Function, Tensor
 from minidist.backend import array_module
+from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 
@@ -68,7 +69,7 @@ class VocabParallelCrossEntropy(Function):
         y = xp.zeros_like(m)
         y[rows] = z[rows, local[rows]]
         dist.all_reduce(y, op="sum", group=group)  # (N,): z_n[t_n], from the rank that owns it
-        loss = xp.log(s) + m - y
+        loss = xp.log(s) + (m - y)  # m - y first: exact for close values, so large logits keep log S
         # END SOLUTION
         # kept for backward: e^(z - m) and S (softmax = their ratio, formed in backward's one pass)
         self.exps, self.sums, self.rows, self.cols = p, s, rows, local[rows]
@@ -99,53 +100,77 @@ def vocab_parallel_cross_entropy(
     "sum", the (...) per-token losses for "none". Equal (up to the order of float sums) to
     ``F.cross_entropy`` of the gathered (N, V) logits; its gradient is this rank's slice of that one's.
 
-    Collective over ``group`` (default: the world): one all-reduce of p + 4 int64 (the ranks' slice
-    sizes, the target count and range), then three of N numbers (:class:`VocabParallelCrossEntropy`).
+    Collective over ``group`` (default: the world): one all-reduce of p + 9 int64 (the ranks' slice
+    sizes, the target count, range and sum, an error flag, the reduction), then three of N numbers
+    (:class:`VocabParallelCrossEntropy`).
 
-    Raises ``ValueError`` for an unknown ``reduction``, scalar logits, targets whose shape is not the
-    logits' leading shape, or an empty batch with "mean"; ``TypeError`` for targets that are not
-    integers (as ``F.cross_entropy``); these depend only on this rank's arguments, the same on every
-    rank. On every rank of the group at once: ``IndexError`` if any target leaves [0, V) (torch's
-    class), ``ValueError`` if a rank has no vocabulary slice (V_r = 0) or the ranks disagree on N.
+    Raises, on every rank of the group at once (a mistake on one rank alone included; then the message
+    starts with "rank R of the tensor-parallel group"): ``ValueError`` for an unknown ``reduction``,
+    ranks that passed different reductions, scalar logits, targets whose shape is not the logits'
+    leading shape, an empty batch with "mean", a rank with no vocabulary slice (V_r = 0), ranks that
+    disagree on N or pass targets of different sums; ``TypeError`` for targets that are not integers
+    (as ``F.cross_entropy``); ``IndexError`` if any target leaves [0, V) (torch's class).
     """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(
-            f"vocab_parallel_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
-        )
     group = group_or_world(group)
     xp = array_module(logits.data)
     t = xp.asarray(targets.data if isinstance(targets, Tensor) else targets)
-    if logits.ndim < 1:
-        raise ValueError("vocab_parallel_cross_entropy expects logits of shape (..., V_r), got a scalar")
-    if t.dtype.kind not in "iu":
-        raise TypeError(
-            f"vocab_parallel_cross_entropy expects integer class indices as targets, got dtype {t.dtype}"
-        )
-    if t.shape != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"vocab_parallel_cross_entropy: targets have shape {tuple(t.shape)}, expected the logits' "
-            f"leading shape {tuple(logits.shape[:-1])}"
-        )
-    if t.size == 0 and reduction == "mean":
-        raise ValueError("vocab_parallel_cross_entropy: the mean over an empty batch is undefined")
-    start = _vocab_start(group, logits.shape[-1], t)
+    error = _local_error(logits, t, reduction)  # raised in _vocab_start, on every rank of the group
+    width = logits.shape[-1] if logits.ndim else 0  # (a scalar is an error already)
+    start = _vocab_start(group, width, t, reduction, error)
     loss = VocabParallelCrossEntropy.apply(logits, targets=t, group=group, start=start, reduction=reduction)
     return tag_shard(loss, None)  # computed from a shard, but the same on every rank
 
 
-def _vocab_start(group: Communicator, width: int, targets: Any) -> int:
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _local_error(logits: Tensor, t: Any, reduction: str) -> Exception | None:
+    """What is wrong with this rank's own arguments, or None (raised on every rank by _vocab_start)."""
+    if reduction not in REDUCTIONS:
+        return ValueError(
+            f"vocab_parallel_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
+        )
+    if logits.ndim < 1:
+        return ValueError("vocab_parallel_cross_entropy expects logits of shape (..., V_r), got a scalar")
+    if t.dtype.kind not in "iu":
+        return TypeError(
+            f"vocab_parallel_cross_entropy expects integer class indices as targets, got dtype {t.dtype}"
+        )
+    if t.shape != tuple(logits.shape[:-1]):
+        return ValueError(
+            f"vocab_parallel_cross_entropy: targets have shape {tuple(t.shape)}, expected the logits' "
+            f"leading shape {tuple(logits.shape[:-1])}"
+        )
+    if t.size == 0 and reduction == "mean":
+        return ValueError("vocab_parallel_cross_entropy: the mean over an empty batch is undefined")
+    return None
+
+
+def _vocab_start(
+    group: Communicator, width: int, targets: Any, reduction: str, error: Exception | None
+) -> int:
     """This rank's first vocabulary id (the sum of the lower ranks' slice widths), after checking, on
-    every rank alike, that every rank has a slice, the same number of targets, and targets in [0, V)."""
-    # One max all-reduce of p + 4 int64: slot r holds rank r's width (the others 0, so the max fills
-    # every slot); then n and -n (equal maxima iff every rank has n targets) and the targets' range.
-    p, n = group.size, targets.size
+    every rank alike, that no rank has an ``error`` of its own arguments, the ranks agree on the
+    reduction, every rank has a slice, the same number of targets, targets in [0, V) and of the same
+    sum (a cheap test that the targets are the same: it catches a rank given another batch)."""
+    # One max all-reduce of p + 9 int64: slot r holds rank r's width (the others 0, so the max fills
+    # every slot); then n and -n (equal maxima iff every rank has n targets), the targets' range, an
+    # error flag, the reduction's index and its negative (equal maxima iff every rank passed it), and
+    # the targets' sum and its negative (likewise).
+    # A rank whose own arguments are wrong still takes part, so the others do not wait for it.
+    p, n = group.size, 0 if error is not None else targets.size
     low, high = (int(targets.min()), int(targets.max())) if n else (0, -1)
-    facts = np.zeros(p + 4, dtype=np.int64)
+    red = REDUCTIONS.index(reduction) if reduction in REDUCTIONS else -1
+    total = int(targets.sum()) if n else 0
+    facts = np.zeros(p + 9, dtype=np.int64)
     facts[group.rank] = width
-    facts[p:] = (n, -n, high, -low)
+    facts[p:] = (n, -n, high, -low, error is not None, red, -red, total, -total)
     if p > 1:
         dist.all_reduce(facts, op="max", group=group)
-    widths, (most, neg_fewest, high, neg_low) = facts[:p], facts[p:]
+    widths, (most, neg_fewest, high, neg_low, failed, red, neg_red, total, neg_total) = facts[:p], facts[p:]
+    if failed or red != -neg_red:  # the slow path: every rank raises the same error (agreement.py)
+        agree({"reduction": reduction}, error, group, what="vocab_parallel_cross_entropy",
+              label="tensor-parallel group", fix="pass the same reduction on every rank")  # fmt: skip
     if (widths < 1).any():
         empty = [str(r) for r in np.nonzero(widths < 1)[0]]
         raise ValueError(
@@ -164,5 +189,11 @@ def _vocab_start(group: Communicator, width: int, targets: Any) -> int:
         raise IndexError(
             f"Target {bad} is out of bounds: vocab_parallel_cross_entropy targets must lie in [0, {vocab}) "
             f"(the vocabulary of the {group.size} ranks), got values from {-neg_low} to {high}"
+        )
+    if total != -neg_total:
+        raise ValueError(
+            "vocab_parallel_cross_entropy: the ranks of the tensor-parallel group passed different targets "
+            f"(their sums range from {-neg_total} to {total}); every rank of the group needs the same "
+            "targets (and the logits of the same tokens): take the batch by dp/cp rank, not by tp rank"
         )
     return int(widths[: group.rank].sum())

@@ -38,6 +38,8 @@ cases = {
     "embedding_id_too_large_on_rank_1": lambda: embedding(ids + 3 * rank),
     "embedding_negative_id_on_rank_0": lambda: embedding(ids - 1 + rank),
     "embedding_float_ids": lambda: embedding(ids.astype(np.float32)),
+    "embedding_float_ids_on_rank_1": lambda: embedding(ids.astype(np.float32) if rank else ids),
+    "embedding_ids_differ": lambda: embedding((ids + rank) % V),  # another batch on rank 1, in range
     "embedding_vocab_smaller_than_tp": lambda: VocabParallelEmbedding(1, 5, world),
     "embedding_vocab_differs": lambda: VocabParallelEmbedding(7 + rank, 5, world),
     "embedding_padding_idx_out_of_range": lambda: VocabParallelEmbedding(V, 5, world, padding_idx=7),
@@ -51,6 +53,12 @@ cases = {
     "loss_empty_mean": lambda: loss(ids[:0], z=logits[:0]),
     "loss_empty_sum": lambda: loss(ids[:0], z=logits[:0], reduction="sum"),
     "loss_fewer_targets_on_rank_1": lambda: loss(ids[: 2 - rank], z=logits[: 2 - rank]),
+    # one rank's own arguments wrong: the other rank must raise the same error, not wait in the all-reduce
+    "loss_float_targets_on_rank_1": lambda: loss(ids.astype(np.float64) if rank else ids),
+    "loss_target_shape_on_rank_0": lambda: loss(ids if rank else ids.reshape(-1)),
+    "loss_bad_reduction_on_rank_1": lambda: loss(ids, reduction="avg" if rank else "mean"),
+    "loss_reductions_differ": lambda: loss(ids, reduction="sum" if rank else "mean"),
+    "loss_targets_differ": lambda: loss((ids + rank) % V),  # another batch on rank 1, in range
     "loss_no_vocabulary_on_rank_1": lambda: loss(
         ids, z=logits if rank == 0 else md.tensor(np.ones((2, 3, 0)))
     ),
