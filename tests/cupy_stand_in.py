@@ -59,6 +59,12 @@ class DeviceArray:
     def get(self) -> np.ndarray:
         return self._a.copy()
 
+    def set(self, host: np.ndarray) -> None:
+        """Copy a host array of the same shape in, as ``cupy.ndarray.set`` (staging's in-place results)."""
+        if not isinstance(host, np.ndarray) or host.shape != self._a.shape:
+            raise ValueError("set: a host array of the device array's shape is required")
+        self._a[...] = host
+
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise TypeError(
             "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy "

@@ -2,5 +2,6 @@
 
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.models.mlp import MLP
+from minidist.models.parallel_gpt import ParallelGPT
 
-__all__ = ["MLP", "GPT", "GPTConfig"]
+__all__ = ["MLP", "GPT", "GPTConfig", "ParallelGPT"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -189,7 +190,8 @@ def scaled_dot_product_attention(
             )
         bias = _mask_to_bias(attn_mask, query, key, (length, keys))
     scale = 1.0 / math.sqrt(features) if scale is None else float(scale)
-    with mask_stream(query):
+    # Only a dropout draws: without one, a tensor-parallel shard needs no seeded per-rank stream.
+    with mask_stream(query) if dropout_p > 0 else nullcontext():
         return ScaledDotProductAttention.apply(
             query,
             key,

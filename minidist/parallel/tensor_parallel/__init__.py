@@ -2,10 +2,14 @@
 
 Reading order: ``mappings.py`` (the f and g operators and their gather/scatter variants: all the
 communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``) -> ``mlp.py``
-(``ParallelMLP``: column then row, one all-reduce each way) -> ``random.py`` (the RNG tracker:
-dropout masks per rank on sharded activations, shared on replicated ones). ``checks.py`` compares
-every layer's arguments across its group at construction, so a mismatch raises on every rank. The
-process grid these groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
+(``ParallelMLP``: column then row, one all-reduce each way) -> ``vocab_parallel.py`` (the embedding
+split over the vocabulary) and ``vocab_parallel_loss.py`` (the cross-entropy of vocabulary-sharded
+logits, never gathered) -> ``random.py`` (the RNG tracker: dropout masks per rank on sharded
+activations, shared on replicated ones) -> ``sequence_parallel.py`` (the LayerNorm regions split along
+the sequence: all-gather / reduce-scatter instead of all-reduce) -> ``transformer.py`` (the GPT block:
+heads split, MLP column then row, optionally sequence parallel). ``checks.py`` compares every layer's
+arguments across its group at construction, so a mismatch raises on every rank. The process grid these
+groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
 ``minidist/parallel/clip_grad.py``.
 """
 
@@ -22,6 +26,19 @@ from minidist.parallel.tensor_parallel.random import (
     get_rng_tracker,
     model_parallel_manual_seed,
 )
+from minidist.parallel.tensor_parallel.sequence_parallel import (
+    allreduce_sequence_parallel_grads,
+    gather_from_sequence_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
+from minidist.parallel.tensor_parallel.transformer import (
+    ParallelBlock,
+    ParallelCausalSelfAttention,
+    ParallelFeedForward,
+)
+from minidist.parallel.tensor_parallel.vocab_parallel import VocabParallelEmbedding
+from minidist.parallel.tensor_parallel.vocab_parallel_loss import vocab_parallel_cross_entropy
 
 __all__ = [
     "ColumnParallelLinear",
@@ -35,4 +52,13 @@ __all__ = [
     "RNGStatesTracker",
     "get_rng_tracker",
     "model_parallel_manual_seed",
+    "scatter_to_sequence_parallel_region",
+    "gather_from_sequence_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region",
+    "allreduce_sequence_parallel_grads",
+    "ParallelCausalSelfAttention",
+    "ParallelFeedForward",
+    "ParallelBlock",
+    "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy",
 ]

@@ -27,6 +27,10 @@ one keeps ``tp_dim = None`` (see ``nn.Parameter``). A sharded parameter is also 
 (``Tensor.sharded_over``), and so is everything computed from it until the g operator or a gather
 makes it replicated again: a plain ``nn.Dropout`` on a column layer's output then draws a different
 mask on every rank, from the RNG tracker (``random.py``).
+
+``from_linear`` builds either layer from a full ``nn.Linear`` instead (the transformer of
+``transformer.py`` cuts a whole single-process block this way), with a ``stride`` for [q; k; v] and
+the ``sequence_parallel`` variant of ``sequence_parallel.py`` (all-gather in, reduce-scatter out).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
-from minidist.nn.layers import uniform
+from minidist.nn.layers import Linear, uniform
 from minidist.nn.module import Module, Parameter
 from minidist.parallel.tensor_parallel.checks import (
     agree,
@@ -54,6 +58,11 @@ from minidist.parallel.tensor_parallel.mappings import (
     scatter_to_tensor_parallel_region,
     tag_shard,
 )
+from minidist.parallel.tensor_parallel.sequence_parallel import (
+    gather_from_sequence_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
+from minidist.parallel.tensor_parallel.split import shard_index
 
 
 def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parameter:
@@ -66,6 +75,36 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     shard.tp_dim, shard.tp_group = tp_dim, group
     return tag_shard(shard, group)  # what is computed from it is a shard too (dropout: ops/dropout.py)
     # END SOLUTION
+
+
+def cut_parameter(full: Parameter, tp_dim: int | None, group: Communicator, stride: int = 1) -> Parameter:
+    """This rank's piece of ``full`` along ``tp_dim`` by ``split.py``'s rule (uneven and strided too), a
+    new Parameter with ``tp_dim``, ``tp_group`` and ``tp_stride`` set; ``tp_dim=None``: a replicated copy."""
+    if tp_dim is None:
+        return Parameter(full.data.copy())
+    where = shard_index(full.shape, tp_dim, group.size, group.rank, stride)
+    shard = Parameter(full.data[where].copy())  # copy: contiguous, and independent of the full model
+    shard.tp_dim, shard.tp_group, shard.tp_stride = tp_dim, group, stride
+    return tag_shard(shard, group)
+
+
+def _cut_linear(kind: str, linear: Linear, group: Any, stride: int, flags: dict[str, Any]) -> Communicator:
+    """Check (and agree across ``group``) the arguments of a ``from_linear``; return the group."""
+    group, error = resolve_group(kind, group)
+    split = linear.out_features // stride if kind == "ColumnParallelLinear" else linear.in_features
+    try:
+        if error is not None:
+            raise error
+        if not isinstance(linear, Linear):
+            raise TypeError(f"{kind}.from_linear: expects an nn.Linear, got {type(linear).__name__}")
+        if stride < 1 or linear.out_features % stride:
+            raise ValueError(f"{kind}.from_linear: out_features={linear.out_features} is not {stride} blocks")
+        check_divisible(kind, "out_features / stride" if stride > 1 else "the split size", split, group)
+    except (TypeError, ValueError) as e:
+        error = e
+    shape = dict(in_features=linear.in_features, out_features=linear.out_features)
+    agree(group, kind, {**shape, "bias": linear.bias is not None, "stride": stride, **flags}, error)
+    return group
 
 
 def _check_last_axis(layer: Module, x: Tensor, expected: int, what: str) -> None:
@@ -97,6 +136,8 @@ class ColumnParallelLinear(Module):
     ``in_features`` (or a scalar).
     """
 
+    sequence_parallel = False  # input (..., T / n, in): all-gather on the sequence axis instead of f
+
     def __init__(
         self,
         in_features: int,
@@ -118,8 +159,37 @@ class ColumnParallelLinear(Module):
         self.weight = shard_parameter(uniform((out_features, in_features), bound, dtype), 0, self.group)
         self.bias = shard_parameter(uniform((out_features,), bound, dtype), 0, self.group) if bias else None
 
+    @classmethod
+    def from_linear(
+        cls,
+        linear: Linear,
+        group: Communicator | None = None,
+        stride: int = 1,
+        sequence_parallel: bool = False,
+    ) -> ColumnParallelLinear:
+        """The column-parallel layer whose shards are cut from the full ``linear`` (Megatron's CPU init).
+
+        ``stride`` s: the out axis is s equal blocks, each split over the group (``split.py``;
+        attention's [q; k; v] uses 3). ``sequence_parallel``: the input is this rank's positions
+        (B, T / n, in) and is all-gathered on the sequence axis first (Korthikanti et al. 2022, §4.2.2).
+        Output: this rank's features (..., out / n), never gathered. Collective over ``group`` (one
+        small agreement). Raises on every rank ``TypeError`` for something else than an ``nn.Linear``
+        or a bad group, ``ValueError`` if out_features / stride is not divisible by the group size.
+        """
+        group = _cut_linear("ColumnParallelLinear", linear, group, stride, {"sp": sequence_parallel})
+        layer = cls.__new__(cls)
+        Module.__init__(layer)
+        layer.group, layer.gather_output, layer.sequence_parallel = group, False, sequence_parallel
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.out_features_per_partition = linear.out_features // group.size
+        layer.weight = cut_parameter(linear.weight, 0, group, stride)
+        layer.bias = None if linear.bias is None else cut_parameter(linear.bias, 0, group, stride)
+        return layer
+
     def forward(self, x: Tensor) -> Tensor:
         _check_last_axis(self, x, self.in_features, "in_features")
+        if self.sequence_parallel:  # the paper's g: all-gather the positions; backward reduce-scatter
+            return F.linear(gather_from_sequence_parallel_region(x, self.group), self.weight, self.bias)
         # BEGIN SOLUTION A4.3: f, this rank's slice of the output features, gather if gather_output
         x = copy_to_tensor_parallel_region(x, self.group)  # f
         y = F.linear(x, self.weight, self.bias)  # (..., out / n)
@@ -155,6 +225,8 @@ class RowParallelLinear(Module):
     has the wrong length (or a scalar).
     """
 
+    sequence_parallel = False  # output (..., T / n, out): reduce-scatter on the sequence axis instead of g
+
     def __init__(
         self,
         in_features: int,
@@ -177,12 +249,40 @@ class RowParallelLinear(Module):
         self.weight = shard_parameter(uniform((out_features, in_features), bound, dtype), 1, self.group)
         self.bias = uniform((out_features,), bound, dtype) if bias else None  # replicated: tp_dim None
 
+    @classmethod
+    def from_linear(
+        cls, linear: Linear, group: Communicator | None = None, sequence_parallel: bool = False
+    ) -> RowParallelLinear:
+        """The row-parallel layer whose weight shards are cut from the full ``linear``; bias copied whole.
+
+        Input: this rank's features (..., in / n). ``sequence_parallel``: the partial products are
+        reduce-scattered on the sequence axis (B, T, out) -> (B, T / n, out) instead of all-reduced
+        (the paper's g-bar), and the bias, then added on sequence shards, is flagged
+        ``sequence_parallel`` (its gradient is summed over the group after backward). Collective over
+        ``group``. Raises on every rank ``TypeError`` for something else than an ``nn.Linear`` or a
+        bad group, ``ValueError`` if in_features is not divisible by the group size.
+        """
+        group = _cut_linear("RowParallelLinear", linear, group, 1, {"sp": sequence_parallel})
+        layer = cls.__new__(cls)
+        Module.__init__(layer)
+        layer.group, layer.input_is_parallel, layer.sequence_parallel = group, True, sequence_parallel
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.in_features_per_partition = linear.in_features // group.size
+        layer.weight = cut_parameter(linear.weight, 1, group)
+        layer.bias = None if linear.bias is None else cut_parameter(linear.bias, None, group)
+        if layer.bias is not None and sequence_parallel:
+            layer.bias.sequence_parallel, layer.bias.tp_group = True, group
+        return layer
+
     def forward(self, x: Tensor) -> Tensor:
         if self.input_is_parallel:
             _check_last_axis(self, x, self.in_features_per_partition, "in_features / group size")
         else:
             _check_last_axis(self, x, self.in_features, "in_features")
             x = scatter_to_tensor_parallel_region(x, self.group)
+        if self.sequence_parallel:  # the paper's g-bar: reduce-scatter the partials, then the bias once
+            y = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), self.group)
+            return y if self.bias is None else y + self.bias
         # BEGIN SOLUTION A4.4: partial product, g (all-reduce), then the bias once
         partial = F.linear(x, self.weight)  # (..., out): this rank's share of the sum over in
         y = reduce_from_tensor_parallel_region(partial, self.group)  # g

@@ -1,0 +1,76 @@
+"""MPI worker: the sequence-parallel mappings' gradients against finite differences across ranks.
+
+argv: out_dir config.json (``seed``, ``batch``, ``local_t`` positions per rank, ``extra`` trailing axes).
+As in tp_mappings.py the objective J is a scalar of the whole program. The three mappings feed
+per-rank computations (a tensor-parallel layer downstream, or a sequence shard), so
+J = sum over ranks of <w_r, y_r>, one all-reduce of the local terms. Inputs are replicated
+(scatter: perturbing x moves it on every rank at once) or per rank (gather, reduce-scatter:
+perturbing rank s's x moves only its copy). Central differences of J (exact up to rounding, J being
+linear in x) must equal the x.grad that backward left on each rank.
+Also sums flagged gradients with ``allreduce_sequence_parallel_grads`` (float64 and float32 ones).
+Writes rank{r}.npz: "{op}/analytic", "{op}/numeric", "{op}/y"; "sp/{i}" the gradients after the sum.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import minidist as md
+import minidist.distributed as dist
+from minidist import nn
+from minidist.parallel.tensor_parallel import sequence_parallel as sp
+
+out_dir, cfg = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+world = dist.init()
+n, EPS = world.size, 1e-6
+B, T, extra = cfg["batch"], cfg["local_t"], tuple(cfg["extra"])
+OPS = {  # name: (function, input replicated?, input positions)
+    "scatter": (sp.scatter_to_sequence_parallel_region, True, T * n),
+    "gather": (sp.gather_from_sequence_parallel_region, False, T),
+    "reduce_scatter": (sp.reduce_scatter_to_sequence_parallel_region, False, T * n),
+}
+
+
+def objective(fn, x: np.ndarray, w: np.ndarray) -> float:
+    with md.no_grad():
+        local = float((fn(md.tensor(x, dtype=np.float64), world).numpy() * w).sum())
+    return float(dist.all_reduce(np.array([local]), group=world)[0])
+
+
+results = {}
+for name, (fn, replicated_in, length) in OPS.items():
+    shape = (B, length, *extra)
+    x = np.random.default_rng(cfg["seed"] + (0 if replicated_in else 1 + world.rank)).standard_normal(shape)
+    xt = md.tensor(x, dtype=np.float64, requires_grad=True)
+    y = fn(xt, world)
+    w = np.random.default_rng(cfg["seed"] + 101 + world.rank).standard_normal(y.shape)
+    (y * md.tensor(w, dtype=np.float64)).sum().backward()
+    numeric = np.zeros(shape)
+    for owner in [None] if replicated_in else range(n):  # None: every rank perturbs together
+        for i in np.ndindex(*shape):
+            values = []
+            for step in (EPS, -EPS):
+                moved = x.copy()
+                if owner is None or owner == world.rank:
+                    moved[i] += step
+                values.append(objective(fn, moved, w))
+            if owner is None or owner == world.rank:
+                numeric[i] = (values[0] - values[1]) / (2 * EPS)
+    results[f"{name}/analytic"], results[f"{name}/numeric"] = xt.grad, numeric
+    results[f"{name}/x"], results[f"{name}/y"] = x, y.numpy()
+    results[f"{name}/sharded"] = np.array(y.sharded_over is not None)
+
+# allreduce_sequence_parallel_grads: flagged parameters summed (two dtypes), the others untouched
+rng = np.random.default_rng(cfg["seed"] + 7 + world.rank)
+shapes = [((3,), "f8"), ((2, 2), "f4"), ((4,), "f8")]
+params = [nn.Parameter(rng.standard_normal(s).astype(d)) for s, d in shapes]
+for i, p in enumerate(params):
+    p.grad = rng.standard_normal(p.shape).astype(p.dtype)
+    results[f"before/{i}"] = p.grad.copy()
+params[0].sequence_parallel = params[1].sequence_parallel = True
+results["count"] = np.array(sp.allreduce_sequence_parallel_grads(iter(params), world))
+for i, p in enumerate(params):
+    results[f"after/{i}"] = p.grad
+np.savez(out_dir / f"rank{world.rank}.npz", **results)
