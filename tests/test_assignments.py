@@ -285,8 +285,9 @@ MUTANTS = [
      "warmup = m if s < p - 1 else 0", "1F1B holds at most", None),  # GPipe's memory
     ("A5", "A5.2", "minidist/parallel/pipeline/executor.py",  # a real deadlock over MPI: cut by the timeout
      "recvtag=_tag(step.recv)", "recvtag=_tag(step.send)", "hang", 5),
-    ("A6", "A6.1", "minidist/checkpoint/layout.py", "return np.split(full, tp, axis=tp_dim)[tp_rank]",
-     "return np.split(full, tp, axis=0)[tp_rank]", "slice along THIS model's tp_dim", None),
+    ("A6", "A6.1", "minidist/checkpoint/layout.py",
+     "return full[shard_index(shape, tp_dim, tp, tp_rank, stride)]",
+     "return full[shard_index(shape, 0, tp, tp_rank, stride)]", "slice along THIS model's tp_dim", None),
     ("A6", "A6.2", "minidist/checkpoint/save.py",
      "atomic.commit_dir(tmp, final)\n                doing, path = \"replacing the 'latest' pointer\", "
      "root / atomic.LATEST\n                atomic.write_latest(root, final.name)",

@@ -23,6 +23,7 @@ from minidist.__main__ import main as cli_main
 from minidist.checkpoint import CheckpointError, atomic
 from minidist.checkpoint.layout import Layout, assign_writers, local_piece, needed_shards
 from minidist.data import DistributedSampler
+from minidist.parallel.tensor_parallel.split import shard_index
 
 
 def make(seed: int = 0, hidden: int = 8, dropout: float = 0.0, optimizer: str = "adamw"):
@@ -75,7 +76,7 @@ def test_layout_and_names_on_disk(tmp_path):
     assert final == tmp_path / "step_000000012"
     assert (tmp_path / "latest").read_text().strip() == "step_000000012"
     manifest = json.loads((final / "manifest.json").read_text())
-    assert manifest["format_version"] == 1 and manifest["mesh"]["world_size"] == 1
+    assert manifest["format_version"] == 2 and manifest["mesh"]["world_size"] == 1
     assert manifest["tensors"]["model/0.weight"]["global_shape"] == [8, 4]
     assert manifest["optimizer"]["scalars"]["0.weight"] == {"step": 1}
     assert len(manifest["ranks"]) == 1 and "state" in manifest["ranks"][0]["rng"]
@@ -267,25 +268,38 @@ def test_every_shard_written_once_by_a_holder(mesh, sizes):
         ) + max(sizes)
 
 
-@given(old_tp=S.tp_sizes, new_tp=S.tp_sizes, dims=st.sampled_from([0, 1, None]))
-def test_reshard_slices_the_global_tensor(old_tp, new_tp, dims):
-    full = np.arange(8 * 4, dtype=np.float64).reshape(8, 4)
-    old_dim = 0
-    shards = np.split(full, old_tp, axis=old_dim)
+@given(
+    old_tp=S.tp_sizes, new_tp=S.tp_sizes, old_stride=st.sampled_from([1, 3]), stride=st.sampled_from([1, 3]),
+    rows=st.sampled_from([6, 9, 12]), dims=st.sampled_from([0, 1, None]),
+)  # fmt: skip
+def test_reshard_cuts_the_global_tensor_by_the_split_rule(old_tp, new_tp, old_stride, stride, rows, dims):
+    # Uneven (9 rows over 2: 5 + 4) and strided ([q; k; v] blocks) pieces, saved on one tp and loaded
+    # on another: every rank gets split.py's piece of the full tensor, whatever the two splits.
+    full = np.arange(rows * 4, dtype=np.float64).reshape(rows, 4)
+    shards = [full[shard_index(full.shape, 0, old_tp, t, old_stride)] for t in range(old_tp)]
     entry = {
-        "tp_dim": old_dim,
-        "global_shape": [8, 4],
+        "tp_dim": 0,
+        "tp_stride": old_stride,
+        "global_shape": [rows, 4],
         "shards": [{"file": f"f{t}", "tp_rank": t, "shape": list(s.shape)} for t, s in enumerate(shards)],
     }
     new_dim = dims
+    new_stride = stride if new_dim == 0 else 1
     for tp_rank in range(new_tp):
-        records = needed_shards(entry, new_tp, tp_rank, new_dim)
+        records = needed_shards(entry, new_tp, tp_rank, new_dim, new_stride)
+        if new_dim == 0 and new_tp == old_tp and new_stride == old_stride:  # unchanged: own shard only
+            assert [r["tp_rank"] for r in records] == [tp_rank]
         arrays = [shards[r["tp_rank"]] for r in records]
-        got = local_piece("w", entry, arrays, new_tp, tp_rank, new_dim)
-        want = full if new_dim is None else np.split(full, new_tp, axis=new_dim)[tp_rank]
+        got = local_piece("w", entry, arrays, new_tp, tp_rank, new_dim, new_stride)
+        want = (
+            full if new_dim is None else full[shard_index(full.shape, new_dim, new_tp, tp_rank, new_stride)]
+        )
         np.testing.assert_array_equal(got, want)
-    with pytest.raises(CheckpointError, match="cannot be split into 3"):
-        local_piece("w", entry, shards, 3, 0, 1)
+    with pytest.raises(CheckpointError, match="cannot be cut into"):  # 4 columns are not 3 equal blocks
+        local_piece("w", entry, shards, 2, 0, 1, 3)
+    if old_tp > 1:  # a piece of the wrong size: the manifest does not describe these arrays
+        with pytest.raises(CheckpointError, match="do not assemble"):
+            local_piece("w", entry, [np.zeros((len(shards[0]) + 1, 4)), *shards[1:]], 1, 0, None)
 
 
 def test_atomic_helpers_leave_no_partial_files(tmp_path):

@@ -6,8 +6,10 @@ Reading order (``save`` and ``load`` each begin with their numbered steps, one c
 2. ``atomic.py``: durable writes, the commit protocol (rename into place, then ``latest``), pruning;
 3. ``format.py``: what a checkpoint is on disk, ``manifest.json`` and the safetensors shard files
    with their sha256; ``schema.py`` checks every manifest field before anything reads it;
-4. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards);
-5. ``optim_state.py``: optimizer state by global name, ZeRO included;
+4. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards;
+   pieces are cut and put back by ``parallel/tensor_parallel/split.py``'s rule: uneven, strided);
+5. ``optim_state.py``: optimizer state by global name, ZeRO included; ``collect.py``: what a rank
+   saves (tied copies are not saved);
 6. ``save.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) -> ``cli.py``
    (``python -m minidist checkpoint info``).
 

@@ -94,15 +94,20 @@ def summary(folder: Path, manifest: dict) -> str:
         f"checkpoint  {folder}",
         f"step        {manifest['step']}   (format v{manifest['format_version']}, "
         f"minidist {manifest.get('minidist_version', '?')})",
-        f"mesh        dp={mesh['dp']} tp={mesh['tp']} pp={mesh['pp']} (world size {mesh['world_size']})",
+        f"mesh        dp={mesh['dp']} tp={mesh['tp']} pp={mesh['pp']} cp={mesh.get('cp', 1)} "
+        f"(world size {mesh['world_size']})",
         f"files       {len(manifest['files'])} shard files, {total / 2**20:.2f} MiB",
         f"optimizer   {opt.get('class', 'none')}, step_count={opt.get('step_count', '-')}",
         f"extra       {json.dumps(manifest.get('extra'))}",
         "",
-        f"{'tensor':<44} {'global shape':<16} {'dtype':<9} {'tp_dim':<6} shards",
+        f"{'tensor':<44} {'global shape':<16} {'dtype':<9} {'tp_dim':<6} shards (their sizes along tp_dim)",
     ]
     for key, t in sorted(manifest["tensors"].items()):
         shape = "x".join(map(str, t["global_shape"])) or "()"
-        tp_dim = "-" if t["tp_dim"] is None else str(t["tp_dim"])
-        lines.append(f"{key:<44} {shape:<16} {t['dtype']:<9} {tp_dim:<6} {len(t['shards'])}")
+        tp_dim, pieces = "-", ""
+        if t["tp_dim"] is not None:
+            stride = t.get("tp_stride", 1)
+            tp_dim = str(t["tp_dim"]) + (f"/s{stride}" if stride > 1 else "")  # "0/s3": strided
+            pieces = " (" + "+".join(str(s["shape"][t["tp_dim"]]) for s in t["shards"]) + ")"
+        lines.append(f"{key:<44} {shape:<16} {t['dtype']:<9} {tp_dim:<6} {len(t['shards'])}{pieces}")
     return "\n".join(lines)

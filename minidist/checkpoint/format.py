@@ -4,20 +4,27 @@
 
     format, format_version        "minidist-checkpoint", FORMAT_VERSION
     step, extra, minidist_version, created (Unix time)
-    mesh                          {"dp", "tp", "pp", "world_size"} of the run that saved
+    mesh                          {"dp", "tp", "pp", "cp", "world_size"} of the run that saved
     files                         {file name: {"sha256": hex digest, "bytes": size}}
     tensors                       {key: {"name", "kind", "state", "global_shape", "dtype", "tp_dim",
-                                         "shards": [{"file", "tp_rank", "shape"}, ...]}}
+                                         "tp_stride", "shards": [{"file", "tp_rank", "shape"}, ...]}}
     optimizer                     {"class", "defaults", "step_count", "scalars": {name: {key: int}},
                                    "param_groups": [{hyperparameter: value}] (each group's current
                                    values, e.g. a scheduled lr; absent in older checkpoints)}
                                   (null when no optimizer was saved)
-    ranks                         per world rank: {"rank", "coords", "rng", "tp_rng", "sampler"}
+    ranks                         per world rank: {"rank", "coords" (dp, tp, pp, cp rank), "rng",
+                                  "tp_rng", "sampler"}
 
 A tensor key is ``model/<global name>`` or ``optim/<global name>/<state name>`` (``exp_avg``, ...);
-the same key names the array inside each shard file. ``tp_dim`` says along which axis the
-``tp`` shards are concatenated to give the global tensor (null: replicated, one shard). ``schema.py``
-checks every field before anything reads it.
+the same key names the array inside each shard file. ``tp_dim`` says along which axis the ``tp``
+shards are pieces of the global tensor (null: replicated, one shard), ``tp_stride`` how they were cut
+(split.py's rule: shard i is piece i of each of ``tp_stride`` equal blocks; pieces may be uneven,
+the first ones one longer). ``global_shape`` is the sum of the pieces, never a local shape times tp.
+``schema.py`` checks every field before anything reads it.
+
+Format version 2 added ``tp_stride``, ``mesh["cp"]`` and the 4th coordinate, and uneven pieces;
+``read_manifest`` reads a version-1 manifest as version 2 with stride 1 and cp 1 (what it meant).
+A version-1 reader refuses version 2, rather than concatenating strided pieces into a wrong tensor.
 
 A shard file is safetensors (https://github.com/huggingface/safetensors): an 8-byte little-endian
 header length, a JSON header ``{key: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}}``,
@@ -50,7 +57,7 @@ from minidist.checkpoint.errors import CheckpointError, NewerFormatError
 from minidist.checkpoint.schema import validate
 
 FORMAT = "minidist-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def model_key(name: str) -> str:
@@ -80,12 +87,12 @@ def build_manifest(
         for key, e in w["entries"].items():
             t = tensors.setdefault(
                 key,
-                {k: e[k] for k in ("name", "kind", "state", "global_shape", "dtype", "tp_dim")}
-                | {"shards": []},
+                {k: e[k] for k in ("name", "kind", "state", "dtype", "tp_dim", "tp_stride")} | {"shards": []},
             )
             t["shards"].append({"file": w["file"], "tp_rank": e["tp_rank"], "shape": e["shape"]})
-    for t in tensors.values():
+    for key, t in tensors.items():
         t["shards"].sort(key=lambda s: -1 if s["tp_rank"] is None else s["tp_rank"])
+        t["global_shape"] = _full_shape(key, t)
     if header is not None:
         header = dict(header, scalars={})
         for r in records:
@@ -103,6 +110,33 @@ def build_manifest(
         "optimizer": header,
         "ranks": [{k: r[k] for k in ("rank", "coords", "rng", "tp_rng", "sampler")} for r in records],
     }
+
+
+def _full_shape(key: str, t: dict[str, Any]) -> list[int]:
+    """The full shape of tensor ``t`` from its pieces: their sum along ``tp_dim`` (uneven splits).
+
+    Raises ``CheckpointError`` unless the pieces are exactly split.py's pieces of that full shape
+    (a layer that cut its weight by another rule would be resharded wrongly).
+    """
+    from minidist.checkpoint.layout import piece_shape  # noqa: PLC0415  (layout imports MPI lazily)
+
+    shapes = [s["shape"] for s in t["shards"]]
+    full = list(shapes[0])
+    if t["tp_dim"] is not None:
+        full[t["tp_dim"]] = sum(shape[t["tp_dim"]] for shape in shapes)
+        try:
+            expected = [
+                piece_shape(full, t["tp_dim"], len(shapes), i, t["tp_stride"]) for i in range(len(shapes))
+            ]
+        except ValueError as err:
+            expected = [str(err)]
+        if expected != shapes:
+            raise CheckpointError(
+                f"tensor {key!r}: the tp ranks' pieces {shapes} are not the pieces that "
+                f"minidist.parallel.tensor_parallel.split cuts from {full} along axis {t['tp_dim']} with "
+                f"tp_stride {t['tp_stride']} ({expected}); cut sharded parameters with split.py"
+            )
+    return full
 
 
 def dumps(manifest: dict[str, Any]) -> bytes:
@@ -143,6 +177,11 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             path,
         )
     validate(manifest, path)
+    # A version-1 manifest, read as version 2: it knew no strides and no context parallelism.
+    manifest["mesh"].setdefault("cp", 1)
+    for t in manifest["tensors"].values():
+        t.setdefault("tp_dim", None)  # as schema.validate read a missing one
+        t.setdefault("tp_stride", 1)
     return manifest
 
 

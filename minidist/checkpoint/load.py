@@ -38,11 +38,12 @@ from minidist.checkpoint.errors import (
 )
 from minidist.checkpoint.layout import (
     Layout,
-    global_shape,
     layout_of,
     local_piece,
     needed_shards,
+    piece_shape,
     tp_dim_of,
+    tp_stride_of,
     unwrap,
 )
 
@@ -61,7 +62,9 @@ def load(
         directory: a checkpoint folder (``.../step_000123``) or the root holding ``latest``; the
             same folder on every rank.
         model, optimizer, mesh, sampler: as for ``save``; the mesh may differ from the saved one
-            (another dp, tp, pp or world size): tensors are then resharded by global name.
+            (another dp, tp, pp, cp or world size): tensors are then resharded by global name, each
+            rank's piece cut by split.py's rule (uneven, strided). A tied copy (``is_tied_copy``)
+            and its optimizer state are filled from the tensors of its name.
 
     Returns:
         ``{"step", "extra", "path", "saved_mesh", "resharded": bool, "rng_restored": bool}``. The
@@ -70,7 +73,8 @@ def load(
     Raises:
         CheckpointError: on every rank, naming the file and the problem: missing / unreadable /
             corrupt / truncated files, a malformed manifest, a newer format version, a model whose
-            names or global shapes or dtypes differ, a different optimizer class, a sampler state
+            names or dtypes differ or whose piece on some rank is not split.py's piece of the saved
+            tensor (another full shape, tp_dim or stride), a different optimizer class, a sampler state
             that does not fit ``sampler`` (another seed or data set), or ranks that resolved
             different folders. Nothing has been changed when it is raised.
         TypeError / ValueError: on every rank, for a model that is not a Module or a mesh that does
@@ -155,23 +159,25 @@ def _restore(
 
 
 def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: Any, layout: Layout) -> dict:
-    """``{tensor key: (shard records to read, tp_dim here)}``; checks names, global shapes and dtypes."""
+    """``{tensor key: (shard records to read, tp_dim, tp_stride here)}``; checks names, shapes, dtypes.
+
+    A tied copy (``is_tied_copy``) reads the tensor of its own name, which its original saved.
+    """
     where = folder / atomic.MANIFEST
     tensors = manifest["tensors"]
     plan = {}
     for name, p in params.items():
-        key, tp_dim = fmt.model_key(name), tp_dim_of(p)
+        key = fmt.model_key(name)
         entry = tensors.get(key)
         if entry is None:
             raise CheckpointError(f"incompatible model: the checkpoint has no parameter {name!r}", where)
-        expected = global_shape(p.shape, tp_dim, layout.tp)
-        if list(entry["global_shape"]) != expected or entry["dtype"] != str(p.dtype):
+        if entry["dtype"] != str(p.dtype):
             raise CheckpointError(
-                f"incompatible model: parameter {name!r} is {entry['global_shape']} {entry['dtype']} in the "
-                f"checkpoint but {expected} {p.dtype} (global) here",
+                f"incompatible model: parameter {name!r} is {entry['dtype']} in the checkpoint but "
+                f"{p.dtype} here",
                 where,
             )
-        plan[key] = (needed_shards(entry, layout.tp, layout.tp_rank, tp_dim), tp_dim)
+        plan[key] = _piece_plan(key, entry, p, layout, where)
     if optimizer is None:
         return plan
     header = manifest.get("optimizer")
@@ -195,17 +201,34 @@ def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: An
             where,
         )
     for key, entry in tensors.items():
-        if entry["kind"] == "optim" and entry["name"] in params:
-            p = params[entry["name"]]
-            tp_dim = tp_dim_of(p)
-            if entry["global_shape"] != global_shape(p.shape, tp_dim, layout.tp):
-                raise CheckpointError(
-                    f"optimizer state {key!r} is {entry['global_shape']} in the checkpoint but its "
-                    f"parameter is {global_shape(p.shape, tp_dim, layout.tp)} (global) here",
-                    where,
-                )
-            plan[key] = (needed_shards(entry, layout.tp, layout.tp_rank, tp_dim), tp_dim)
+        if entry["kind"] == "optim" and entry["name"] in params:  # the state has its parameter's shape
+            plan[key] = _piece_plan(key, entry, params[entry["name"]], layout, where)
     return plan
+
+
+def _piece_plan(key: str, entry: dict, p: Any, layout: Layout, where: Path) -> tuple[list, int | None, int]:
+    """``(shard records, tp_dim, tp_stride)`` for parameter ``p``'s piece of ``entry``, once split.py's
+    piece of the saved full tensor for this tp rank is known to have ``p``'s shape.
+
+    Every tp rank checks its own piece (``load`` raises any rank's error on every rank), so the pieces
+    of all tp ranks fit: the model's full tensor is the checkpoint's, uneven or strided.
+    """
+    tp_dim, stride = tp_dim_of(p), tp_stride_of(p)
+    full = entry["global_shape"]
+    try:
+        if len(full) != p.ndim:
+            raise ValueError(f"{len(full)} axes, not {p.ndim}")
+        want = piece_shape(full, tp_dim, layout.tp, layout.tp_rank, stride)
+    except (ValueError, IndexError) as err:
+        want = f"none ({err})"
+    if want != list(p.shape):
+        split = "replicated" if tp_dim is None else f"axis {tp_dim}, tp_stride {stride}"
+        raise CheckpointError(
+            f"incompatible model: {key!r} is {full} (global) in the checkpoint, whose piece for tp rank "
+            f"{layout.tp_rank} of {layout.tp} ({split}) is {want}, but this rank holds {list(p.shape)}",
+            where,
+        )
+    return needed_shards(entry, layout.tp, layout.tp_rank, tp_dim, stride), tp_dim, stride
 
 
 def _sampler_state(manifest: dict, folder: Path, layout: Layout, sampler: Any) -> Any:
@@ -239,7 +262,7 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
     rank that needs it, and every file nobody reads is still verified by rank i mod world size.
     """
     files = sorted(manifest["files"])
-    mine = sorted({s["file"] for shards, _ in plan.values() for s in shards})
+    mine = sorted({s["file"] for shards, _, _ in plan.values() for s in shards})
     everyone = all_gather_json(mine, comm)
     shared = set.intersection(*(set(part) for part in everyone))  # needed by every rank
     contents: dict[str, dict[str, np.ndarray]] = {}
@@ -258,7 +281,7 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
             contents[name] = _broadcast_file(comm, manifest, name, contents.get(name), i % layout.world_size)
     out = {}
     with on_every_rank(comm):  # a piece that cannot be cut (tp does not divide it) may concern one stage
-        for key, (shards, tp_dim) in plan.items():
+        for key, (shards, tp_dim, stride) in plan.items():
             entry = manifest["tensors"][key]
             pieces = []
             for s in shards:
@@ -268,7 +291,7 @@ def _read(comm: Any, folder: Path, manifest: dict, plan: dict, layout: Layout) -
                         f"tensor {key!r} missing or misshapen in the file", folder / s["file"]
                     )
                 pieces.append(array)
-            out[key] = local_piece(key, entry, pieces, layout.tp, layout.tp_rank, tp_dim)
+            out[key] = local_piece(key, entry, pieces, layout.tp, layout.tp_rank, tp_dim, stride)
     return out
 
 

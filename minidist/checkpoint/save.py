@@ -4,9 +4,9 @@
 
 1. ``_prepare``: rank 0 checks the target, creates ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on
    its name;
-2. ``_write_shard``: each rank writes the tensors it was assigned (``layout.assign_writers``: every
-   distinct shard once, bytes balanced over the ranks that hold a copy) as one safetensors file and
-   fsyncs it;
+2. ``_write_shard``: each rank writes the tensors it was assigned (``collect.py`` says what a rank
+   saves, ``layout.assign_writers`` who writes it: every distinct shard once, bytes balanced over
+   the ranks that hold a copy) as one safetensors file and fsyncs it;
 3. ``_gather_records``: the ranks all-gather what they wrote (keys, shapes, sha256 of their file) and
    their RNG and sampler states;
 4. ``_commit``: rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces
@@ -40,6 +40,7 @@ from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import atomic, optim_state
 from minidist.checkpoint import format as fmt
+from minidist.checkpoint.collect import collect, writer_items
 from minidist.checkpoint.errors import (
     CheckpointError,
     NewerFormatError,
@@ -48,7 +49,7 @@ from minidist.checkpoint.errors import (
     on_every_rank,
     world_comm,
 )
-from minidist.checkpoint.layout import Layout, assign_writers, global_shape, layout_of, tp_dim_of, unwrap
+from minidist.checkpoint.layout import Layout, assign_writers, layout_of, unwrap
 
 
 def save(
@@ -89,6 +90,8 @@ def save(
             existing ``step_<step>`` that fails verification (a damaged checkpoint that
             ``load_latest(fallback=True)`` skipped) is renamed aside to ``DIR/.corrupt-step_<step>-<time>``
             (never deleted; a ``UserWarning`` on every rank says so) and the step is saved anew.
+            Also if the tp ranks' pieces of a sharded tensor are not split.py's pieces of their sum,
+            or a tied copy (``is_tied_copy``, never saved itself) has no original on any rank.
         TypeError / ValueError: on every rank, if any rank passes a non-int or negative ``step``, a
             ``keep_last`` that is not None or an int >= 1, an ``extra`` that is not JSON-serialisable,
             a mesh that does not match the world, or if the ranks pass different steps or ``keep_last``.
@@ -101,12 +104,13 @@ def save(
     tmp = _prepare(comm, root, final)  # 1. rank 0 makes a temporary folder; every rank learns its name
     with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
         with _any_failure(comm, "collecting this rank's model and optimizer state", tmp):
-            tensors, scalars = _collect(module, optimizer, layout)  # (collective for ZeRO)
+            tensors, scalars, tied = collect(module, optimizer)  # (collective for ZeRO)
         written = _write_shard(comm, tmp, tensors, layout)  # 2. this rank's shard file, fsynced
-        records = _gather_records(comm, layout, written, scalars, sampler)  # 3. every rank's, everywhere
+        records = _gather_records(comm, layout, written, scalars, sampler, tied)  # 3. every rank's
         with _any_failure(comm, "building the manifest", tmp / atomic.MANIFEST):
             header = optim_state.header(optimizer)
             manifest = fmt.build_manifest(records, layout.describe(), int(step), extra, header)
+            _check_tied(records, manifest)
         _commit(comm, root, tmp, final, manifest)  # 4. rank 0: manifest, rename into place, latest
     _prune(comm, root, final, keep_last)  # only once the new checkpoint is committed
     return final
@@ -221,58 +225,42 @@ def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
         raise
 
 
-def _collect(module: Any, optimizer: Any, layout: Layout) -> tuple[dict, dict]:
-    """``{key: (array, tp_dim, name, kind, state)}`` of everything this rank holds, and its counters."""
-    tensors: dict[str, tuple[Any, int | None, str, str, str | None]] = {}
-    tp_dims = {}
-    for name, p in module.named_parameters():
-        tp_dims[name] = tp_dim_of(p)
-        tensors[fmt.model_key(name)] = (p.data, tp_dims[name], name, "model", None)
-    scalars: dict[str, dict[str, int]] = {}
-    if optimizer is not None:
-        for name, state in optim_state.state_by_name(optimizer, module).items():
-            for k, v in state.items():
-                if hasattr(v, "shape"):
-                    tensors[fmt.optim_key(name, k)] = (v, tp_dims[name], name, "optim", k)
-                else:
-                    scalars.setdefault(name, {})[k] = int(v)
-    return tensors, scalars
-
-
 def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[str, Any] | None:
     """Step 2: write the tensors assigned to this rank as one safetensors file; describe what was written.
 
-    Returns None if this rank was assigned nothing (another replica writes its tensors).
+    Returns None if this rank was assigned nothing (another replica writes its tensors). The full
+    shape of a sharded tensor is not known here: ``format.build_manifest`` sums the pieces.
     """
-    writers = assign_writers([(k, int(t[0].nbytes), t[1]) for k, t in tensors.items()], layout)
+    writers = assign_writers(writer_items(comm, tensors, layout), layout)
     mine = {
         k: t
         for k, t in tensors.items()
-        if writers[(k, None if t[1] is None else layout.tp_rank)] == layout.rank
+        if writers[(k, None if t.tp_dim is None else layout.tp_rank)] == layout.rank
     }
     file = f"rank{layout.rank:05d}.safetensors"
     checksum, nbytes = None, 0
     # A rank that cannot write stops every rank: an OSError; a TypeError for a dtype safetensors cannot
     # store; safetensors' own SafetensorError for a full disk or a file-size limit (no OSError).
     with _any_failure(comm, "writing this rank's shard", tmp / file):
-        arrays = {k: np.ascontiguousarray(backend.to_numpy(t[0])) for k, t in mine.items()}
+        arrays = {k: np.ascontiguousarray(backend.to_numpy(t.array)) for k, t in mine.items()}
         if mine:
             checksum, nbytes = atomic.write_shard(tmp / file, arrays)
     if not mine:
         return None
     entries = {
         k: {
-            "name": t[2], "kind": t[3], "state": t[4], "shape": list(arrays[k].shape),
-            "dtype": str(arrays[k].dtype), "tp_dim": t[1],
-            "tp_rank": None if t[1] is None else layout.tp_rank,
-            "global_shape": global_shape(arrays[k].shape, t[1], layout.tp),
+            "name": t.name, "kind": t.kind, "state": t.state, "shape": list(arrays[k].shape),
+            "dtype": str(arrays[k].dtype), "tp_dim": t.tp_dim, "tp_stride": t.tp_stride,
+            "tp_rank": None if t.tp_dim is None else layout.tp_rank,
         }
         for k, t in mine.items()
     }  # fmt: skip
     return {"file": file, "sha256": checksum, "bytes": nbytes, "entries": entries}
 
 
-def _gather_records(comm: Any, layout: Layout, written: Any, scalars: dict, sampler: Any) -> list[dict]:
+def _gather_records(
+    comm: Any, layout: Layout, written: Any, scalars: dict, sampler: Any, tied: list[str]
+) -> list[dict]:
     """Step 3: every rank's record (what it wrote, its optimizer counters, generator and sampler states),
     in rank order, on every rank."""
     with _any_failure(comm, "recording this rank's generator and sampler states", None):
@@ -281,14 +269,26 @@ def _gather_records(comm: Any, layout: Layout, written: Any, scalars: dict, samp
         json.dumps(state)  # strict: all_gather_json would store a NumPy int silently as a string
         mine = {
             "rank": layout.rank,
-            "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank],
+            "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank, layout.cp_rank],
             "rng": generators["rng"],
             "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
             "sampler": state,
             "written": written,
             "scalars": scalars,
+            "tied": tied,  # names of tied copies here: checked, not stored
         }
     return all_gather_json(mine, comm)
+
+
+def _check_tied(records: list[dict], manifest: dict) -> None:
+    """A tied copy is loaded from its original's tensor: some stage must have saved one."""
+    for r in records:
+        for name in r["tied"]:
+            if fmt.model_key(name) not in manifest["tensors"]:
+                raise CheckpointError(
+                    f"parameter {name!r} of rank {r['rank']} is a tied copy (is_tied_copy) but no "
+                    "rank holds its original to save; mark only the second copy of a tied weight"
+                )
 
 
 def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict) -> None:

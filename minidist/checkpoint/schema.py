@@ -33,8 +33,9 @@ def validate(manifest: Any, path: Path) -> None:
     """Raise ``CheckpointError`` (naming ``path`` and the field) unless ``manifest`` is well formed.
 
     Checks the types of every field the checkpoint code reads, that shard shapes assemble to the
-    global shape along ``tp_dim``, that every shard names a listed file, and that ``ranks`` has one
-    record per rank of the saved mesh.
+    global shape along ``tp_dim`` (their sum: pieces may be uneven; which piece goes where is split.py's
+    rule, checked when ``layout.local_piece`` assembles them), that every shard names a listed file,
+    and that ``ranks`` has one record per rank of the saved mesh.
     """
 
     def bad(field: str, why: str) -> CheckpointError:
@@ -50,8 +51,10 @@ def validate(manifest: Any, path: Path) -> None:
         _is_int(mesh.get(k), 1) for k in ("dp", "tp", "pp", "world_size")
     ):
         raise bad("'mesh'", f"must hold ints >= 1 dp, tp, pp, world_size, got {mesh!r}")
-    if mesh["dp"] * mesh["tp"] * mesh["pp"] != mesh["world_size"]:
-        raise bad("'mesh'", f"has dp*tp*pp != world_size: {mesh!r}")
+    if not _is_int(mesh.get("cp", 1), 1):  # format version 1 has no cp: 1
+        raise bad("'mesh'['cp']", f"must be an int >= 1, got {mesh['cp']!r}")
+    if mesh["dp"] * mesh["tp"] * mesh["pp"] * mesh.get("cp", 1) != mesh["world_size"]:
+        raise bad("'mesh'", f"has dp*tp*pp*cp != world_size: {mesh!r}")
     files = manifest["files"]
     if not isinstance(files, dict):
         raise bad("'files'", "must be an object {file name: {sha256, bytes}}")
@@ -88,9 +91,11 @@ def _check_tensor(key: str, t: Any, files: dict, bad: Any) -> None:
         dtype_ok = False
     if not dtype_ok:
         raise bad(f"{where}['dtype']", f"must name an int/float dtype, got {t.get('dtype')!r}")
-    tp_dim, shards = t.get("tp_dim"), t.get("shards")
+    tp_dim, shards, stride = t.get("tp_dim"), t.get("shards"), t.get("tp_stride", 1)
     if tp_dim is not None and not (_is_int(tp_dim) and tp_dim < len(shape)):
         raise bad(f"{where}['tp_dim']", f"must be null or an axis of {shape}, got {tp_dim!r}")
+    if not _is_int(stride, 1) or (tp_dim is not None and shape[tp_dim] % stride):
+        raise bad(f"{where}['tp_stride']", f"must be an int >= 1 that divides the split axis, got {stride!r}")
     if not isinstance(shards, list) or not shards:
         raise bad(f"{where}['shards']", "must be a non-empty list")
     for i, s in enumerate(shards):
@@ -123,8 +128,10 @@ def _check_ranks(ranks: Any, mesh: dict, bad: Any) -> None:
         if not isinstance(r, dict) or r.get("rank") != i or not {"rng", "tp_rng", "sampler"} <= r.keys():
             raise bad(f"'ranks'[{i}]", f"must be an object with 'rank' {i}, 'rng', 'tp_rng' and 'sampler'")
         coords = r.get("coords")
-        if not isinstance(coords, list) or len(coords) != 3 or not all(_is_int(c) for c in coords):
-            raise bad(f"'ranks'[{i}]['coords']", f"must be [dp_rank, tp_rank, pp_rank], got {coords!r}")
+        if not isinstance(coords, list) or len(coords) not in (3, 4) or not all(_is_int(c) for c in coords):
+            raise bad(
+                f"'ranks'[{i}]['coords']", f"must be [dp_rank, tp_rank, pp_rank, cp_rank], got {coords!r}"
+            )  # 3 of them in format version 1
         for field in ("tp_rng", "sampler"):
             if r.get(field) is not None and not isinstance(r[field], dict):
                 raise bad(f"'ranks'[{i}][{field!r}]", "must be null or an object")

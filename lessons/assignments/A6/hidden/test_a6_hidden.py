@@ -24,10 +24,12 @@ def layouts(draw):
     tp_dim = draw(st.sampled_from([None, *range(ndim)]))
     saved_tp = draw(st.integers(1, 4)) if saved_dim is not None else 1
     tp = draw(st.integers(1, 4))
-    shape = [draw(st.integers(1, 3)) for _ in range(ndim)]
+    saved_stride = draw(st.sampled_from([1, 3])) if saved_dim is not None else 1
+    stride = draw(st.sampled_from([1, 2, 3])) if tp_dim is not None else 1
+    shape = [draw(st.integers(1, 7)) for _ in range(ndim)]  # uneven pieces too (array_split's rule)
     if saved_dim is not None:
-        shape[saved_dim] *= saved_tp  # the saved layout was valid
-    return tuple(shape), saved_dim, saved_tp, tp_dim, tp
+        shape[saved_dim] *= saved_stride  # the saved layout was valid: equal blocks
+    return tuple(shape), saved_dim, saved_tp, tp_dim, tp, saved_stride, stride
 
 
 @given(layouts(), st.integers(0, 100))

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reshard_cases import check_reshard  # noqa: E402
 
-CASES = [  # (global shape, saved tp_dim, saved tp, tp_dim here, tp here)
+CASES = [  # (global shape, saved tp_dim, saved tp, tp_dim here, tp here[, saved stride, stride here])
     ((4, 6), 0, 2, 0, 2),  # unchanged: own shard only
     ((4, 6), 1, 2, 1, 2),
     ((4, 6), 0, 2, 0, 4),  # column-parallel weight, tp 2 -> 4
@@ -19,10 +19,16 @@ CASES = [  # (global shape, saved tp_dim, saved tp, tp_dim here, tp here)
     ((6,), None, 1, None, 2),  # replicated bias
     ((4, 6), None, 1, 1, 2),  # saved by one device, now row-parallel
     ((4, 6), 0, 2, None, 1),  # saved sharded, now replicated
-    ((4, 6), 1, 2, 1, 4),  # 6 columns cannot be cut in 4: CheckpointError
+    ((4, 6), 1, 2, 1, 4),  # 6 columns in 4: uneven, 2 + 2 + 1 + 1 (numpy.array_split's rule)
+    ((7, 3), 0, 2, 0, 3),  # an uneven vocabulary: 4 + 3 rows saved, 3 + 2 + 2 loaded
+    ((12, 2), 0, 2, 0, 2, 3, 3),  # [q; k; v] (stride 3), unchanged: own shard only
+    ((12, 2), 0, 2, 0, 4, 3, 3),  # [q; k; v], tp 2 -> 4: each rank its rows of q, of k and of v
+    ((12, 2), 0, 2, None, 1, 3, 1),  # [q; k; v] saved on tp 2, loaded on one device
+    ((12, 2), 0, 2, 0, 2, 3, 1),  # strided pieces saved, contiguous pieces loaded
+    ((10, 2), None, 1, 0, 2, 1, 3),  # 10 rows are not 3 equal blocks: CheckpointError
 ]
 
 
-@pytest.mark.parametrize("shape, saved_dim, saved_tp, tp_dim, tp", CASES)
-def test_reshard(shape, saved_dim, saved_tp, tp_dim, tp):
-    check_reshard(shape, saved_dim, saved_tp, tp_dim, tp)
+@pytest.mark.parametrize("case", CASES)
+def test_reshard(case):
+    check_reshard(*case)
