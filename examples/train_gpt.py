@@ -40,12 +40,18 @@ for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import contextlib
+import functools
 import io
 import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
+
+# Tests load this file by its path; `python examples/train_gpt.py` puts the folder on the path itself.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from train_gpt_layout import MeshTraining, add_layout_arguments, check_layout, is_data_parallel
 
 import minidist as md
 import minidist.distributed as dist
@@ -103,6 +109,7 @@ parser.add_argument("--checkpoint-dir", default=None, help="save here at every e
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,6 +165,10 @@ def main() -> None:
     with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
         with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
             args = parse_arguments()
+    check_layout(args, world_size)  # fills in --dp; a layout that does not fit: ValueError on every rank
+    # tp, pp or cp > 1 (or sequence parallelism): a ProcessMesh and the parallel GPT, train_gpt_layout.py
+    mesh_run = None if is_data_parallel(args) else MeshTraining(args)
+    mesh = mesh_run.mesh if mesh_run else None  # (None: data parallelism over the world, for checkpoints)
 
     # --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB).
     text = load_text(args.data) if args.data else load_shakespeare()
@@ -176,6 +187,7 @@ def main() -> None:
     batches, val_batches = (
         RandomWindows(ids, args.block_size, args.batch_size, seed=args.seed, rank=rank,
                       world_size=world_size, accumulation_steps=args.grad_accum)
+        if mesh_run is None else mesh_run.windows(ids)  # on a mesh: one share per dp rank
         for ids in (train_ids, val_ids)
     )  # fmt: skip
 
@@ -186,18 +198,27 @@ def main() -> None:
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
     )  # fmt: skip
     gpt = GPT(config)
+    if mesh_run:  # every rank keeps its pieces of this model (tp shards, pp stage); gpt itself is not trained
+        mesh_run.build(gpt)
     if rank == 0:
         print(
             f"GPT: {gpt.num_parameters():,} parameters, {tokenizer.vocab_size} characters, {world_size} ranks"
+            + (f" ({mesh_run.describe()})" if mesh_run else "")
         )
 
     # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
     # pulling them toward 0 regularises nothing and fights the normalisation).
-    decay = [p for p in gpt.parameters() if p.ndim >= 2]
-    no_decay = [p for p in gpt.parameters() if p.ndim < 2]
+    params = mesh_run.params if mesh_run else list(gpt.parameters())  # on a mesh: this rank's pieces
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if mesh_run:  # a pipeline stage may hold no vector at all (the embedding's): no empty group
+        groups = [group for group in groups if group["params"]]
     betas = (0.9, args.beta2)
-    if args.zero:
+    if mesh_run:  # DDP over dp x cp, or the pipeline (which combines the gradients itself)
+        model = mesh_run.wrapped
+        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
         # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
         model = gpt
@@ -215,12 +236,14 @@ def main() -> None:
     # batch would repeat once per rank instead of being drawn independently for each window. (Per
     # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, would
     # need one stream; see the README on seeds.)
-    md.manual_seed(args.seed + rank)
+    md.manual_seed(args.seed + rank) if mesh_run is None else mesh_run.seed_dropout(args.seed)
 
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
     if args.resume:
-        info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
+        info = checkpoint.load_latest(
+            args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, missing_ok=True
+        )  # (saved on another layout: resharded, by GPT's parameter names)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
             # The rate is a function of the step and of THIS run's flags: step the schedule to where the run
@@ -241,6 +264,11 @@ def main() -> None:
         elif rank == 0:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
 
+    def evaluate(train: RandomWindows, val: RandomWindows) -> dict[str, float]:
+        """Train and validation loss estimates (the same windows on every layout)."""
+        evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, gpt)
+        return evaluate_on({"train": train, "val": val}, args.eval_iters)
+
     # --- training loop
     peak = matmul_rate(world)  # FLOP/s, for the MFU
     flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
@@ -249,7 +277,11 @@ def main() -> None:
     logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
     while step < args.max_iters:
         start, step_loss = time.perf_counter(), np.zeros(1)
-        for k in range(args.grad_accum):
+        if mesh_run:  # the same step on a mesh, its gradients combined over the mesh's groups; the loss is
+            # this replica's mean, equal on its tp and pp ranks: the mean over all ranks below is still the
+            # mean over the global batch
+            step_loss[0] = mesh_run.forward_backward(batches)
+        for k in range(0 if mesh_run else args.grad_accum):
             x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
             logits = model(x)  # (b, T, vocab)
             # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
@@ -263,7 +295,9 @@ def main() -> None:
         if args.grad_clip:
             # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
             # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
-            if args.zero:
+            if mesh_run:  # summed over the tp shards and the pp stages (train_gpt_layout.py)
+                mesh_run.clip_grad_norm_(args.grad_clip)
+            elif args.zero:
                 optimizer.clip_grad_norm_(args.grad_clip)
             else:
                 clip_grad_norm_(gpt.parameters(), args.grad_clip)
@@ -284,7 +318,7 @@ def main() -> None:
                 bar.write(f"step {step:5d}: loss {loss_now:.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
             logged_at, seconds = step, 0.0
         if step % args.eval_interval == 0 or step == args.max_iters:
-            estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+            estimate = evaluate(batches, val_batches)
             evaluated_at = step
             if rank == 0:
                 bar.write(
@@ -292,7 +326,7 @@ def main() -> None:
                 )
             if args.checkpoint_dir:  # collective and atomic; keeps the newest 2
                 checkpoint.save(
-                    args.checkpoint_dir, model, optimizer, step=step, sampler=batches, keep_last=2,
+                    args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,
                     extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
                            "losses": losses},
                 )  # fmt: skip
@@ -301,7 +335,9 @@ def main() -> None:
 
     # --- the result: the validation loss and a sample from the model.
     if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated
-        estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+        estimate = evaluate(batches, val_batches)
+    if mesh_run:  # the pieces put back together into one GPT on rank 0 (collective), for the sample
+        gpt = mesh_run.gathered()
     if rank == 0:
         print(f"val loss: {estimate['val']:.4f}")
         # (1, 1): start from a newline, or from the text's first character if it has none
