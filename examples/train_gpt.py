@@ -8,11 +8,19 @@ gradients (or, with ``--zero 1|2``, the ZeRO optimizer reduce-scatters them and 
 state per rank). Any number of ranks trains the same model as one process, from the same seed (up to
 float rounding; with --dropout each rank draws its own masks, so there the layout changes the result).
 
+The ranks can also form a 4-D mesh, dp x tp x pp x cp = ranks (Megatron-LM's layouts): --tp splits the
+heads, the MLP and the vocabulary (with --sequence-parallel the LayerNorms work on T / tp positions),
+--pp cuts the layers into pipeline stages (--schedule, --microbatches), --cp splits the sequence (ring
+attention); the rest is --dp. The model, data and steps stay the same, so every layout trains the model
+of one process; checkpoints load on any other layout. That machinery is in train_gpt_layout.py.
+
     mpirun -n 8 python examples/train_gpt.py                          # defaults: val loss 1.85, ~6 min
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
     mpirun -n 4 python examples/train_gpt.py --zero 2 --grad-accum 2  # same model, sharded AdamW state
     mpirun -n 8 python examples/train_gpt.py --data my_text.txt       # any UTF-8 text file
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
+    mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
+    mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --cp 2 --sequence-parallel   # x context
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
 41-60 of a run; the full figures and conditions are in benchmarks/README.md, "GPT (issue 17)"):
@@ -212,8 +220,6 @@ def main() -> None:
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if mesh_run:  # a pipeline stage may hold no vector at all (the embedding's): no empty group
-        groups = [group for group in groups if group["params"]]
     betas = (0.9, args.beta2)
     if mesh_run:  # DDP over dp x cp, or the pipeline (which combines the gradients itself)
         model = mesh_run.wrapped
