@@ -1,6 +1,6 @@
 """``ParallelGPT`` (tensor + sequence parallelism, vocabulary-parallel embedding, head and loss, context
-parallelism) trains the same model as one process: float64, tp 2 and 4, cp 2 x tp 2, with and without
-sequence parallelism.
+parallelism) trains the same model as one process: float64, tp 2 and 4, cp 2 x tp 2, dp 2 x cp 2 x tp 2,
+with and without sequence parallelism.
 
 The worker (tests/workers/tensor_parallel/tp_gpt.py) trains 3 AdamW steps on one global batch; here
 the one-process ``GPT`` from the same seed does the same, and its losses, first-step gradients and
@@ -33,7 +33,7 @@ from minidist.parallel.tensor_parallel.split import shard_index  # noqa: E402
 TOL = dict(rtol=1e-10, atol=1e-12)
 
 
-def gpt_configs(tp: int, cp: int):
+def gpt_configs(tp: int, cp: int, dp: int = 1):
     lengths = [n for n in (8, 12, 16) if n % (2 * cp) == 0 and (n // cp) % tp == 0]  # cp and sp splits
     return st.fixed_dictionaries(
         {
@@ -44,10 +44,11 @@ def gpt_configs(tp: int, cp: int):
             "n_embd": st.sampled_from([16, 24]),
             "bias": st.booleans(),
             "tie_weights": st.booleans(),
-            "batch": st.integers(1, 2),
+            "batch": st.just(2) if dp == 2 else st.integers(1, 2),  # dp ranks take one row each
             "T": st.sampled_from(lengths),
             "seed": st.integers(0, 2**31 - 1),
             "cp": st.just(cp),
+            "dp": st.just(dp),
         }
     )
 
@@ -58,16 +59,18 @@ def piece(full: np.ndarray, flags, tp: int, rank: int) -> np.ndarray:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("cp, tp", [(1, 2), (1, 4), (2, 2)])
+@pytest.mark.parametrize("dp, cp, tp", [(1, 1, 2), (1, 1, 4), (1, 2, 2), (2, 2, 2)])
 @settings(max_examples=1)
 @given(data=st.data())
-def test_parallel_gpt_trains_like_one_process(tmp_path_factory, cp, tp, data):
-    """cp ranks hold the balanced split's tokens (ring attention); DDP averages over dp_cp_group."""
-    cfg = data.draw(gpt_configs(tp, cp))
+def test_parallel_gpt_trains_like_one_process(tmp_path_factory, dp, cp, tp, data):
+    """cp ranks hold the balanced split's tokens (ring attention), dp ranks their rows; DDP averages
+    over dp_cp_group. The 8-rank case is issue 18's dp x cp x tp."""
+    cfg = data.draw(gpt_configs(tp, cp, dp))
     tmp = tmp_path_factory.mktemp("gpt")
     (tmp / "cfg.json").write_text(json.dumps(cfg))
-    run_mpi(cp * tp, "tensor_parallel/tp_gpt.py", tmp, tmp / "cfg.json", timeout=240)
-    ranks = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(cp * tp)]
+    world = dp * cp * tp
+    run_mpi(world, "tensor_parallel/tp_gpt.py", tmp, tmp / "cfg.json", timeout=240)
+    ranks = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
     meta = json.loads((tmp / "meta.json").read_text())
     ref = common.train_full_gpt(cfg)
     for sp in ("0", "1"):
@@ -77,7 +80,7 @@ def test_parallel_gpt_trains_like_one_process(tmp_path_factory, cp, tp, data):
         flagged = {n for n, f in flags.items() if f[2]}
         replicated_on_shards = {n for n in flags if "ln_" in n or n.startswith("wpe") or "c_proj.bias" in n}
         assert flagged == (replicated_on_shards if sp == "1" else set())
-        for r in range(cp * tp):
+        for r in range(world):
             got = ranks[r]
             where = f"rank {r} (tp rank {r % tp}), sequence_parallel={sp}"
             np.testing.assert_allclose(got[f"{sp}/losses"], ref["losses"], **TOL, err_msg=where)

@@ -21,6 +21,12 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import gpt_tp_common as common  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
+from minidist import nn  # noqa: E402
+from minidist.distributed import Communicator  # noqa: E402
+from minidist.models.transformer import Block  # noqa: E402
+from minidist.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from minidist.parallel.tensor_parallel import ParallelBlock  # noqa: E402
+from minidist.parallel.tensor_parallel.cut import cut_parameter  # noqa: E402
 from minidist.parallel.tensor_parallel.split import shard_index  # noqa: E402
 
 # float64, and the parallel block differs from the full one only in the order of sums (a row-parallel
@@ -89,3 +95,59 @@ def test_parallel_block_equals_the_full_block(tmp_path_factory, tp, data):
                 for name, f in flags.items():
                     for key in (name, f"{name}.grad"):
                         np.testing.assert_allclose(got[key], cut(ref[key], f, tp, r), **TOL, err_msg=key)
+
+
+# --- errors and the cut itself, in one process (a fake group that never communicates) ------------------
+def fake_group(size: int, rank: int = 0) -> Communicator:
+    """A Communicator of ``size`` ranks that never communicates: enough for checks made before any message."""
+    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
+    group.size, group.rank = size, rank
+    return group
+
+
+@pytest.fixture
+def same_arguments_everywhere(monkeypatch):
+    """Every rank of the fake group sent this rank's record (the real exchange: tp_gpt_errors.py)."""
+    from minidist.distributed import agreement
+
+    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
+
+
+def test_from_linear_errors_name_the_axis_that_does_not_split(same_arguments_everywhere):
+    g = fake_group(3)
+    cases = [
+        (
+            lambda: ColumnParallelLinear.from_linear(nn.Linear(4, 8), g),
+            ValueError,
+            "out_features=8 is not div",
+        ),
+        (
+            lambda: ColumnParallelLinear.from_linear(nn.Linear(4, 6), g, 3),
+            ValueError,
+            "out_features / stride=2",
+        ),
+        (lambda: ColumnParallelLinear.from_linear(nn.Linear(4, 9), g, 2), ValueError, "stride=2 must be a"),
+        (lambda: RowParallelLinear.from_linear(nn.Linear(4, 9), g), ValueError, "in_features=4 is not div"),
+        (lambda: RowParallelLinear.from_linear("W", g), TypeError, "expects an nn.Linear, got str"),
+        (
+            lambda: ParallelBlock(Block(12, 6), fake_group(4)),
+            ValueError,
+            r"n_head=6 .* tp among \[1, 2, 3, 6\]",
+        ),
+    ]
+    for build, kind, pattern in cases:
+        with pytest.raises(kind, match=pattern):
+            build()
+
+
+def test_from_linear_cuts_by_split_rule():
+    full = nn.Linear(4, 18, dtype=np.float64)
+    col = ColumnParallelLinear.from_linear(full, fake_group(1), stride=3, sequence_parallel=True)
+    assert col.weight.tp_stride == 3 and col.sequence_parallel and not col.gather_output
+    for rank in range(3):
+        piece = cut_parameter(full.weight, 0, fake_group(3, rank), stride=3)
+        rows = [b * 6 + rank * 2 + i for b in range(3) for i in range(2)]  # q, k, v blocks of 6, 2 each
+        np.testing.assert_array_equal(piece.numpy(), full.weight.numpy()[rows])
+        assert (piece.tp_dim, piece.tp_stride, piece.tp_group.rank) == (0, 3, rank)
+    row = RowParallelLinear.from_linear(nn.Linear(6, 4), fake_group(1), sequence_parallel=True)
+    assert row.bias.sequence_parallel and row.bias.tp_dim is None and row.weight.tp_dim == 1

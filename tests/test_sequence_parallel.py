@@ -55,7 +55,10 @@ def test_sequence_mappings_values_and_gradients(tmp_path_factory, cfg):
         np.testing.assert_allclose(got["reduce_scatter/y"], total[:, mine], rtol=1e-15, atol=1e-15)
         # a sequence shard is tagged as one (dropout draws a mask per rank); the gathered tensor is not
         assert got["scatter/sharded"] and got["reduce_scatter/sharded"] and not got["gather/sharded"]
-        for op in ("scatter", "gather", "reduce_scatter"):
+        np.testing.assert_allclose(  # the fused linear's forward: the gathered sequence times W_r^T + b_r
+            got["linear_x/y"], gathered_x_times(ranks, r), rtol=1e-12, atol=1e-12
+        )
+        for op in ("scatter", "gather", "reduce_scatter", "linear_x", "linear_w"):
             # J is linear in x: central differences are exact but for rounding (~1e-10 absolute with
             # eps 1e-6 on values of order 1-10); 1e-7 is far below any wrong gradient (order 1).
             np.testing.assert_allclose(
@@ -69,6 +72,12 @@ def test_sequence_mappings_values_and_gradients(tmp_path_factory, cfg):
             np.testing.assert_allclose(got[f"after/{i}"], want, rtol=tol, atol=tol)
             assert got[f"after/{i}"].dtype == got[f"before/{i}"].dtype
         np.testing.assert_array_equal(got["after/2"], got["before/2"])
+
+
+def gathered_x_times(ranks: list[dict], r: int) -> np.ndarray:
+    """What rank r's ``all_gather_linear`` must return: every rank's x on axis 1, times rank r's W, + b."""
+    x = np.concatenate([got["linear_x/x"] for got in ranks], axis=1)
+    return x @ ranks[r]["W0"].T + ranks[r]["b0"]
 
 
 def fake_group(size: int, rank: int = 0) -> Communicator:

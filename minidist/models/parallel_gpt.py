@@ -51,7 +51,7 @@ from minidist.parallel.tensor_parallel import (
     reduce_scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
 )
-from minidist.parallel.tensor_parallel.layers import cut_parameter
+from minidist.parallel.tensor_parallel.cut import cut_parameter
 
 
 class ParallelGPT(Module):

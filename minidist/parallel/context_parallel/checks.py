@@ -12,6 +12,7 @@ which builds the same error, naming the ranks and the values, on every rank.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -84,9 +85,9 @@ def _local_error(
             f"T/cp = {query.shape[-2]} tokens (odd); choose a sequence length divisible by 2 cp "
             "(split with split_for_context_parallel)"
         )
-    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
+    if scale is not None and not (_is_real(scale) and math.isfinite(scale)):
         return ValueError(f"ring_attention: scale must be a finite number or None, got {scale!r}")
-    if not (isinstance(dropout_p, int | float) and 0.0 <= dropout_p <= 1.0):
+    if not (_is_real(dropout_p) and 0.0 <= dropout_p <= 1.0):
         return ValueError(f"dropout probability must be between 0 and 1, got {dropout_p!r}")
     if dropout_p > 0:
         return NotImplementedError(
@@ -97,6 +98,11 @@ def _local_error(
             "with cp = 1"
         )
     return None
+
+
+def _is_real(x: Any) -> bool:
+    """A real number (Python's or NumPy's, not a bool)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
 
 
 def _values(query: Tensor, key: Tensor, value: Tensor, is_causal: Any, scale: Any, layout: str,

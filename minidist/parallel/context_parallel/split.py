@@ -16,7 +16,10 @@ attention needs the others' tokens (``ring_attention.py``). Two layouts:
   E.g. cp = 2, T = 8: rank 0 holds positions 0,1,6,7 and rank 1 holds 2,3,4,5; both see 18 pairs
   (1+2+7+8 and 3+4+5+6), where the contiguous layout gives 10 and 26.
 
-A rank holds its chunks in increasing position order, concatenated along the sequence axis. Helpers:
+A rank holds its chunks in increasing position order, concatenated along the sequence axis. What
+depends on a token's place in the sequence must use its global position, not its local index: the
+position embedding (``wpe`` looks up :func:`context_parallel_positions`) and the causal mask
+(``ring_attention.py``). Helpers:
 :func:`context_parallel_chunks` (the global ranges), :func:`context_parallel_positions` (one position per
 local token), :func:`split_for_context_parallel` (rank r's tokens of an array) and
 :func:`gather_from_context_parallel` (the inverse, from every rank's piece; for tests and generation).
@@ -30,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
+import minidist.distributed as dist
 from minidist.backend import array_module
+from minidist.distributed.comm import Communicator
 
 LAYOUTS = ("balanced", "contiguous")
 
@@ -120,11 +125,11 @@ def gather_from_context_parallel(pieces: Sequence[Any], axis: int = 1, layout: s
     return array_module(pieces[0]).concatenate([part for _, part in placed], axis=axis)
 
 
-def all_gather_from_context_parallel(x: Any, group: Any, axis: int = 1, layout: str = "balanced") -> Any:
+def all_gather_from_context_parallel(
+    x: Any, group: Communicator, axis: int = 1, layout: str = "balanced"
+) -> Any:
     """Collective over the cp ``group``: every rank's piece ``x`` all-gathered and reassembled into the
     full sequence (:func:`gather_from_context_parallel`), on every rank. ``x``: a NumPy or CuPy array."""
-    import minidist.distributed as dist  # noqa: PLC0415  (the split rule itself needs no MPI)
-
     xp = array_module(x)
     if group.size == 1:
         return x.copy()

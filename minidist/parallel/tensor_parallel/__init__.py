@@ -6,11 +6,12 @@ communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``
 split over the vocabulary) and ``vocab_parallel_loss.py`` (the cross-entropy of vocabulary-sharded
 logits, never gathered) -> ``random.py`` (the RNG tracker: dropout masks per rank on sharded
 activations, shared on replicated ones) -> ``sequence_parallel.py`` (the LayerNorm regions split along
-the sequence: all-gather / reduce-scatter instead of all-reduce) -> ``transformer.py`` (the GPT block:
-heads split, MLP column then row, optionally sequence parallel). ``checks.py`` compares every layer's
-arguments across its group at construction, so a mismatch raises on every rank. The process grid these
-groups come from is ``minidist/parallel/mesh.py``; gradient clipping over shards is
-``minidist/parallel/clip_grad.py``.
+the sequence: all-gather / reduce-scatter instead of all-reduce; ``sequence_parallel_linear.py``: the
+column layer that keeps only its input's shard) -> ``cut.py`` (a full layer cut into this rank's piece)
+-> ``transformer.py`` (the GPT block: heads split, MLP column then row, optionally sequence
+parallel). ``checks.py`` compares every layer's arguments across its group at construction, so a
+mismatch raises on every rank. The process grid these groups come from is
+``minidist/parallel/mesh.py``; gradient clipping over shards is ``minidist/parallel/clip_grad.py``.
 """
 
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, shard_parameter

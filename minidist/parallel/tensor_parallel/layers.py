@@ -30,7 +30,8 @@ mask on every rank, from the RNG tracker (``random.py``).
 
 ``from_linear`` builds either layer from a full ``nn.Linear`` instead (the transformer of
 ``transformer.py`` cuts a whole single-process block this way), with a ``stride`` for [q; k; v] and
-the ``sequence_parallel`` variant of ``sequence_parallel.py`` (all-gather in, reduce-scatter out).
+the ``sequence_parallel`` variant of ``sequence_parallel.py`` (all-gather in, keeping only the shard
+for backward: ``sequence_parallel_linear.py``; reduce-scatter out).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from minidist.parallel.tensor_parallel.checks import (
     positive_int,
     resolve_group,
 )
+from minidist.parallel.tensor_parallel.cut import agree_to_cut, cut_parameter
 from minidist.parallel.tensor_parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_tensor_parallel_region,
@@ -58,11 +60,8 @@ from minidist.parallel.tensor_parallel.mappings import (
     scatter_to_tensor_parallel_region,
     tag_shard,
 )
-from minidist.parallel.tensor_parallel.sequence_parallel import (
-    gather_from_sequence_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-)
-from minidist.parallel.tensor_parallel.split import shard_index
+from minidist.parallel.tensor_parallel.sequence_parallel import reduce_scatter_to_sequence_parallel_region
+from minidist.parallel.tensor_parallel.sequence_parallel_linear import all_gather_linear
 
 
 def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parameter:
@@ -75,36 +74,6 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     shard.tp_dim, shard.tp_group = tp_dim, group
     return tag_shard(shard, group)  # what is computed from it is a shard too (dropout: ops/dropout.py)
     # END SOLUTION
-
-
-def cut_parameter(full: Parameter, tp_dim: int | None, group: Communicator, stride: int = 1) -> Parameter:
-    """This rank's piece of ``full`` along ``tp_dim`` by ``split.py``'s rule (uneven and strided too), a
-    new Parameter with ``tp_dim``, ``tp_group`` and ``tp_stride`` set; ``tp_dim=None``: a replicated copy."""
-    if tp_dim is None:
-        return Parameter(full.data.copy())
-    where = shard_index(full.shape, tp_dim, group.size, group.rank, stride)
-    shard = Parameter(full.data[where].copy())  # copy: contiguous, and independent of the full model
-    shard.tp_dim, shard.tp_group, shard.tp_stride = tp_dim, group, stride
-    return tag_shard(shard, group)
-
-
-def _cut_linear(kind: str, linear: Linear, group: Any, stride: int, flags: dict[str, Any]) -> Communicator:
-    """Check (and agree across ``group``) the arguments of a ``from_linear``; return the group."""
-    group, error = resolve_group(kind, group)
-    split = linear.out_features // stride if kind == "ColumnParallelLinear" else linear.in_features
-    try:
-        if error is not None:
-            raise error
-        if not isinstance(linear, Linear):
-            raise TypeError(f"{kind}.from_linear: expects an nn.Linear, got {type(linear).__name__}")
-        if stride < 1 or linear.out_features % stride:
-            raise ValueError(f"{kind}.from_linear: out_features={linear.out_features} is not {stride} blocks")
-        check_divisible(kind, "out_features / stride" if stride > 1 else "the split size", split, group)
-    except (TypeError, ValueError) as e:
-        error = e
-    shape = dict(in_features=linear.in_features, out_features=linear.out_features)
-    agree(group, kind, {**shape, "bias": linear.bias is not None, "stride": stride, **flags}, error)
-    return group
 
 
 def _check_last_axis(layer: Module, x: Tensor, expected: int, what: str) -> None:
@@ -176,7 +145,7 @@ class ColumnParallelLinear(Module):
         small agreement). Raises on every rank ``TypeError`` for something else than an ``nn.Linear``
         or a bad group, ``ValueError`` if out_features / stride is not divisible by the group size.
         """
-        group = _cut_linear("ColumnParallelLinear", linear, group, stride, {"sp": sequence_parallel})
+        group = agree_to_cut("ColumnParallelLinear", linear, group, stride, {"sp": sequence_parallel})
         layer = cls.__new__(cls)
         Module.__init__(layer)
         layer.group, layer.gather_output, layer.sequence_parallel = group, False, sequence_parallel
@@ -188,8 +157,8 @@ class ColumnParallelLinear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_last_axis(self, x, self.in_features, "in_features")
-        if self.sequence_parallel:  # the paper's g: all-gather the positions; backward reduce-scatter
-            return F.linear(gather_from_sequence_parallel_region(x, self.group), self.weight, self.bias)
+        if self.sequence_parallel:  # the paper's g, fused: all-gather the positions, keep only the shard
+            return all_gather_linear(x, self.weight, self.bias, self.group)
         # BEGIN SOLUTION A4.3: f, this rank's slice of the output features, gather if gather_output
         x = copy_to_tensor_parallel_region(x, self.group)  # f
         y = F.linear(x, self.weight, self.bias)  # (..., out / n)
@@ -262,7 +231,7 @@ class RowParallelLinear(Module):
         ``group``. Raises on every rank ``TypeError`` for something else than an ``nn.Linear`` or a
         bad group, ``ValueError`` if in_features is not divisible by the group size.
         """
-        group = _cut_linear("RowParallelLinear", linear, group, 1, {"sp": sequence_parallel})
+        group = agree_to_cut("RowParallelLinear", linear, group, 1, {"sp": sequence_parallel})
         layer = cls.__new__(cls)
         Module.__init__(layer)
         layer.group, layer.input_is_parallel, layer.sequence_parallel = group, True, sequence_parallel

@@ -55,6 +55,8 @@ class VocabParallelCrossEntropy(Function):
         z = logits.reshape(-1, logits.shape[-1])  # (N, V_r)
         t = targets.reshape(-1)  # (N,) global ids
         self.shape, self.reduction = logits.shape, reduction
+        # Leaves: p = e^(z - m) (N, V_r) with m the max over all ranks, s = S (N,), local = t - start,
+        # rows = the tokens whose target this rank holds, loss (N,) the per-token losses.
         # BEGIN SOLUTION A9.1: the loss from this rank's logits: max, exp-sum and target-logit all-reduces
         m = dist.all_reduce(z.max(axis=1), op="max", group=group)  # (N,): the largest logit of all ranks
         p = z - m[:, None]
@@ -77,6 +79,7 @@ class VocabParallelCrossEntropy(Function):
         xp = array_module(grad)
         g = grad.reshape(-1) if self.reduction == "none" else grad * self.scale
         g = xp.broadcast_to(g, self.sums.shape)  # (N,): g_n = dL/dloss_n
+        # Leaves d = dL/dz (N, V_r), a new array, from self.exps, self.sums, self.rows, self.cols and g.
         # BEGIN SOLUTION A9.1: dL/dz = g (softmax shard - onehot of the owned targets); no communication
         d = self.exps * (g / self.sums)[:, None]  # g_n p_n[v], a new array (N, V_r)
         d[self.rows, self.cols] -= g[self.rows]  # the one-hot term, on the owner of t_n only
@@ -121,7 +124,7 @@ def vocab_parallel_cross_entropy(
     if t.shape != tuple(logits.shape[:-1]):
         raise ValueError(
             f"vocab_parallel_cross_entropy: targets have shape {tuple(t.shape)}, expected the logits' "
-            f"leading shape {tuple(logits.shape[:-1])} (logits {tuple(logits.shape)})"
+            f"leading shape {tuple(logits.shape[:-1])}"
         )
     if t.size == 0 and reduction == "mean":
         raise ValueError("vocab_parallel_cross_entropy: the mean over an empty batch is undefined")
@@ -144,10 +147,11 @@ def _vocab_start(group: Communicator, width: int, targets: Any) -> int:
         dist.all_reduce(facts, op="max", group=group)
     widths, (most, neg_fewest, high, neg_low) = facts[:p], facts[p:]
     if (widths < 1).any():
-        empty = [int(r) for r in np.nonzero(widths < 1)[0]]
+        empty = [str(r) for r in np.nonzero(widths < 1)[0]]
         raise ValueError(
-            f"vocab_parallel_cross_entropy: ranks {empty} of the tensor-parallel group have logits with "
-            "no vocabulary entry (last axis 0); every rank needs a slice: use a tp <= V"
+            f"vocab_parallel_cross_entropy: the logits of rank{'s' * (len(empty) > 1)} {', '.join(empty)} "
+            "of the tensor-parallel group have no vocabulary entry (last axis 0); every rank needs a "
+            "slice: use a tp <= V"
         )
     if most != -neg_fewest:
         raise ValueError(

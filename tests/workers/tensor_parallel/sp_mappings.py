@@ -7,6 +7,7 @@ J = sum over ranks of <w_r, y_r>, one all-reduce of the local terms. Inputs are 
 (scatter: perturbing x moves it on every rank at once) or per rank (gather, reduce-scatter:
 perturbing rank s's x moves only its copy). Central differences of J (exact up to rounding, J being
 linear in x) must equal the x.grad that backward left on each rank.
+The fused ``all_gather_linear`` is checked the same way, for its input and for its weight.
 Also sums flagged gradients with ``allreduce_sequence_parallel_grads`` (float64 and float32 ones).
 Writes rank{r}.npz: "{op}/analytic", "{op}/numeric", "{op}/y"; "sp/{i}" the gradients after the sum.
 """
@@ -21,15 +22,23 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import nn
 from minidist.parallel.tensor_parallel import sequence_parallel as sp
+from minidist.parallel.tensor_parallel.sequence_parallel_linear import all_gather_linear
 
 out_dir, cfg = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 world = dist.init()
 n, EPS = world.size, 1e-6
 B, T, extra = cfg["batch"], cfg["local_t"], tuple(cfg["extra"])
-OPS = {  # name: (function, input replicated?, input positions)
-    "scatter": (sp.scatter_to_sequence_parallel_region, True, T * n),
-    "gather": (sp.gather_from_sequence_parallel_region, False, T),
-    "reduce_scatter": (sp.reduce_scatter_to_sequence_parallel_region, False, T * n),
+# The fused column-parallel linear of a sequence shard (sequence_parallel_linear.py): its input x
+# (B, T, 3) and its weight W (2, 3) are per rank; each is checked with the other held fixed.
+IN = 3
+consts = np.random.default_rng(cfg["seed"] + 50 + world.rank)
+W0, X0, b0 = consts.standard_normal((2, IN)), consts.standard_normal((B, T, IN)), consts.standard_normal(2)
+OPS = {  # name: (function, input replicated?, input shape)
+    "scatter": (sp.scatter_to_sequence_parallel_region, True, (B, T * n, *extra)),
+    "gather": (sp.gather_from_sequence_parallel_region, False, (B, T, *extra)),
+    "reduce_scatter": (sp.reduce_scatter_to_sequence_parallel_region, False, (B, T * n, *extra)),
+    "linear_x": (lambda x, g: all_gather_linear(x, md.tensor(W0), md.tensor(b0), g), False, (B, T, IN)),
+    "linear_w": (lambda w, g: all_gather_linear(md.tensor(X0), w, None, g), False, (2, IN)),
 }
 
 
@@ -39,9 +48,8 @@ def objective(fn, x: np.ndarray, w: np.ndarray) -> float:
     return float(dist.all_reduce(np.array([local]), group=world)[0])
 
 
-results = {}
-for name, (fn, replicated_in, length) in OPS.items():
-    shape = (B, length, *extra)
+results = {"W0": W0, "b0": b0}
+for name, (fn, replicated_in, shape) in OPS.items():
     x = np.random.default_rng(cfg["seed"] + (0 if replicated_in else 1 + world.rank)).standard_normal(shape)
     xt = md.tensor(x, dtype=np.float64, requires_grad=True)
     y = fn(xt, world)
