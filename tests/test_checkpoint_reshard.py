@@ -42,7 +42,15 @@ def dumps(run, name: str, tp: int) -> list[dict[str, np.ndarray]]:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "name, tp", [("load_tp1", 1), ("load_tp3", 3), ("load_tp4", 4), ("back_tp2", 2), ("from_cp2_tp2", 2)]
+    "name, tp",
+    [
+        ("load_tp1", 1),
+        ("load_tp3", 3),
+        ("load_tp4", 4),
+        ("back_tp2", 2),
+        ("from_cp2_tp2", 2),
+        ("zero_to_tp3", 3),
+    ],
 )
 def test_every_layout_holds_the_split_rules_pieces_of_the_full_tensors(run, name, tp):
     # The saving layout's own pieces first: the step on pieces is the step on the full tensors.
@@ -121,6 +129,17 @@ def test_context_parallel_ranks_share_the_writing_and_resume_exactly(run):
             np.testing.assert_array_equal(got[key], want, key)
     info = json.loads((run / "out" / "info.json").read_text())
     assert info["load_cp2"] == {"resharded": False, "rng_restored": True}
+
+
+@pytest.mark.mpi
+def test_pieces_that_split_py_did_not_cut_are_refused_on_save_and_load(run):
+    info = json.loads((run / "out" / "info.json").read_text())
+    assert "'model/emb.weight'" in info["wrong_save"] and "[[3, 3], [4, 3]]" in info["wrong_save"]
+    assert (
+        "tp rank 0 of 2" in info["wrong_load"]
+        and "is [4, 3], but this rank holds [3, 3]" in info["wrong_load"]
+    )
+    assert not (run / "ckpt" / "e" / "step_000000001").exists()
 
 
 # -- single process: the format-1 reader and the writer assignment ---------------------------------

@@ -10,7 +10,9 @@ with that rank's parameters and AdamW moments (``reshard_common.dump``):
 3. ``back_tp2``: ranks 0-1 load ``CKPT/b`` (saved on tp 3) on tp 2 again;
 4. ``tied``: ranks 0-1 as 2 pipeline stages; stage 1 holds a tied copy of ``emb.weight`` (and
    ``proj.bias``); one step, save ``CKPT/c``, zero both stages, load: ``tied_r<stage>.npz``;
-5. ``load_cp2``: ranks 0-1 as cp = 2 save ``CKPT/d`` and load it back; ``from_cp2_tp2``: tp 2 loads it.
+5. ``load_cp2``: ranks 0-1 as cp = 2 save ``CKPT/d`` and load it back; ``from_cp2_tp2``: tp 2 loads it;
+6. ``wrong_save``/``wrong_load`` (in ``info.json``): the errors for pieces that split.py did not cut;
+7. ``zero_to_tp3``: all 4 ranks as dp 2 x tp 2 with ZeRO save ``CKPT/f``; ranks 0-2 load it on tp 3.
 
 ``OUT/info.json``: each load's ``resharded`` and ``rng_restored``.
 """
@@ -27,8 +29,8 @@ import reshard_common as R
 from dist_worker_utils import run_worker
 
 import minidist.distributed as dist
-from minidist import checkpoint
-from minidist.parallel import ProcessMesh
+from minidist import checkpoint, nn, optim
+from minidist.parallel import ProcessMesh, ZeroRedundancyOptimizer
 
 
 def main() -> None:
@@ -67,6 +69,15 @@ def main() -> None:
     tied(on(2, pp=2), ckpt / "c", out)
     context_parallel(world.split(color=0 if world.rank < 2 else None), ckpt / "d", out, info)
     load("from_cp2_tp2", 2, ckpt / "d")
+    wrong_pieces(on(2, tp=2), ckpt, info)
+    zero = ProcessMesh(dp=2, tp=2)  # ZeRO over dp: its state is gathered, then saved like AdamW's
+    model = R.build(2, zero.tp_rank)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optim.AdamW, group=zero.dp_group, lr=0.1, weight_decay=0.01
+    )
+    R.step(model, opt, 2, zero.tp_rank)
+    checkpoint.save(ckpt / "f", model, opt, step=1, mesh=zero)
+    load("zero_to_tp3", 3, ckpt / "f")
     if world.rank == 0:
         (out / "info.json").write_text(json.dumps(info))
 
@@ -109,6 +120,26 @@ def context_parallel(comm, folder: Path, out: Path, info: dict) -> None:
     got = checkpoint.load(folder, fresh, fresh_opt, mesh=mesh)
     info["load_cp2"] = {"resharded": got["resharded"], "rng_restored": got["rng_restored"]}
     np.savez(out / f"load_cp2_r{comm.rank}.npz", **R.dump(fresh, fresh_opt))
+
+
+def wrong_pieces(mesh: ProcessMesh | None, ckpt: Path, info: dict) -> None:
+    """Ranks 0-1, tp 2, hold ``emb.weight`` cut 3 + 4 (split.py cuts 7 rows 4 + 3): ``save`` and a
+    ``load`` of ``CKPT/a`` must both raise ``CheckpointError`` on every rank (``info["wrong_*"]``)."""
+    if mesh is None:
+        return
+    model = R.build(2, mesh.tp_rank)
+    full = R.full_tensors(0)["emb.weight"]
+    model.emb.weight = nn.Parameter(full[:3] if mesh.tp_rank == 0 else full[3:])
+    model.emb.weight.tp_dim = 0
+    for what, call in (
+        ("wrong_save", lambda: checkpoint.save(ckpt / "e", model, step=1, mesh=mesh)),
+        ("wrong_load", lambda: checkpoint.load(ckpt / "a", model, mesh=mesh)),
+    ):
+        try:
+            call()
+            info[what] = None
+        except checkpoint.CheckpointError as err:
+            info[what] = str(err)
 
 
 if __name__ == "__main__":
