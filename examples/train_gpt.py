@@ -36,6 +36,10 @@ What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (t
   --grad-accum 2  5,400-6,300 tokens/s (-10-20 %): the same result with half the activation memory
   --zero 1|2      6,800-7,900 tokens/s (no measurable cost here): the same result with the AdamW state
                   (and with 2 the gradients) split over the ranks
+  --dp 2 --tp 2 --pp 2 / --dp 2 --tp 2 --cp 2 --sequence-parallel: after 100 steps the val loss of --dp 8
+                  to float32 rounding (2.5104783), at 0.5-0.7x its tokens/s on this one 2-core machine
+                  (benchmarks/README.md, "4-D layouts of the example"): they are for models that do not fit
+                  one device
 """
 
 # ruff: noqa: E402  (NumPy, imported below, must start after OMP_NUM_THREADS is set)
