@@ -111,6 +111,10 @@ def test_errors_are_raised_on_every_rank(tmp_path):
         "sequence": ("ValueError", r"7 is not divisible by tp=2; use a sequence length divisible by tp"),
         "dropout_cp": ("NotImplementedError", r"dropout=0.1 with cp=2: attention dropout is not implemented"),
         "ids": ("IndexError", r"ids must lie in \[0, 11\)"),
+        "different_gpts": (
+            "ValueError",
+            r"from_gpt: the ranks .* passed different values: weights .*same seed",
+        ),
     }
     for r, got in enumerate(ranks):
         for case, (kind, pattern) in expected.items():

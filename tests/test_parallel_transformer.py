@@ -26,7 +26,7 @@ from minidist.distributed import Communicator  # noqa: E402
 from minidist.models.transformer import Block  # noqa: E402
 from minidist.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 from minidist.parallel.tensor_parallel import ParallelBlock  # noqa: E402
-from minidist.parallel.tensor_parallel.cut import cut_parameter  # noqa: E402
+from minidist.parallel.tensor_parallel.cut import cut_parameter, replicate  # noqa: E402
 from minidist.parallel.tensor_parallel.split import shard_index  # noqa: E402
 
 # float64, and the parallel block differs from the full one only in the order of sums (a row-parallel
@@ -151,3 +151,23 @@ def test_from_linear_cuts_by_split_rule():
         assert (piece.tp_dim, piece.tp_stride, piece.tp_group.rank) == (0, 3, rank)
     row = RowParallelLinear.from_linear(nn.Linear(6, 4), fake_group(1), sequence_parallel=True)
     assert row.bias.sequence_parallel and row.bias.tp_dim is None and row.weight.tp_dim == 1
+
+
+def test_replicate_copies_the_parameters_only():
+    from minidist import random
+
+    ln = nn.LayerNorm(4, dtype=np.float64)
+    ln.weight.grad = np.ones(4)
+    ln.weight.register_post_accumulate_grad_hook(lambda p: None)  # as DDP does on the original
+    state = random.get_rng_state()
+    twin = replicate(ln, fake_group(2), sequence_parallel=True)
+    assert random.get_rng_state() == state  # no draw: the generator is where one process has it
+    assert (
+        twin.weight is not ln.weight and twin.weight.grad is None and not twin.weight._post_accumulate_hooks
+    )
+    np.testing.assert_array_equal(twin.weight.numpy(), ln.weight.numpy())
+    assert twin.weight.sequence_parallel and twin.bias.sequence_parallel and twin.eps == ln.eps
+    twin.weight.data[...] = 5.0
+    assert ln.weight.numpy()[0] == 1.0 and list(dict(ln.named_parameters())) == ["weight", "bias"]
+    with pytest.raises(ValueError, match="has submodules"):
+        replicate(nn.Sequential(ln), fake_group(2))

@@ -31,11 +31,11 @@ The last two sums commute (both are linear), so it does not matter that DDP ran 
 
 from __future__ import annotations
 
-import copy
+import hashlib
 from dataclasses import asdict
 from typing import Any
 
-from minidist import random
+from minidist import backend, random
 from minidist.autograd import Tensor
 from minidist.distributed import agree
 from minidist.distributed.agreement import all_gather_json
@@ -51,7 +51,7 @@ from minidist.parallel.tensor_parallel import (
     reduce_scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
 )
-from minidist.parallel.tensor_parallel.cut import cut_parameter
+from minidist.parallel.tensor_parallel.cut import cut_parameter, replicate
 
 
 class ParallelGPT(Module):
@@ -89,7 +89,24 @@ class ParallelGPT(Module):
 
     @classmethod
     def from_gpt(cls, gpt: GPT, mesh: Any, sequence_parallel: bool = False) -> ParallelGPT:
-        """This rank's part of ``gpt`` (the same full model on every rank); ``gpt`` is not changed."""
+        """This rank's part of ``gpt`` (the same full model on every rank); ``gpt`` is not changed.
+
+        Collective over ``mesh.world``: the ranks first compare a hash of their GPT's names and weights
+        (one pass over the model, one small all-gather), so a GPT built from a per-rank seed raises
+        ``ValueError`` on every rank instead of cutting pieces of different models.
+        """
+        digest = hashlib.sha256()
+        for name, p in gpt.named_parameters():
+            digest.update(name.encode())
+            digest.update(backend.to_numpy(p.data).tobytes())
+        agree(
+            {"weights (sha256)": digest.hexdigest()[:16]},
+            None,
+            mesh.world,
+            what="ParallelGPT.from_gpt",
+            fix="build the GPT from the same seed on every rank (md.manual_seed(s) before GPT(config)), "
+            "or build ParallelGPT(config, mesh), which makes the ranks' generators agree first",
+        )
         model = cls.__new__(cls)
         Module.__init__(model)
         model._cut(gpt, mesh, sequence_parallel)
@@ -108,12 +125,10 @@ class ParallelGPT(Module):
         self.wte = VocabParallelEmbedding.from_weight(gpt.wte.weight, tp)
         if sequence_parallel:  # the embedding's sum leaves each rank its positions only
             self.wte.reduce = reduce_scatter_to_sequence_parallel_region
-        self.wpe, self.drop = copy.deepcopy(gpt.wpe), copy.deepcopy(gpt.drop)
+        # wpe and ln_f are used on this rank's positions only under sequence parallelism: flagged
+        self.wpe, self.drop = replicate(gpt.wpe, tp, sequence_parallel), replicate(gpt.drop, tp)
         self.h = Sequential(*[ParallelBlock(block, tp, sequence_parallel) for block in gpt.h])
-        self.ln_f = copy.deepcopy(gpt.ln_f)
-        if sequence_parallel:  # used on this rank's positions only: gradients summed over tp
-            for p in (*self.wpe.parameters(), *self.ln_f.parameters()):
-                p.sequence_parallel, p.tp_group = True, tp
+        self.ln_f = replicate(gpt.ln_f, tp, sequence_parallel)
         if cp > 1:
             for block in self.h:
                 block.attn.context_parallel_group = mesh.cp_group

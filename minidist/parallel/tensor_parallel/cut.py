@@ -9,11 +9,12 @@ the group, that a cut can be made.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from minidist.distributed.comm import Communicator
 from minidist.nn.layers import Linear
-from minidist.nn.module import Parameter
+from minidist.nn.module import Module, Parameter
 from minidist.parallel.tensor_parallel.checks import agree, check_divisible, resolve_group
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 from minidist.parallel.tensor_parallel.split import shard_index
@@ -67,3 +68,25 @@ def agree_to_cut(kind: str, linear: Linear, group: Any, stride: int, flags: dict
         error,
     )
     return group
+
+
+def replicate(module: Module, group: Communicator, sequence_parallel: bool = False) -> Module:
+    """A copy of a leaf ``module`` (LayerNorm, Embedding, Dropout: no submodules) with its own copies of
+    the parameters, held whole by every rank of ``group``. Nothing else is copied: no gradient, no hook
+    (a DDP wrapping the original), and no random draw (constructing a new layer would advance the
+    generator). ``sequence_parallel``: the parameters will see this rank's positions only, so they are
+    flagged for ``allreduce_sequence_parallel_grads`` over ``group``. Raises ``ValueError`` for a module
+    with submodules."""
+    if module._modules:
+        raise ValueError(f"replicate: {type(module).__name__} has submodules; replicate its leaves instead")
+    twin = copy.copy(module)  # the same sizes and options (plain attributes)
+    object.__setattr__(twin, "_parameters", {})  # its own tables, not the original's
+    object.__setattr__(twin, "_modules", {})
+    for name, p in module._parameters.items():
+        if p is None:
+            setattr(twin, name, None)
+            continue
+        piece = Parameter(p.data.copy(), requires_grad=p.requires_grad)
+        piece.sequence_parallel, piece.tp_group = sequence_parallel, group if sequence_parallel else None
+        setattr(twin, name, piece)
+    return twin

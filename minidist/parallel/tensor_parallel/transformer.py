@@ -33,24 +33,11 @@ from typing import Any
 from minidist.autograd import Tensor
 from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
-from minidist.nn.layers import GELU, Dropout, LayerNorm
 from minidist.nn.module import Module
 from minidist.parallel.context_parallel import ring_attention
 from minidist.parallel.tensor_parallel.checks import agree, already_agreed, describe_dtype, resolve_group
+from minidist.parallel.tensor_parallel.cut import replicate
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-
-
-def replicate_layer_norm(ln: LayerNorm, group: Communicator, sequence_parallel: bool) -> LayerNorm:
-    """A copy of ``ln`` (its own parameters); under sequence parallelism they are flagged
-    ``sequence_parallel`` over ``group``, as they act on this rank's positions only."""
-    weight = ln.weight
-    dtype = weight.dtype if weight is not None else None
-    copy = LayerNorm(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None, dtype=dtype)
-    for name, p in copy._parameters.items():
-        if p is not None:
-            p.data[...] = getattr(ln, name).data
-            p.sequence_parallel, p.tp_group = sequence_parallel, group if sequence_parallel else None
-    return copy
 
 
 def _agree_on_heads(layer: str, group: Any, n_embd: int, n_head: int, sp: bool, dtype: Any) -> Communicator:
@@ -93,7 +80,7 @@ class ParallelCausalSelfAttention(Module):
         with already_agreed():
             self.c_attn = ColumnParallelLinear.from_linear(attn.c_attn, group, 3, sequence_parallel)
             self.c_proj = RowParallelLinear.from_linear(attn.c_proj, group, sequence_parallel)
-        self.resid_dropout = Dropout(attn.resid_dropout.p)
+        self.resid_dropout = replicate(attn.resid_dropout, group)
 
     def forward(self, x: Tensor) -> Tensor:
         qkv = self.c_attn(x)  # (B, T, 3 C / t): this rank's heads' [q; k; v] (stride 3)
@@ -128,9 +115,9 @@ class ParallelFeedForward(Module):
     def __init__(self, mlp: Any, group: Communicator | None = None, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.c_fc = ColumnParallelLinear.from_linear(mlp.c_fc, group, 1, sequence_parallel)
-        self.gelu = GELU(mlp.gelu.approximate)
+        self.gelu = replicate(mlp.gelu, group)
         self.c_proj = RowParallelLinear.from_linear(mlp.c_proj, group, sequence_parallel)
-        self.dropout = Dropout(mlp.dropout.p)
+        self.dropout = replicate(mlp.dropout, group)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -159,9 +146,9 @@ class ParallelBlock(Module):
         group = _agree_on_heads("ParallelBlock", group, attn.n_embd, attn.n_head, sequence_parallel, dtype)
         self.group, self.sequence_parallel = group, sequence_parallel
         with already_agreed():  # one collective for the block, not one per layer
-            self.ln_1 = replicate_layer_norm(block.ln_1, group, sequence_parallel)
+            self.ln_1 = replicate(block.ln_1, group, sequence_parallel)
             self.attn = ParallelCausalSelfAttention(attn, group, sequence_parallel)
-            self.ln_2 = replicate_layer_norm(block.ln_2, group, sequence_parallel)
+            self.ln_2 = replicate(block.ln_2, group, sequence_parallel)
             self.mlp = ParallelFeedForward(block.mlp, group, sequence_parallel)
 
     def forward(self, x: Tensor) -> Tensor:

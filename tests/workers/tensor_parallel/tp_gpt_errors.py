@@ -47,6 +47,11 @@ def ids_out_of_range() -> None:
     model(np.full((1, 4), 11 if world.rank == 1 else 0, dtype=np.int64))  # bad on rank 1 only
 
 
+def gpt_from_per_rank_seeds() -> None:
+    md.manual_seed(world.rank)
+    ParallelGPT.from_gpt(GPT(GPTConfig(**small)), tp_mesh)
+
+
 md.manual_seed(0)
 cases = {
     "gpt_heads": lambda: ParallelGPT(GPTConfig(**{**small, "n_head": 1}), tp_mesh),
@@ -55,5 +60,6 @@ cases = {
     "sequence": sequence_not_divisible,
     "dropout_cp": dropout_under_cp,
     "ids": ids_out_of_range,
+    "different_gpts": gpt_from_per_rank_seeds,
 }
 write_json(out_dir, f"rank{world.rank}.json", {name: outcome(case) for name, case in cases.items()})
