@@ -244,9 +244,12 @@ def main() -> None:
     # Dropout masks from here on: each rank its own stream (seed + rank), as nanoGPT does. With one seed
     # for all, every rank would drop the same units of its (different) windows: the masks of the global
     # batch would repeat once per rank instead of being drawn independently for each window. (Per
-    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, would
-    # need one stream; see the README on seeds.)
-    md.manual_seed(args.seed + rank) if mesh_run is None else mesh_run.seed_dropout(args.seed)
+    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, need one
+    # stream; on a mesh, seed_dropout does that.)
+    if mesh_run is None:
+        md.manual_seed(args.seed + rank)
+    else:
+        mesh_run.seed_dropout(args.seed)
 
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
@@ -291,17 +294,18 @@ def main() -> None:
             # this replica's mean, equal on its tp and pp ranks: the mean over all ranks below is still the
             # mean over the global batch
             step_loss[0] = mesh_run.forward_backward(batches)
-        for k in range(0 if mesh_run else args.grad_accum):
-            x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
-            logits = model(x)  # (b, T, vocab)
-            # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
-            # micro-batch then gives the gradient of the mean loss over the global batch.
-            loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
-            last = k == args.grad_accum - 1
-            # All but the last backward accumulate locally (no_sync); the last one all-reduces the sum once.
-            with contextlib.nullcontext() if last or args.zero else model.no_sync():
-                loss.backward()
-            step_loss += loss.item()
+        else:
+            for k in range(args.grad_accum):
+                x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next chars
+                logits = model(x)  # (b, T, vocab)
+                # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
+                # micro-batch then gives the gradient of the mean loss over the global batch.
+                loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
+                last = k == args.grad_accum - 1
+                # All but the last backward accumulate locally (no_sync); the last all-reduces the sum once.
+                with contextlib.nullcontext() if last or args.zero else model.no_sync():
+                    loss.backward()
+                step_loss += loss.item()
         if args.grad_clip:
             # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
             # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
