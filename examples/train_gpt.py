@@ -8,11 +8,19 @@ gradients (or, with ``--zero 1|2``, the ZeRO optimizer reduce-scatters them and 
 state per rank). Any number of ranks trains the same model as one process, from the same seed (up to
 float rounding; with --dropout each rank draws its own masks, so there the layout changes the result).
 
+The ranks can also form a 4-D mesh, dp x tp x pp x cp = ranks (Megatron-LM's layouts): --tp splits the
+heads, the MLP and the vocabulary (with --sequence-parallel the LayerNorms work on T / tp positions),
+--pp cuts the layers into pipeline stages (--schedule, --microbatches), --cp splits the sequence (ring
+attention); the rest is --dp. The model, data and steps stay the same, so every layout trains the model
+of one process; checkpoints load on any other layout. That machinery is in train_gpt_layout.py.
+
     mpirun -n 8 python examples/train_gpt.py                          # defaults: val loss 1.85, ~6 min
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
     mpirun -n 4 python examples/train_gpt.py --zero 2 --grad-accum 2  # same model, sharded AdamW state
     mpirun -n 8 python examples/train_gpt.py --data my_text.txt       # any UTF-8 text file
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
+    mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
+    mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --cp 2 --sequence-parallel   # x context
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
 41-60 of a run; the full figures and conditions are in benchmarks/README.md, "GPT (issue 17)"):
@@ -28,6 +36,10 @@ What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (t
   --grad-accum 2  5,400-6,300 tokens/s (-10-20 %): the same result with half the activation memory
   --zero 1|2      6,800-7,900 tokens/s (no measurable cost here): the same result with the AdamW state
                   (and with 2 the gradients) split over the ranks
+  --dp 2 --tp 2 --pp 2 / --dp 2 --tp 2 --cp 2 --sequence-parallel: after 100 steps the val loss of --dp 8
+                  to float32 rounding (2.5104783), at 0.5-0.7x its tokens/s on this one 2-core machine
+                  (benchmarks/README.md, "4-D layouts of the example"): they are for models that do not fit
+                  one device
 """
 
 # ruff: noqa: E402  (NumPy, imported below, must start after OMP_NUM_THREADS is set)
@@ -40,12 +52,18 @@ for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import contextlib
+import functools
 import io
 import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
+
+# Tests load this file by its path; `python examples/train_gpt.py` puts the folder on the path itself.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from train_gpt_layout import MeshTraining, add_layout_arguments, check_layout, is_data_parallel
 
 import minidist as md
 import minidist.distributed as dist
@@ -103,6 +121,7 @@ parser.add_argument("--checkpoint-dir", default=None, help="save here at every e
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,6 +177,10 @@ def main() -> None:
     with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
         with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
             args = parse_arguments()
+    check_layout(args, world_size)  # fills in --dp; a layout that does not fit: ValueError on every rank
+    # tp, pp or cp > 1 (or sequence parallelism): a ProcessMesh and the parallel GPT, train_gpt_layout.py
+    mesh_run = None if is_data_parallel(args) else MeshTraining(args)
+    mesh = mesh_run.mesh if mesh_run else None  # (None: data parallelism over the world, for checkpoints)
 
     # --- data: characters -> integer ids. Every rank reads the whole text (about 1 MB).
     text = load_text(args.data) if args.data else load_shakespeare()
@@ -176,6 +199,7 @@ def main() -> None:
     batches, val_batches = (
         RandomWindows(ids, args.block_size, args.batch_size, seed=args.seed, rank=rank,
                       world_size=world_size, accumulation_steps=args.grad_accum)
+        if mesh_run is None else mesh_run.windows(ids)  # on a mesh: one share per dp rank
         for ids in (train_ids, val_ids)
     )  # fmt: skip
 
@@ -186,18 +210,25 @@ def main() -> None:
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
     )  # fmt: skip
     gpt = GPT(config)
+    if mesh_run:  # every rank keeps its pieces of this model (tp shards, pp stage); gpt itself is not trained
+        mesh_run.build(gpt)
     if rank == 0:
         print(
             f"GPT: {gpt.num_parameters():,} parameters, {tokenizer.vocab_size} characters, {world_size} ranks"
+            + (f" ({mesh_run.describe()})" if mesh_run else "")
         )
 
     # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
     # pulling them toward 0 regularises nothing and fights the normalisation).
-    decay = [p for p in gpt.parameters() if p.ndim >= 2]
-    no_decay = [p for p in gpt.parameters() if p.ndim < 2]
+    params = mesh_run.params if mesh_run else list(gpt.parameters())  # on a mesh: this rank's pieces
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     betas = (0.9, args.beta2)
-    if args.zero:
+    if mesh_run:  # DDP over dp x cp, or the pipeline (which combines the gradients itself)
+        model = mesh_run.wrapped
+        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
         # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
         model = gpt
@@ -213,14 +244,19 @@ def main() -> None:
     # Dropout masks from here on: each rank its own stream (seed + rank), as nanoGPT does. With one seed
     # for all, every rank would drop the same units of its (different) windows: the masks of the global
     # batch would repeat once per rank instead of being drawn independently for each window. (Per
-    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, would
-    # need one stream; see the README on seeds.)
-    md.manual_seed(args.seed + rank)
+    # data-parallel rank: the ranks of a tensor-parallel group, which hold the same activations, need one
+    # stream; on a mesh, seed_dropout does that.)
+    if mesh_run is None:
+        md.manual_seed(args.seed + rank)
+    else:
+        mesh_run.seed_dropout(args.seed)
 
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
     if args.resume:
-        info = checkpoint.load_latest(args.checkpoint_dir, model, optimizer, sampler=batches, missing_ok=True)
+        info = checkpoint.load_latest(
+            args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, missing_ok=True
+        )  # (saved on another layout: resharded, by GPT's parameter names)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
             # The rate is a function of the step and of THIS run's flags: step the schedule to where the run
@@ -241,6 +277,11 @@ def main() -> None:
         elif rank == 0:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
 
+    def evaluate(train: RandomWindows, val: RandomWindows) -> dict[str, float]:
+        """Train and validation loss estimates (the same windows on every layout)."""
+        evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, gpt)
+        return evaluate_on({"train": train, "val": val}, args.eval_iters)
+
     # --- training loop
     peak = matmul_rate(world)  # FLOP/s, for the MFU
     flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
@@ -249,21 +290,28 @@ def main() -> None:
     logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
     while step < args.max_iters:
         start, step_loss = time.perf_counter(), np.zeros(1)
-        for k in range(args.grad_accum):
-            x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next-char targets
-            logits = model(x)  # (b, T, vocab)
-            # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
-            # micro-batch then gives the gradient of the mean loss over the global batch.
-            loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
-            last = k == args.grad_accum - 1
-            # All but the last backward accumulate locally (no_sync); the last one all-reduces the sum once.
-            with contextlib.nullcontext() if last or args.zero else model.no_sync():
-                loss.backward()
-            step_loss += loss.item()
+        if mesh_run:  # the same step on a mesh, its gradients combined over the mesh's groups; the loss is
+            # this replica's mean, equal on its tp and pp ranks: the mean over all ranks below is still the
+            # mean over the global batch
+            step_loss[0] = mesh_run.forward_backward(batches)
+        else:
+            for k in range(args.grad_accum):
+                x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next chars
+                logits = model(x)  # (b, T, vocab)
+                # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
+                # micro-batch then gives the gradient of the mean loss over the global batch.
+                loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
+                last = k == args.grad_accum - 1
+                # All but the last backward accumulate locally (no_sync); the last all-reduces the sum once.
+                with contextlib.nullcontext() if last or args.zero else model.no_sync():
+                    loss.backward()
+                step_loss += loss.item()
         if args.grad_clip:
             # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
             # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
-            if args.zero:
+            if mesh_run:  # summed over the tp shards and the pp stages (train_gpt_layout.py)
+                mesh_run.clip_grad_norm_(args.grad_clip)
+            elif args.zero:
                 optimizer.clip_grad_norm_(args.grad_clip)
             else:
                 clip_grad_norm_(gpt.parameters(), args.grad_clip)
@@ -284,7 +332,7 @@ def main() -> None:
                 bar.write(f"step {step:5d}: loss {loss_now:.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
             logged_at, seconds = step, 0.0
         if step % args.eval_interval == 0 or step == args.max_iters:
-            estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+            estimate = evaluate(batches, val_batches)
             evaluated_at = step
             if rank == 0:
                 bar.write(
@@ -292,7 +340,7 @@ def main() -> None:
                 )
             if args.checkpoint_dir:  # collective and atomic; keeps the newest 2
                 checkpoint.save(
-                    args.checkpoint_dir, model, optimizer, step=step, sampler=batches, keep_last=2,
+                    args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,
                     extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
                            "losses": losses},
                 )  # fmt: skip
@@ -301,7 +349,9 @@ def main() -> None:
 
     # --- the result: the validation loss and a sample from the model.
     if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated
-        estimate = estimate_loss(gpt, {"train": batches, "val": val_batches}, args.eval_iters)
+        estimate = evaluate(batches, val_batches)
+    if mesh_run:  # the pieces put back together into one GPT on rank 0 (collective), for the sample
+        gpt = mesh_run.gathered()
     if rank == 0:
         print(f"val loss: {estimate['val']:.4f}")
         # (1, 1): start from a newline, or from the text's first character if it has none

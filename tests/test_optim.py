@@ -336,6 +336,18 @@ def test_empty_parameter_list_raises(cls):
 
 
 @pytest.mark.parametrize("cls", [optim.SGD, optim.AdamW], ids=["sgd", "adamw"])
+def test_an_empty_group_is_allowed_as_in_torch(cls):
+    """torch accepts a group without parameters (a pipeline stage may hold no vector for the no-decay
+    group); it keeps the group numbering the same on every stage. It updates nothing."""
+    p = nn.Parameter(np.ones(2))
+    p.grad = np.ones(2)
+    opt = cls([{"params": [p]}, {"params": [], "weight_decay": 0.0}], lr=0.1)
+    opt.step()
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["params"] == [] and np.all(p.data < 1)
+    assert len(opt.state_dict()["param_groups"]) == 2
+
+
+@pytest.mark.parametrize("cls", [optim.SGD, optim.AdamW], ids=["sgd", "adamw"])
 def test_non_tensor_parameter_raises_type_error(cls):
     with pytest.raises(TypeError, match="ndarray"):
         cls([np.ones(2)], lr=0.1)

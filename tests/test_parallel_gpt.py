@@ -90,6 +90,10 @@ def test_parallel_gpt_trains_like_one_process(tmp_path_factory, dp, cp, tp, data
                     np.testing.assert_allclose(
                         got[f"{sp}/{kind}/{name}"], want, **TOL, err_msg=f"{kind} {name}, {where}"
                     )
+                # gather_gpt puts the pieces back together: the full tensor, exactly the pieces' values
+                np.testing.assert_allclose(got[f"{sp}/gathered/{name}"], ref[f"param/{name}"], **TOL)
+                np.testing.assert_array_equal(piece(got[f"{sp}/gathered/{name}"], f, tp, r % tp),
+                                              got[f"{sp}/param/{name}"])  # fmt: skip
     assert ref["losses"][-1] < ref["losses"][0]  # the steps did train
 
 

@@ -1,6 +1,8 @@
 """Pipeline parallelism for the GPT (issue 18, item 5): ``GPT.pipeline_layers()`` equals the GPT,
 stages carry GPT's parameter names, and the tied token table stays one weight across two stages.
 
+``ParallelGPT.pipeline_layers()`` (tp 2 x pp 2) ties each tp rank's vocabulary shard the same way.
+
 On one process: the Sequential's logits and gradients are the GPT's, bit for bit, and any cut of it
 names its parameters as the GPT does. On 2 and 4 MPI ranks (float64): 3 AdamW steps (gradients
 clipped by ``clip_grad_norm_`` over the pp group, which counts the tied copy once) under 1F1B,
@@ -25,13 +27,16 @@ import pp_gpt_common as common  # noqa: E402
 from cupy_stand_in import DeviceArray, install  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
+import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
-from minidist import nn  # noqa: E402
+from minidist import nn, optim  # noqa: E402
+from minidist.models import GPT, GPTConfig  # noqa: E402
 from minidist.nn.module import Parameter  # noqa: E402
 from minidist.parallel import clip_grad_norm_  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.pipeline.partition import build_stage, partition  # noqa: E402
 from minidist.parallel.pipeline.tied import find_tied  # noqa: E402
+from minidist.parallel.tensor_parallel.split import shard_index  # noqa: E402
 
 # float64: the pipeline changes only the order of floating-point sums (per microbatch, then over
 # microbatches, dp replicas and the two tied copies), a few ulps per step. AdamW divides by sqrt(v),
@@ -219,3 +224,42 @@ def test_gpt_on_dp2_x_pp2_and_four_stages_equals_one_process(tmp_path):
         dict(pp=2, dp=2, m=2, schedule="1f1b", seed=3, freeze=["wte.weight", "wpe.weight"]),  # dp: no grad
     ]
     assert len(run_configs(tmp_path, 4, cfgs)) == len(cfgs)
+
+
+@pytest.mark.mpi
+def test_parallel_gpt_pipeline_ties_each_tp_ranks_vocabulary_shard(tmp_path):
+    """tp 2 x pp 2: the last stage's tied copy is this tp rank's 32 or 31 rows of the 63-row table,
+    flagged ``is_tied_copy``, bit-equal to stage 0's after 3 clipped AdamW steps, and the model equals
+    one process (the one-process GPT's pipeline, cut by split.py's rule)."""
+    run_mpi(4, "pipeline/pp_parallel_gpt.py", tmp_path, timeout=120)
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(4)]
+    meta = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for r in range(4):  # rank = pp_rank * 2 + tp_rank
+        pp_rank, tp_rank = divmod(r, 2)
+        assert meta[r]["tied"] == [{"name": "wte.weight", "ranks": [0, 1], "copy": pp_rank == 1, "tp_dim": 0}]
+        if pp_rank == 1:
+            original = ranks[tp_rank]["param/wte.weight"]  # stage 0, same tp rank
+            assert original.shape == ((32, 8) if tp_rank == 0 else (31, 8))
+            np.testing.assert_array_equal(ranks[r]["tied_copy"], original)
+    # against one process: the same GPT, the same 3 clipped AdamW steps on the whole batch
+    md.manual_seed(3)
+    config = GPTConfig(vocab_size=63, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype=np.float64)
+    gpt = GPT(config)
+    full = dict(gpt.named_parameters())
+    opt = optim.AdamW(gpt.parameters(), lr=1e-2)
+    ids = np.random.default_rng(4).integers(0, 63, (4, 9))
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(gpt(ids[:, :-1]).reshape(-1, 63), ids[:, 1:].reshape(-1))
+        loss.backward()
+        nn.utils.clip_grad_norm_(gpt.parameters(), 0.05)
+        opt.step()
+        losses.append(loss.item())
+    for r in range(4):
+        np.testing.assert_allclose(ranks[r]["losses"], losses, **TOL)
+        for name, (tp_dim, stride) in meta[r]["flags"].items():
+            want = full[name].numpy()
+            if tp_dim is not None:  # this tp rank's piece, by split.py's rule
+                want = want[shard_index(want.shape, tp_dim, 2, r % 2, stride)]
+            np.testing.assert_allclose(ranks[r][f"param/{name}"], want, **TOL, err_msg=f"{name} on rank {r}")

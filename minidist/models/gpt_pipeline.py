@@ -16,10 +16,15 @@ Pipeline stages name parameters by it (``pipeline/partition.py``), so a stage's 
 GPT's names and checkpoints move between the GPT and any pipeline layout.
 
 **The tied head.** With ``tie_weights`` the head reads the token table through a small holder module
-named ``wte`` whose ``weight`` *is* the embedding's Parameter: on one process a single Parameter used
-twice, whose gradient sums both uses (as in ``GPT.forward``). When the embedding and the head land on
-different pipeline stages, ``PipelineParallel`` gives the head's stage a copy of it, swapped into the
-holder only, never into the GPT (``pipeline/tied.py``).
+(:class:`WeightHolder`) named ``wte`` whose ``weight`` *is* the embedding's Parameter: on one process
+a single Parameter used twice, whose gradient sums both uses (as in ``GPT.forward``). When the
+embedding and the head land on different pipeline stages, ``PipelineParallel`` gives the head's stage
+a copy of it, swapped into the holder only, never into the GPT (``pipeline/tied.py``).
+
+**One design for every layout.** ``ParallelGPT.pipeline_layers()`` (tensor, sequence and context
+parallelism) uses subclasses of these two layers (``parallel_gpt_layers.py``): the same holders, names
+and ``pipeline_name``, so the same tied-copy machinery keeps a tp rank's vocabulary shard of ``wte``
+equal on the first and the last stage; only ``forward`` adds the collectives.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from minidist.autograd import Tensor
 from minidist.nn import functional as F
-from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear
+from minidist.nn.layers import Dropout, Embedding, LayerNorm
 from minidist.nn.module import Module, Parameter
 
 
@@ -63,7 +68,7 @@ class GPTEmbedding(Module):
     Holds the GPT's ``wte``, ``wpe`` and ``drop`` (the same objects); ``pipeline_name = ""``.
     """
 
-    def __init__(self, wte: Embedding, wpe: Embedding, drop: Dropout, block_size: int) -> None:
+    def __init__(self, wte: Module, wpe: Embedding, drop: Dropout, block_size: int) -> None:
         super().__init__()
         self.wte, self.wpe, self.drop = wte, wpe, drop
         self.block_size = block_size
@@ -73,8 +78,9 @@ class GPTEmbedding(Module):
         return embed_tokens(idx, self.wte, self.wpe, self.drop, self.block_size)
 
 
-class TiedWeight(Module):
-    """Holds one Parameter, ``weight``, that belongs to another module (the tied head's token table)."""
+class WeightHolder(Module):
+    """Holds one Parameter, ``weight``: the tied head's token table (a Parameter of another module), or
+    a parallel model's slice of an untied head's rows (``ParallelGPT``)."""
 
     def __init__(self, weight: Parameter) -> None:
         super().__init__()
@@ -84,16 +90,17 @@ class TiedWeight(Module):
 class GPTHead(Module):
     """The last pipeline layer: activations (B, T, C) -> logits (B, T, vocab_size).
 
-    ``ln_f`` then the output projection: by ``lm_head`` (a Linear without bias) if given, else by the
-    token table ``wte.weight`` (weight tying; the holder :class:`TiedWeight`, registered as ``wte``, so
-    the parameter's name is ``wte.weight``). ``pipeline_name = ""``.
+    ``ln_f`` then the output projection: by ``lm_head`` (a Linear without bias, or any module with a
+    (V, C) ``weight``) if given, else by the token table ``wte.weight`` (weight tying; the holder
+    :class:`WeightHolder`, registered as ``wte``, so the parameter's name is ``wte.weight``).
+    ``pipeline_name = ""``.
     """
 
-    def __init__(self, ln_f: LayerNorm, wte: Embedding, lm_head: Linear | None = None) -> None:
+    def __init__(self, ln_f: LayerNorm, wte: Module, lm_head: Module | None = None) -> None:
         super().__init__()
         self.ln_f = ln_f
         if lm_head is None:
-            self.wte = TiedWeight(wte.weight)
+            self.wte = WeightHolder(wte.weight)
         else:
             self.lm_head = lm_head
         self.pipeline_name = ""

@@ -40,12 +40,8 @@ from minidist.autograd import Tensor
 from minidist.distributed import agree
 from minidist.distributed.agreement import all_gather_json
 from minidist.models.gpt import GPT, GPTConfig
-from minidist.models.parallel_gpt_layers import (
-    ParallelGPTEmbedding,
-    ParallelGPTHead,
-    SequenceLayout,
-    WeightHolder,
-)
+from minidist.models.gpt_pipeline import WeightHolder
+from minidist.models.parallel_gpt_layers import ParallelGPTEmbedding, ParallelGPTHead, SequenceLayout
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Module
 from minidist.parallel.tensor_parallel import (

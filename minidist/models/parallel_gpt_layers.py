@@ -2,8 +2,12 @@
 
 ``ParallelGPT.forward`` is ``head(h(embedding(idx)))`` with these two layers, and
 ``ParallelGPT.pipeline_layers()`` hands the same kind of layers to a pipeline, so both compute the
-same thing. Each holds the model's own modules (nothing is copied) and has ``pipeline_name = ""``:
-their parameters sit at the model's root (``wte.weight``, ``ln_f.bias``), as in ``GPT``.
+same thing. They are ``GPT.pipeline_layers()``'s two layers (``gpt_pipeline.py``) with the
+collectives added: each holds the model's own modules (nothing is copied), ``pipeline_name = ""``
+(their parameters sit at the model's root: ``wte.weight``, ``ln_f.bias``, as in ``GPT``), and the
+tied head holds ``wte.weight`` (this tp rank's vocabulary rows) the same way, so ``PipelineParallel``
+gives the last stage a copy of this rank's shard (``is_tied_copy``) and sums its gradient with the
+first stage's over the tied group, exactly as for the one-process GPT.
 
 Where a rank's tokens sit in the sequence is the :class:`SequenceLayout`: under context parallelism
 this rank holds the balanced split's positions (``context_parallel_positions``); under sequence
@@ -19,8 +23,9 @@ import numpy as np
 
 from minidist.autograd import Tensor
 from minidist.distributed.comm import Communicator
+from minidist.models.gpt_pipeline import GPTEmbedding, GPTHead
 from minidist.nn import functional as F
-from minidist.nn.module import Module, Parameter
+from minidist.nn.module import Module
 from minidist.parallel.context_parallel import context_parallel_positions
 from minidist.parallel.tensor_parallel import (
     copy_to_tensor_parallel_region,
@@ -65,25 +70,18 @@ class SequenceLayout:
         return positions[self.tp_group.rank * width : (self.tp_group.rank + 1) * width]
 
 
-class WeightHolder(Module):
-    """Holds one Parameter, ``weight`` (an untied output head's vocabulary rows)."""
-
-    def __init__(self, weight: Parameter) -> None:
-        super().__init__()
-        self.weight = weight
-
-
-class ParallelGPTEmbedding(Module):
+class ParallelGPTEmbedding(GPTEmbedding):
     """Token ids (B, T_local) -> ``drop(wte(ids) + wpe(positions))``: (B, T_local, C), or under
     sequence parallelism (B, T_local / tp, C) (``wte.reduce`` is then a reduce-scatter).
 
-    Raises ``ValueError`` for ids that are not (B, T_local) and as :meth:`SequenceLayout.positions`.
+    ``GPTEmbedding`` with a vocabulary-parallel ``wte`` and this rank's positions (the same modules,
+    names and ``pipeline_name``). Raises ``ValueError`` for ids that are not (B, T_local) and as
+    :meth:`SequenceLayout.positions`.
     """
 
     def __init__(self, wte: Module, wpe: Module, drop: Module, layout: SequenceLayout) -> None:
-        super().__init__()
-        self.wte, self.wpe, self.drop, self.layout = wte, wpe, drop, layout
-        self.pipeline_name = ""
+        super().__init__(wte, wpe, drop, layout.block_size)
+        self.layout = layout
 
     def forward(self, idx: Any) -> Tensor:
         idx = idx.data if isinstance(idx, Tensor) else idx
@@ -93,21 +91,17 @@ class ParallelGPTEmbedding(Module):
         return self.drop(self.wte(idx) + self.wpe(positions))
 
 
-class ParallelGPTHead(Module):
+class ParallelGPTHead(GPTHead):
     """(B, T_local, C) (or this rank's positions under sequence parallelism) -> ``ln_f`` -> logits
     (B, T_local, V_r) for this tp rank's vocabulary rows of the output weight (``lm_head`` if given, else
-    the tied ``wte``). Before the product every rank needs every position: f (identity forward,
-    all-reduce backward) or, under sequence parallelism, the all-gather g (reduce-scatter backward).
+    the tied ``wte``, held as in ``GPTHead``, so a pipeline's tied copy is this rank's shard). Before the
+    product every rank needs every position: f (identity forward, all-reduce backward) or, under
+    sequence parallelism, the all-gather g (reduce-scatter backward).
     """
 
     def __init__(self, ln_f: Module, wte: Module, lm_head: Module | None, layout: SequenceLayout) -> None:
-        super().__init__()
-        self.ln_f, self.layout = ln_f, layout
-        if lm_head is None:
-            self.wte = WeightHolder(wte.weight)  # tied: named wte.weight, as in GPT
-        else:
-            self.lm_head = lm_head
-        self.pipeline_name = ""
+        super().__init__(ln_f, wte, lm_head)
+        self.layout = layout
 
     def forward(self, x: Tensor) -> Tensor:
         x, group = self.ln_f(x), self.layout.tp_group

@@ -24,8 +24,9 @@ class Optimizer:
     key). ``self.params`` lists every parameter, group after group, and ``state[i]`` holds the arrays
     of the i-th (e.g. a momentum buffer), so that ``state_dict()`` names them by index, as PyTorch does.
 
-    Raises ``ValueError`` for an empty parameter list, a parameter in two groups, a group without
-    ``"params"`` or a non-positive learning rate, and ``TypeError`` for something that is not a tensor.
+    Raises ``ValueError`` for an empty parameter list (an empty group is fine, as in torch), a parameter
+    in two groups, a group without ``"params"`` or a non-positive learning rate, and ``TypeError`` for
+    something that is not a tensor.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], defaults: dict[str, Any]) -> None:
@@ -65,8 +66,9 @@ class Optimizer:
                 raise ValueError("a parameter appears in more than one parameter group; list it once")
             seen.add(id(p))
             unique.append(p)
-        if not unique:
-            raise ValueError("optimizer got an empty parameter list; pass model.parameters()")
+        # A group may be empty, as in torch (a pipeline stage whose layers hold no vector for the
+        # no-decay group): it keeps the groups' numbering the same on every stage, which checkpoints
+        # compare. Only an optimizer without any group is an error (the constructor's check).
         full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": unique}
         self.check_group(full)
         self.param_groups.append(full)

@@ -93,7 +93,7 @@ def clip_grad_norm_(
                 members.append(p.grad)
     arguments = (float(max_norm), norm_type, bool(error_if_nonfinite))
     named = dict(zip(("max_norm", "norm_type", "error_if_nonfinite"), arguments))
-    layout = _digest([(tuple(p.shape), getattr(p, "tp_dim", None)) for p in params], arguments)
+    layout = _digest([_piece_shape(p) for p in params], arguments)
     sharded = sum(getattr(p, "tp_dim", None) is not None for p in params)
     parts = [] if by_group else [replicated]
     for group, members in by_group.values():  # the replicated part travels with the first group's
@@ -109,6 +109,14 @@ def clip_grad_norm_(
     check_finite(norm, norm_type, error_if_nonfinite)  # the same norm on every rank: all raise alike
     scale_grads_(grads, max_norm, norm)
     return norm
+
+
+def _piece_shape(p: Tensor) -> tuple[Any, ...]:
+    """What every tp rank's piece of ``p`` has in common: its shape with the split axis left out (an
+    uneven split, e.g. a 65-row vocabulary over 2 ranks, gives pieces of 33 and 32 rows), and ``tp_dim``."""
+    tp_dim = getattr(p, "tp_dim", None)
+    shape = tuple(-1 if axis == tp_dim else n for axis, n in enumerate(p.shape))
+    return shape, tp_dim
 
 
 def _digest(layout: list[Any], arguments: tuple[Any, ...]) -> float:

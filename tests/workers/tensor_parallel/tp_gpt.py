@@ -7,7 +7,8 @@ c its tokens of the balanced split, every tp rank the same; the vocabulary-paral
 backward DDP has averaged over ``mesh.dp_cp_group`` and the sequence-parallel gradients are summed
 over tp. Checks that ``pipeline_layers()`` computes the same logits. Writes rank{r}.npz:
 "{sp}/losses" (the global mean, averaged over dp x cp), "{sp}/grad/<name>" (first step),
-"{sp}/param/<name>"; rank 0 writes meta.json: each parameter's tp_dim, tp_stride, sequence_parallel.
+"{sp}/param/<name>", "{sp}/gathered/<name>" (``gather_gpt``'s full tensors); rank 0 writes meta.json:
+each parameter's tp_dim, tp_stride, sequence_parallel.
 """
 
 import json
@@ -22,7 +23,7 @@ import gpt_tp_common as common  # noqa: E402
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import optim  # noqa: E402
-from minidist.models import ParallelGPT  # noqa: E402
+from minidist.models import ParallelGPT, gather_gpt  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh  # noqa: E402
 from minidist.parallel.context_parallel import split_for_context_parallel  # noqa: E402
 
@@ -56,6 +57,8 @@ for sp in (0, 1):
         opt.zero_grad()
     results.update({f"{sp}/param/{n}": p.numpy() for n, p in model.named_parameters()})
     results[f"{sp}/losses"] = np.array(losses)
+    gathered = gather_gpt(model.config, model.named_parameters(), mesh, root=None)  # every rank: one model
+    results.update({f"{sp}/gathered/{n}": p.numpy() for n, p in gathered.named_parameters()})
     meta[sp] = {n: [p.tp_dim, p.tp_stride, p.sequence_parallel] for n, p in model.named_parameters()}
 np.savez(out_dir / f"rank{world.rank}.npz", **results)
 if world.rank == 0:
