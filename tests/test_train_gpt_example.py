@@ -22,18 +22,16 @@ average or a wrong slice of the batch changes a step's update by ~lr = 2e-3).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
+import gpt_example
 import numpy as np
 import pytest
-from mpi_utils import REPO, mpi_env, run_mpi
+from gpt_example import cached_runs, checkpoint_at_step_2, load_example
+from mpi_utils import REPO
 
-EXAMPLE = REPO / "examples" / "train_gpt.py"
 # 12 windows per step: divisible by 1, 2, 3, 4 ranks and by ranks x accumulation for the combos below.
 # --eval-interval 2 saves a checkpoint at steps 2 and 4 when --checkpoint-dir is given; evaluating has no
 # effect on training (its own windows, no dropout, no graph), so every run uses it. --grad-clip 0.1: the
@@ -48,42 +46,18 @@ RTOL, ATOL = 1e-13, 1e-14  # see the module docstring
 
 def launch(n: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """The example on ``n`` ranks (``n == 1``: a plain ``python`` process, no mpiexec start-up)."""
-    if n > 1:
-        return run_mpi(n, EXAMPLE, *args, timeout=120, check=check)
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, env=mpi_env(), timeout=120
-    )
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
+    return gpt_example.launch(n, *args, timeout=120, check=check)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """``trained(n, *flags)``: ``(stdout, {losses, val_loss, weights...}, checkpoint folder)`` of the
     example with ``TINY`` and ``flags`` on ``n`` ranks, run once per module."""
-    runs: dict[tuple, tuple] = {}
-
-    def run(n: int, *flags: str) -> tuple[str, dict[str, np.ndarray], Path]:
-        if (n, flags) not in runs:
-            folder = tmp_path_factory.mktemp(f"gpt{n}")
-            out = folder / "out.npz"
-            ckpt = folder / "ckpt"
-            result = launch(n, *TINY, *flags, "--checkpoint-dir", str(ckpt), "--out", str(out))
-            with np.load(out) as saved:
-                runs[n, flags] = (result.stdout, dict(saved), ckpt)
-        return runs[n, flags]
-
-    return run
+    return cached_runs(tmp_path_factory, lambda n, *flags: launch(n, *TINY, *flags), "gpt")
 
 
 def assert_same_training(got: dict, expected: dict, exact: bool = False) -> None:
-    assert got.keys() == expected.keys()
-    for name, value in expected.items():
-        if exact:
-            np.testing.assert_array_equal(got[name], value, err_msg=name)
-        else:
-            np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
+    gpt_example.assert_same_training(got, expected, RTOL, ATOL, exact=exact)
 
 
 # ------------------------------------------------------------------------------------------ equivalence
@@ -119,13 +93,6 @@ def test_dropout_masks_differ_per_rank_so_layouts_differ_only_with_dropout(train
 
 
 # ---------------------------------------------------------------------------------------------- resume
-def checkpoint_at_step_2(ckpt: Path, into: Path) -> Path:
-    """A checkpoint root holding only the step-2 checkpoint of ``ckpt`` (as if the run had stopped after
-    saving it); ``load_latest`` resumes from its only committed step."""
-    shutil.copytree(ckpt / "step_000000002", into / "step_000000002")
-    return into
-
-
 @pytest.mark.mpi
 def test_resume_is_bit_exact_on_the_same_layout_with_dropout(trained, tmp_path):
     """2 steps, checkpoint, 2 more == 4 uninterrupted, to the last bit: the weights, AdamW's moments,
@@ -260,9 +227,7 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
     """In this process: the example's own checks, before any MPI (an interval of 0 would divide by zero
     in the middle of training)."""
-    spec = importlib.util.spec_from_file_location("train_gpt", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)  # defines the parser and functions; main() runs only as a script
+    example = load_example()  # defines the parser and functions; main() runs only as a script
     with pytest.raises(SystemExit) as exit_info:
         example.parse_arguments(flags)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

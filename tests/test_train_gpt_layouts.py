@@ -24,18 +24,13 @@ rounding noise that AdamW turns into weights of ~1e-15 (test_train_gpt_example.p
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
+import gpt_example
 import numpy as np
 import pytest
-from mpi_utils import REPO, mpi_env, run_mpi
+from gpt_example import cached_runs, checkpoint_at_step_2, load_example
 
-EXAMPLE = REPO / "examples" / "train_gpt.py"
 LAYOUT_TINY = (
     "--n-layer", "1", "--n-embd", "16", "--n-head", "4", "--block-size", "16", "--batch-size", "8",
     "--max-iters", "4", "--eval-interval", "2", "--eval-iters", "1", "--sample-tokens", "5",
@@ -45,39 +40,19 @@ RTOL, ATOL = 1e-10, 1e-13  # see the module docstring
 
 
 def launch(n: int, *args: str, check: bool = True):
-    """The example on ``n`` ranks (``n == 1``: a plain ``python`` process)."""
-    if n > 1:
-        return run_mpi(n, EXAMPLE, *LAYOUT_TINY, *args, timeout=240, check=check)
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), *LAYOUT_TINY, *args],
-        capture_output=True, text=True, env=mpi_env(), timeout=120,
-    )  # fmt: skip
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
+    """The example with ``LAYOUT_TINY`` on ``n`` ranks (``n == 1``: a plain ``python`` process)."""
+    return gpt_example.launch(n, *LAYOUT_TINY, *args, timeout=240, check=check)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """``trained(n, *flags)``: ``(stdout, {losses, val_loss, weights...}, checkpoint folder)``, run once."""
-    runs: dict[tuple, tuple] = {}
-
-    def run(n: int, *flags: str):
-        if (n, flags) not in runs:
-            folder = tmp_path_factory.mktemp(f"layout{n}")
-            out, ckpt = folder / "out.npz", folder / "ckpt"
-            result = launch(n, *flags, "--checkpoint-dir", str(ckpt), "--out", str(out))
-            with np.load(out) as saved:
-                runs[n, flags] = (result.stdout, dict(saved), ckpt)
-        return runs[n, flags]
-
-    return run
+    return cached_runs(tmp_path_factory, launch, "layout")
 
 
 def assert_same_training(got: dict, expected: dict) -> None:
-    assert got.keys() == expected.keys()  # GPT's parameter names, every one gathered
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
+    # GPT's parameter names, every one gathered
+    gpt_example.assert_same_training(got, expected, RTOL, ATOL)
 
 
 PIPELINE = ("--dp", "2", "--tp", "2", "--pp", "2")  # 8 ranks; --microbatches: the default, 2 pp = 4
@@ -97,12 +72,6 @@ def test_a_4d_layout_trains_the_model_of_one_process(trained, flags):
     match = re.search(r"^val loss: (\d+\.\d{4})\n", stdout, re.MULTILINE)
     assert match and float(match.group(1)) == pytest.approx(float(result["val_loss"]), abs=5e-5), stdout
     assert len(stdout[match.end() :]) == 1 + 5 + 1  # the sample from the gathered model: prompt, 5, newline
-
-
-def checkpoint_at_step_2(ckpt: Path, into: Path) -> Path:
-    """A checkpoint root holding only the step-2 checkpoint of ``ckpt`` (``load_latest`` resumes it)."""
-    shutil.copytree(ckpt / "step_000000002", into / "step_000000002")
-    return into
 
 
 @pytest.mark.mpi
@@ -136,14 +105,6 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
         "error on ranks 0-1: the layout does not fit the 2 ranks: dp x tp x pp x cp = ? x 4 x 1 x 1"
     ), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
-
-
-def load_example():
-    """examples/train_gpt.py as a module (its parser and checks; main() runs only as a script)."""
-    spec = importlib.util.spec_from_file_location("train_gpt", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)  # (it puts examples/ on sys.path for train_gpt_layout.py)
-    return example
 
 
 @pytest.mark.parametrize(
