@@ -6,6 +6,7 @@ Choose with ``HYPOTHESIS_PROFILE=dev python -m pytest``.
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -13,3 +14,14 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def same_arguments_everywhere(monkeypatch):
+    """Stand-in for the construction-time exchange (``minidist/distributed/agreement.py``): every rank of a
+    ``fake_group`` (tests/fake_group.py) sent this rank's record, i.e. all ranks passed the same arguments
+    (tests/workers/tensor_parallel/tp_errors.py and tp_gpt_errors.py run the real collective with
+    arguments that differ)."""
+    from minidist.distributed import agreement
+
+    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import gpt_tp_common as common  # noqa: E402
+from fake_group import fake_group  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
 from minidist import nn  # noqa: E402
-from minidist.distributed import Communicator  # noqa: E402
 from minidist.models.transformer import Block  # noqa: E402
 from minidist.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 from minidist.parallel.tensor_parallel import ParallelBlock  # noqa: E402
@@ -98,19 +98,6 @@ def test_parallel_block_equals_the_full_block(tmp_path_factory, tp, data):
 
 
 # --- errors and the cut itself, in one process (a fake group that never communicates) ------------------
-def fake_group(size: int, rank: int = 0) -> Communicator:
-    """A Communicator of ``size`` ranks that never communicates: enough for checks made before any message."""
-    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
-    group.size, group.rank = size, rank
-    return group
-
-
-@pytest.fixture
-def same_arguments_everywhere(monkeypatch):
-    """Every rank of the fake group sent this rank's record (the real exchange: tp_gpt_errors.py)."""
-    from minidist.distributed import agreement
-
-    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
 
 def test_from_linear_errors_name_the_axis_that_does_not_split(same_arguments_everywhere):

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
+from fake_group import fake_group  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
 import minidist as md  # noqa: E402
-from minidist.distributed import Communicator  # noqa: E402
 from minidist.parallel.tensor_parallel import sequence_parallel as sp  # noqa: E402
 
 RANKS = 3
@@ -78,13 +78,6 @@ def gathered_x_times(ranks: list[dict], r: int) -> np.ndarray:
     """What rank r's ``all_gather_linear`` must return: every rank's x on axis 1, times rank r's W, + b."""
     x = np.concatenate([got["linear_x/x"] for got in ranks], axis=1)
     return x @ ranks[r]["W0"].T + ranks[r]["b0"]
-
-
-def fake_group(size: int, rank: int = 0) -> Communicator:
-    """A Communicator of ``size`` ranks that never communicates: enough for checks made before any message."""
-    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
-    group.size, group.rank = size, rank
-    return group
 
 
 def test_a_sequence_not_divisible_by_the_group_is_an_error():

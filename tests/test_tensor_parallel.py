@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import tp_common  # noqa: E402
+from fake_group import fake_group  # noqa: E402
 from mpi_utils import run_mpi  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import nn  # noqa: E402
-from minidist.distributed import Communicator  # noqa: E402
 from minidist.parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear  # noqa: E402
 from minidist.parallel.tensor_parallel import shard_parameter  # noqa: E402
 
@@ -158,21 +158,6 @@ def test_f_g_scatter_gather_gradients_match_finite_differences(tmp_path):
 
 
 # --- errors and metadata, in one process (a world of one rank) ---------------------------------------
-def fake_group(size: int, rank: int = 0) -> Communicator:
-    """A Communicator of ``size`` ranks that never communicates: enough for checks made before any message."""
-    group = Communicator.__new__(Communicator)  # skips __init__ (which would duplicate an MPI communicator)
-    group.size, group.rank = size, rank
-    return group
-
-
-@pytest.fixture
-def same_arguments_everywhere(monkeypatch):
-    """Stand-in for the construction-time exchange (``minidist/distributed/agreement.py``): every rank of the
-    fake group sent this rank's record, i.e. all ranks passed the same arguments
-    (tests/workers/tensor_parallel/tp_errors.py runs the real collective with arguments that differ)."""
-    from minidist.distributed import agreement
-
-    monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 
 
 def test_sizes_not_divisible_by_the_group_are_errors(same_arguments_everywhere):
