@@ -101,6 +101,17 @@ class ScaledDotProductAttention(Function):
 
 
 @functools.lru_cache(maxsize=16)
+def mixed_dtypes_error(query: Any, key: Any, value: Any) -> RuntimeError | None:
+    """torch's error for query, key and value of different dtypes, or None when they agree (also used by
+    ``ring_attention``'s checks, so both attentions say the same thing)."""
+    if query.dtype == key.dtype == value.dtype:
+        return None
+    return RuntimeError(
+        "Expected query, key, and value to have the same dtype, but got query.dtype: "
+        f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+    )
+
+
 def _causal_bias(rows: int, cols: int, dtype: str, gpu: bool) -> Any:
     """The (rows, cols) additive causal mask, built once per shape: 0 on and below the diagonal
     (query i sees keys 0..i, top-left aligned as torch's ``is_causal``), -inf above it."""
@@ -147,11 +158,9 @@ def scaled_dot_product_attention(
             raise ValueError(
                 f"scaled_dot_product_attention: {name} must be (..., length, features), got {t.shape}"
             )
-    if not query.dtype == key.dtype == value.dtype:
-        raise RuntimeError(
-            "Expected query, key, and value to have the same dtype, but got query.dtype: "
-            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
-        )
+    mixed = mixed_dtypes_error(query, key, value)
+    if mixed is not None:
+        raise mixed
     if query.dtype.kind != "f":  # (integers failed inside NumPy's exp, with a casting error)
         raise RuntimeError(
             f"scaled_dot_product_attention: expected floating-point query, key and value, got {query.dtype}; "

@@ -21,6 +21,7 @@ import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator
+from minidist.ops.attention import mixed_dtypes_error
 from minidist.parallel.context_parallel.split import LAYOUTS
 
 
@@ -61,11 +62,9 @@ def _local_error(
             return ValueError(
                 f"ring_attention: {name} must be (B, heads, T/cp, head_size), got shape {t.shape}"
             )
-    if not query.dtype == key.dtype == value.dtype:
-        return RuntimeError(
-            "Expected query, key, and value to have the same dtype, but got query.dtype: "
-            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
-        )
+    mixed = mixed_dtypes_error(query, key, value)
+    if mixed is not None:
+        return mixed
     if query.dtype.kind != "f":
         return RuntimeError(
             f"ring_attention: expected floating-point query, key and value, got {query.dtype}"
