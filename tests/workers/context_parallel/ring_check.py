@@ -20,9 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-import minidist as md
-import minidist.distributed as dist
-from minidist.parallel.context_parallel import (
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
+from cross_rank_fd import numeric_gradient  # noqa: E402
+
+import minidist as md  # noqa: E402
+import minidist.distributed as dist  # noqa: E402
+from minidist.parallel.context_parallel import (  # noqa: E402
     all_gather_from_context_parallel,
     ring_attention,
     split_for_context_parallel,
@@ -74,17 +77,13 @@ def run_case(i: int, case: dict) -> None:
     result = {**full, "out": gather(o.data), "dq": gather(q.grad), "dk": gather(k.grad), "dv": gather(v.grad)}
     if case["fd"]:
         for j, name in enumerate("qkv"):
-            numeric = np.zeros_like(local[j])
-            for owner in range(cp):  # every rank runs every forward; only the owner moves its entry
-                for index in np.ndindex(*local[j].shape):
-                    values = []
-                    for step in (EPS, -EPS):
-                        moved = [p.copy() for p in local]
-                        if owner == rank:
-                            moved[j][index] += step
-                        values.append(objective(moved, w, case))
-                    if owner == rank:
-                        numeric[index] = (values[0] - values[1]) / (2 * EPS)
+
+            def with_moved(entry, j=j):  # q, k, v with input j replaced by its moved copy
+                return objective([entry if t == j else p.copy() for t, p in enumerate(local)], w, case)
+
+            # every rank runs every forward; only the owner moves its entry
+            owners = [(owner, local[j].shape) for owner in range(cp)]
+            numeric = numeric_gradient(local[j], with_moved, rank, owners, EPS)
             result[f"fd_d{name}"] = gather(numeric)
     if rank == 0:
         np.savez(out_dir / f"case{i}.npz", **result)

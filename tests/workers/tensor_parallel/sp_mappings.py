@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-import minidist as md
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
+from cross_rank_fd import numeric_gradient  # noqa: E402
+
+import minidist as md  # noqa: E402
 import minidist.distributed as dist
 from minidist import nn
 from minidist.parallel.tensor_parallel import sequence_parallel as sp
@@ -55,17 +58,12 @@ for name, (fn, replicated_in, shape) in OPS.items():
     y = fn(xt, world)
     w = np.random.default_rng(cfg["seed"] + 101 + world.rank).standard_normal(y.shape)
     (y * md.tensor(w, dtype=np.float64)).sum().backward()
-    numeric = np.zeros(shape)
-    for owner in [None] if replicated_in else range(n):  # None: every rank perturbs together
-        for i in np.ndindex(*shape):
-            values = []
-            for step in (EPS, -EPS):
-                moved = x.copy()
-                if owner is None or owner == world.rank:
-                    moved[i] += step
-                values.append(objective(fn, moved, w))
-            if owner is None or owner == world.rank:
-                numeric[i] = (values[0] - values[1]) / (2 * EPS)
+    owners = [None] if replicated_in else range(n)  # None: every rank perturbs together
+
+    def moved_objective(moved, fn=fn, w=w):
+        return objective(fn, moved, w)
+
+    numeric = numeric_gradient(x, moved_objective, world.rank, [(o, shape) for o in owners], EPS)
     results[f"{name}/analytic"], results[f"{name}/numeric"] = xt.grad, numeric
     results[f"{name}/x"], results[f"{name}/y"] = x, y.numpy()
     results[f"{name}/sharded"] = np.array(y.sharded_over is not None)

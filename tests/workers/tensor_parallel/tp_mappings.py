@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-import minidist as md
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
+from cross_rank_fd import numeric_gradient  # noqa: E402
+
+import minidist as md  # noqa: E402
 import minidist.distributed as dist
 from minidist.parallel import tensor_parallel as tp
 
@@ -48,16 +51,11 @@ for name, (fn, replicated_in, replicated_out) in OPS.items():
         y.shape
     )
     (y * md.tensor(w, dtype=np.float64)).sum().backward()
-    numeric = np.zeros(shape)
-    for owner in [None] if replicated_in else range(n):  # None: every rank perturbs together
-        for i in np.ndindex(*shape):
-            values = []
-            for step in (EPS, -EPS):
-                moved = x.copy()
-                if owner is None or owner == world.rank:
-                    moved[i] += step
-                values.append(objective(fn, moved, w, replicated_out))
-            if owner is None or owner == world.rank:
-                numeric[i] = (values[0] - values[1]) / (2 * EPS)
+    owners = [None] if replicated_in else range(n)  # None: every rank perturbs together
+
+    def moved_objective(moved, fn=fn, w=w, replicated_out=replicated_out):
+        return objective(fn, moved, w, replicated_out)
+
+    numeric = numeric_gradient(x, moved_objective, world.rank, [(o, shape) for o in owners], EPS)
     results[f"{name}/analytic"], results[f"{name}/numeric"] = xt.grad, numeric
 np.savez(out_dir / f"rank{world.rank}.npz", **results)

@@ -15,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
 import vocab_common as vc  # noqa: E402
+from cross_rank_fd import numeric_gradient  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -42,17 +43,9 @@ def gradients(cfg: dict) -> tuple[np.ndarray, np.ndarray]:
             loss = loss_fn(cfg)(md.tensor(z), data["targets"])
         return float((loss.numpy() * data["g"]).sum())
 
-    numeric = np.zeros_like(mine)
-    for owner, (a, b) in enumerate(bounds):  # every rank walks every entry of every rank's slice
-        for index in np.ndindex(*mine.shape[:-1], b - a):
-            values = []
-            for step in (EPS, -EPS):
-                z = mine.copy()
-                if owner == world.rank:
-                    z[index] += step
-                values.append(objective(z))
-            if owner == world.rank:
-                numeric[index] = (values[0] - values[1]) / (2 * EPS)
+    # every rank walks every entry of every rank's slice
+    owners = [(owner, (*mine.shape[:-1], b - a)) for owner, (a, b) in enumerate(bounds)]
+    numeric = numeric_gradient(mine, objective, world.rank, owners, EPS)
     return vc.run_loss(loss_fn(cfg), mine, data)["logits.grad"], numeric
 
 
