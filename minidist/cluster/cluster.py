@@ -40,7 +40,7 @@ class Cluster:
     def up(
         cls,
         nodes: int = 2,
-        ranks_per_node: int = 1,
+        ranks_per_node: int = 2,
         bandwidth: str | None = None,
         name: str | None = None,
         subnet: int | None = None,
@@ -67,26 +67,28 @@ class Cluster:
         ok, reason = cluster_available()
         if not ok:
             raise ClusterError(reason)
-        with state.locked():  # choose and claim the subnet and names in one step
+        # Under the lock from choosing the subnet until the bridge carries its address: another process
+        # (with this or another state folder) then sees the subnet taken either way.
+        with state.locked():
             k = state.choose_subnet(subnet)
             name = name if name is not None else f"md{k}"
             record = _plan(name, k, nodes, ranks_per_node, rate)
             _check_free(record)
+            state.write(record)  # first: whatever follows can be found and removed
+            cluster = cls(record)
+            try:
+                launch.write_launcher(cluster.launcher)
+                netns.make_bridge(record["bridge"], f"{record['bridge_ip']}/24")
+                for node, veth, address in zip(record["nodes"], record["veths"], record["addresses"]):
+                    netns.make_node(node, veth, record["bridge"], f"{address}/24")
+                    shaping.shape(node, veth, rate)
+            except BaseException as error:  # also Ctrl-C: never leave half a cluster
+                cluster.down()
+                if isinstance(error, ClusterError):
+                    raise ClusterError(f"could not bring up cluster {name!r}: {error}") from None
+                raise
+            record["status"] = "up"
             state.write(record)
-        cluster = cls(record)
-        try:
-            launch.write_launcher(cluster.launcher)
-            netns.make_bridge(record["bridge"], f"{record['bridge_ip']}/24")
-            for node, veth, address in zip(record["nodes"], record["veths"], record["addresses"]):
-                netns.make_node(node, veth, record["bridge"], f"{address}/24")
-                shaping.shape(node, veth, rate)
-        except BaseException as error:  # also Ctrl-C: never leave half a cluster
-            cluster.down()
-            if isinstance(error, ClusterError):
-                raise ClusterError(f"could not bring up cluster {name!r}: {error}") from None
-            raise
-        record["status"] = "up"
-        state.write(record)
         return cluster
 
     @classmethod
