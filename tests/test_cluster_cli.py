@@ -126,6 +126,7 @@ def test_up_run_status_down_trains_mlp_to_the_one_node_accuracy(state_dir):
     "args, message",
     [
         (["up", "--nodes", "0"], "nodes must be a positive integer, got 0"),
+        (["up", "--nodes", "65"], "nodes=65 is more than 64"),
         (["up", "--ranks-per-node", "-1"], "ranks_per_node must be a positive integer, got -1"),
         (["up", "--bandwidth", "5furlong"], "unknown link rate '5furlong'"),
         (["up", "--name", "Bad_name"], "must be 1-8 lowercase letters or digits"),

@@ -119,7 +119,10 @@ class Cluster:
         attempt(netns.remove_bridge, record["bridge"])
         self.launcher.unlink(missing_ok=True)
         if errors:
-            raise ClusterError(f"cluster {self.name!r} was not fully removed: " + "; ".join(errors))
+            raise ClusterError(
+                f"cluster {self.name!r} was not fully removed: {'; '.join(errors)}; its state file stays, "
+                "so that `python -m minidist.cluster down --all` can try again"
+            )
         state.remove(self.name)
 
     def __enter__(self) -> Cluster:
@@ -197,7 +200,11 @@ class Cluster:
         current directory, which every node sees). ``env``: more environment variables, over
         ``os.environ`` and :meth:`env`. Returns the finished process (stdout/stderr captured as text when
         ``capture``). When it fails, times out or is interrupted, every process in the namespaces is
-        killed; a timeout raises ``subprocess.TimeoutExpired`` after that."""
+        killed (all of them: also those of another run on this cluster at the same time); a timeout
+        raises ``subprocess.TimeoutExpired`` after that. ``ClusterError`` for an empty command or a
+        cluster whose namespaces are gone."""
+        if not command:
+            raise ClusterError("run needs a command, e.g. ['python', 'examples/train_mlp.py']")
         if not self._alive():
             raise ClusterError(
                 f"cluster {self.name!r} is not up (its namespaces are gone): `down` it and start a new one"
