@@ -173,7 +173,8 @@ class Cluster:
 
     @property
     def launcher(self) -> Path:
-        return state.STATE_DIR / f"{self.name}.launch"
+        """The launcher script mpiexec calls (launch.py), beside the state file."""
+        return Path(self._state.get("launcher") or state.STATE_DIR / f"{self.name}.launch")
 
     # ---- using it ---------------------------------------------------------------------------------
     def mpiexec_command(self, n: int | None = None) -> list[str]:
@@ -271,7 +272,8 @@ def _plan(name: str, k: int, nodes: int, ranks_per_node: int, rate: int | None) 
         "bridge_ip": f"198.18.{k}.1",
         "ranks_per_node": ranks_per_node,
         "bandwidth_bps": rate,
-        "python": sys.executable,
+        "python": sys.executable,  # which environment made it (for people reading the file)
+        "launcher": str(state.STATE_DIR / f"{name}.launch"),
     }
 
 
