@@ -236,10 +236,10 @@ class Cluster:
 
     def status(self) -> str:
         """A human-readable report: nodes, addresses, ranks per node, shaping, link byte counters."""
-        rate = self.bandwidth
+        rate, ranks = self.bandwidth, f"{self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}"
         lines = [
-            f"cluster {self.name}: {len(self.nodes)} nodes x {self.ranks_per_node} ranks = "
-            f"{self.world_size} ranks, {'up' if self._alive() else 'BROKEN (namespaces missing)'}",
+            f"cluster {self.name}: {len(self.nodes)} nodes x {ranks} = {self.world_size} ranks, "
+            f"{'up' if self._alive() else 'BROKEN (namespaces missing)'}",
             f"  bridge {self._state['bridge']} {self._state['bridge_ip']}/24 (mpiexec's side)",
             f"  links  {'unshaped' if rate is None else f'{rate / 1e6:g} Mbit/s each way (tc tbf)'}",
         ]
@@ -249,7 +249,7 @@ class Cluster:
                 counters = f"sent {rx:,} B, received {tx:,} B"
             except ClusterError:
                 counters = "link missing"
-            lines.append(f"  node   {node} {address} ({self.ranks_per_node} ranks): {counters}")
+            lines.append(f"  node   {node} {address} ({ranks}): {counters}")
         return "\n".join(lines)
 
     def _alive(self) -> bool:
