@@ -214,6 +214,8 @@ class Cluster:
                 f"cluster {self.name!r} is not up (its namespaces are gone): `down` it and start a new one"
             )
         full_env = {**os.environ, **self.env(), **(env or {})}
+        # `python` is this environment's even when `env` is a whole environment with its own PATH
+        full_env["PATH"] = launch.python_first(full_env.get("PATH", ""))
         argv = self.mpiexec_command(n) + list(command)
         return launch.run(argv, self.nodes, full_env, timeout, capture, cwd)
 
