@@ -40,7 +40,7 @@ class Cluster:
     def up(
         cls,
         nodes: int = 2,
-        ranks_per_node: int = 1,
+        ranks_per_node: int = 2,
         bandwidth: str | None = None,
         name: str | None = None,
         subnet: int | None = None,
@@ -67,26 +67,28 @@ class Cluster:
         ok, reason = cluster_available()
         if not ok:
             raise ClusterError(reason)
-        with state.locked():  # choose and claim the subnet and names in one step
+        # Under the lock from choosing the subnet until the bridge carries its address: another process
+        # (with this or another state folder) then sees the subnet taken either way.
+        with state.locked():
             k = state.choose_subnet(subnet)
             name = name if name is not None else f"md{k}"
             record = _plan(name, k, nodes, ranks_per_node, rate)
             _check_free(record)
+            state.write(record)  # first: whatever follows can be found and removed
+            cluster = cls(record)
+            try:
+                launch.write_launcher(cluster.launcher)
+                netns.make_bridge(record["bridge"], f"{record['bridge_ip']}/24")
+                for node, veth, address in zip(record["nodes"], record["veths"], record["addresses"]):
+                    netns.make_node(node, veth, record["bridge"], f"{address}/24")
+                    shaping.shape(node, veth, rate)
+            except BaseException as error:  # also Ctrl-C: never leave half a cluster
+                cluster.down()
+                if isinstance(error, ClusterError):
+                    raise ClusterError(f"could not bring up cluster {name!r}: {error}") from None
+                raise
+            record["status"] = "up"
             state.write(record)
-        cluster = cls(record)
-        try:
-            launch.write_launcher(cluster.launcher)
-            netns.make_bridge(record["bridge"], f"{record['bridge_ip']}/24")
-            for node, veth, address in zip(record["nodes"], record["veths"], record["addresses"]):
-                netns.make_node(node, veth, record["bridge"], f"{address}/24")
-                shaping.shape(node, veth, rate)
-        except BaseException as error:  # also Ctrl-C: never leave half a cluster
-            cluster.down()
-            if isinstance(error, ClusterError):
-                raise ClusterError(f"could not bring up cluster {name!r}: {error}") from None
-            raise
-        record["status"] = "up"
-        state.write(record)
         return cluster
 
     @classmethod
@@ -117,7 +119,10 @@ class Cluster:
         attempt(netns.remove_bridge, record["bridge"])
         self.launcher.unlink(missing_ok=True)
         if errors:
-            raise ClusterError(f"cluster {self.name!r} was not fully removed: " + "; ".join(errors))
+            raise ClusterError(
+                f"cluster {self.name!r} was not fully removed: {'; '.join(errors)}; its state file stays, "
+                "so that `python -m minidist.cluster down --all` can try again"
+            )
         state.remove(self.name)
 
     def __enter__(self) -> Cluster:
@@ -195,7 +200,11 @@ class Cluster:
         current directory, which every node sees). ``env``: more environment variables, over
         ``os.environ`` and :meth:`env`. Returns the finished process (stdout/stderr captured as text when
         ``capture``). When it fails, times out or is interrupted, every process in the namespaces is
-        killed; a timeout raises ``subprocess.TimeoutExpired`` after that."""
+        killed (all of them: also those of another run on this cluster at the same time); a timeout
+        raises ``subprocess.TimeoutExpired`` after that. ``ClusterError`` for an empty command or a
+        cluster whose namespaces are gone."""
+        if not command:
+            raise ClusterError("run needs a command, e.g. ['python', 'examples/train_mlp.py']")
         if not self._alive():
             raise ClusterError(
                 f"cluster {self.name!r} is not up (its namespaces are gone): `down` it and start a new one"
