@@ -18,30 +18,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpi_utils import WORKERS, mpi_env
+from cluster_utils import cluster_fixture, run_on_cluster
 from test_ddp import FIVE_STEPS, compare
 from test_hierarchical import check_reports, drawn_cases, run_hier_check
-
-from minidist.cluster import Cluster, cluster_available
 
 NODES, RANKS_PER_NODE = 2, 2
 WORLD = NODES * RANKS_PER_NODE
 
-available, reason = cluster_available()
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not available, reason=reason)]
+pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
+cluster = cluster_fixture(nodes=NODES, ranks_per_node=RANKS_PER_NODE)  # skips, with the reason, without root
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster.up(nodes=NODES, ranks_per_node=RANKS_PER_NODE) as c:
-        yield c
-
-
-def run_on(cluster: Cluster, script: str, *args, timeout: float = 120):
-    """Run ``tests/workers/<script>`` on every rank of the cluster; fail with its output if it fails."""
-    proc = cluster.run(["python", str(WORKERS / script), *map(str, args)], timeout=timeout, env=mpi_env())
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
+def run_on(cluster, script: str, *args):
+    """Run ``tests/workers/<script>`` on every rank of the cluster (fails with every rank's output)."""
+    return run_on_cluster(cluster, WORLD, script, *args, timeout=120)
 
 
 def test_layouts_meshes_and_hierarchical_results_match_the_simulation(cluster):
