@@ -24,9 +24,10 @@ algorithm name in ``dist.ALGORITHMS`` at the group sizes you use, find the cross
 numbers.
 
 Every rank must choose the same algorithm, so ``auto`` looks only at values that all ranks share: the
-group size and the array's byte size (which must match anyway). Ranks that pass arrays of different
-sizes may end up in different algorithms and hang instead of raising; ``MINIDIST_DEBUG`` catches that
-mismatch before any message is sent.
+group size and the array's byte size (which must match anyway), and for ``all_reduce`` on a group that
+spans nodes its node layout (``topology.py``, the same on every rank; :data:`ACROSS_NODES_TABLE`).
+Ranks that pass arrays of different sizes may end up in different algorithms and hang instead of
+raising; ``MINIDIST_DEBUG`` catches that mismatch before any message is sent.
 """
 
 from __future__ import annotations
