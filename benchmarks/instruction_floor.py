@@ -37,6 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 # Libraries whose instructions are MPI's own work (and its polling): matched against the object's file name.
+# The model whose steps are counted by default: kernels nearly free, so what is counted is the fixed work
+# around them (as in count_instructions.py); --model small counts the 64-256-256-10 MLP of the timings.
+TINY, TINY_BATCH = (8, 8, 8, 4), 16
 MPI_LIBRARY = re.compile(r"lib(mpi|ucp|uct|ucs|ucm|fabric|psm|hwloc|pmi|cma)", re.IGNORECASE)
 
 
@@ -116,7 +119,6 @@ def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]
     import minidist as md  # noqa: PLC0415
     import minidist.distributed as dist  # noqa: PLC0415
     from minidist import nn, optim  # noqa: PLC0415
-    from minidist.models import MLP  # noqa: PLC0415
     from minidist.parallel.buckets import flatten, unflatten_into  # noqa: PLC0415
 
     w = make_workload(args)
@@ -139,8 +141,7 @@ def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]
     steps["reference forward + backward"] = lambda: stage.backward(cross_entropy(stage.forward(w.x), w.y)[1])
     steps["reference, no all-reduce"] = lambda: dp_step(stage, w.x, w.y, lr, None)
     steps["minimal autograd"] = lambda: minimal_step(stage, w.x, w.y, lr, averaged)
-    md.manual_seed(0)
-    model = MLP(64, [256, 256], 10)
+    model = w.new_model()
     params, xt, loss_fn = list(model.parameters()), md.tensor(w.x), nn.functional.cross_entropy
     opt = optim.SGD(params, lr=lr)
 
@@ -194,9 +195,10 @@ def allreduce_contenders(args: argparse.Namespace) -> dict[str, Callable[[], obj
 
 
 def make_workload(args: argparse.Namespace):  # noqa: ANN201
+    from small_mlp import SIZES  # noqa: PLC0415
     from small_mlp import make_workload as make  # noqa: PLC0415
 
-    return make(args)
+    return make(args, TINY if args.model == "tiny" else SIZES)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -272,21 +274,29 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1, help="step: pipeline stages (GPipe, 4 microbatches)")
     parser.add_argument("-n", type=int, default=2, help="allreduce: ranks (a power of two)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 16, 64, 256], help="allreduce: KiB")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="step: MLP 8-8-8-4, "
+        f"batch {TINY_BATCH} (fixed costs; default), or small_mlp.py's 64-256-256-10, batch 128",
+    )
     parser.add_argument("--calls", type=int, default=None, help="calls per contender (default 20 / 50)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--names-file", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--microbatches", type=int, default=4, help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=int, default=128, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--lr", type=float, default=0.05, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.calls = args.calls or (20 if args.what == "step" else 50)
+    args.batch = args.batch or (TINY_BATCH if args.model == "tiny" else 128)
     if args.worker:
         worker(args)
         return
     shared = (
         ["--sizes", *map(str, args.sizes)]
         if args.what == "allreduce"
-        else ["--dp", str(args.dp), "--pp", str(args.pp)]
+        else ["--dp", str(args.dp), "--pp", str(args.pp), "--model", args.model]
     )
     world = args.n if args.what == "allreduce" else args.dp * args.pp
     counts = count(world, [args.what, *shared], args.calls)
