@@ -87,14 +87,23 @@ def count(world: int, worker_args: list[str], calls: int) -> dict[str, tuple[flo
     from minidist.notebook import mpiexec_path  # noqa: PLC0415  (imports no MPI)
 
     out = Path(tempfile.mkdtemp(prefix="instruction_floor_"))
-    env = dict(os.environ, MINIDIST_WATCHDOG="off", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    # MINIDIST_KEEP_FREED_MEMORY=0: glibc's default heap trimming. With minidist's tuning (host_memory.py)
+    # the heap grows past valgrind's brk segment ("brk segment overflow"), and 2 of 3 pipeline runs
+    # crashed under callgrind; the tiny model's arrays are far below either mmap threshold, so the
+    # counts are the same.
+    env = dict(os.environ, MINIDIST_WATCHDOG="off", MINIDIST_KEEP_FREED_MEMORY="0", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")  # fmt: skip
     names_file = out / "names.txt"
     cmd = [
         mpiexec_path(), "-n", str(world), "valgrind", "--tool=callgrind", "--dump-before=time_sleep",
         f"--callgrind-out-file={out}/cg.%p", sys.executable, __file__, "--worker", "--calls", str(calls),
         "--names-file", str(names_file), *worker_args,
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
+    with open(out / "valgrind.log", "w") as log:
+        if subprocess.run(cmd, env=env, stderr=log).returncode != 0:
+            raise SystemExit(
+                f"the counting run failed; valgrind's and the ranks' messages: {out}/valgrind.log"
+            )
     names = names_file.read_text().split("\n")[:-1]
     per_rank: dict[str, list[tuple[int, int]]] = {name: [] for name in names}
     for base in sorted(p for p in out.glob("cg.*") if p.name.count(".") == 1):  # one per rank: cg.<pid>
