@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,7 @@ def count(world: int, worker_args: list[str], calls: int) -> dict[str, tuple[flo
     for base in sorted(p for p in out.glob("cg.*") if p.name.count(".") == 1):  # one per rank: cg.<pid>
         for j, name in enumerate(names):  # part 1: start-up; then (calls, barrier) per contender
             per_rank[name].append(instructions_by_library(Path(f"{base}.{2 + 2 * j}")))
+    shutil.rmtree(out)  # callgrind's files, a few MB per rank (kept above when the run failed)
     return {
         name: tuple(sum(c[k] for c in counts) / len(counts) / calls for k in (0, 1))
         for name, counts in per_rank.items()
