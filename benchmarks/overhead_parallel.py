@@ -16,7 +16,6 @@ from small_mlp import Workload
 
 import minidist as md
 from minidist import nn
-from minidist.models import MLP
 from minidist.parallel import DistributedDataParallel
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline import PipelineParallel
@@ -25,8 +24,7 @@ from minidist.parallel.pipeline import PipelineParallel
 def backward_step(w: Workload, wrap: Callable) -> tuple[Callable, list]:
     """(forward + backward of the small MLP from seed 0, wrapped by ``wrap``, on this rank's batch,
     gradients set to None first; its parameters). No optimizer."""
-    md.manual_seed(0)
-    model = wrap(MLP(64, [256, 256], 10))
+    model = wrap(w.new_model())
     params = list(model.parameters())
     xt = md.tensor(w.x)
 
@@ -96,9 +94,8 @@ def pipeline_pair(w: Workload) -> tuple[Callable, Callable]:
     loop with mpi4py ``Send``/``Recv`` and, with dp > 1, one ``Allreduce`` of the stage's gradients).
     Forward + backward only. The difference / m is the executor's cost per microbatch, its per-step
     work (argument agreement, the loss all-reduce) included."""
-    md.manual_seed(0)
     mesh, m = w.mesh, w.args.microbatches
-    pipe = PipelineParallel(MLP(64, [256, 256], 10), mesh, microbatches=m, schedule="gpipe", cuts=w.cuts)
+    pipe = PipelineParallel(w.new_model(), mesh, microbatches=m, schedule="gpipe", cuts=w.cuts)
     stage, params = pipe.chunks[0], list(pipe.parameters())
     pp, dp = w.pp_comm, w.dp_comm
     s, p, size = pp.Get_rank(), pp.Get_size(), len(w.x) // m

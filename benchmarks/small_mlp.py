@@ -66,6 +66,12 @@ class Workload:
     # own channels (and its liveness watchdog, which probes them) never see a message they did not send.
     pp_comm: MPI.Comm
     dp_comm: MPI.Comm
+    sizes: tuple[int, ...] = SIZES  # the MLP's widths (instruction_floor.py counts a tiny one)
+
+    def new_model(self) -> MLP:
+        """A fresh MLP of these widths from seed 0: the same initial weights as ``init``."""
+        md.manual_seed(0)
+        return MLP(self.sizes[0], list(self.sizes[1:-1]), self.sizes[-1])
 
     @property
     def stage_linears(self) -> range:
@@ -81,8 +87,9 @@ class Workload:
         return [2 * int(c[0]) for c in chunks[1:]]
 
 
-def make_workload(args: argparse.Namespace) -> Workload:
-    """Build the mesh (raising ValueError on every rank alike if dp x pp != world size) and the data."""
+def make_workload(args: argparse.Namespace, sizes: tuple[int, ...] = SIZES) -> Workload:
+    """Build the mesh (raising ValueError on every rank alike if dp x pp != world size) and the data
+    for an MLP of widths ``sizes`` (``len(sizes) - 1`` Linear layers)."""
     world = dist.init()
     pp = args.pp
     dp = args.dp if args.dp is not None else world.size // max(pp, 1)
@@ -98,23 +105,19 @@ def make_workload(args: argparse.Namespace) -> Workload:
         )  # the same arguments on every rank: every rank exits with this message
     mesh = ProcessMesh(dp=dp, tp=1, pp=pp)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, SIZES[0]), dtype=np.float32)
-    y = rng.integers(0, SIZES[-1], args.batch)
+    x = rng.standard_normal((args.batch, sizes[0]), dtype=np.float32)
+    y = rng.integers(0, sizes[-1], args.batch)
     share = np.array_split(np.arange(args.batch), dp)[mesh.dp_rank]
     x_mine = np.ascontiguousarray(x[share])
     pp_comm, dp_comm = mesh.pp_group.mpi.Dup(), mesh.dp_group.mpi.Dup()
-    return Workload(mesh, args, x_mine, y[share], _initial_parameters(), pp_comm, dp_comm)
-
-
-def _initial_parameters() -> list[np.ndarray]:
-    md.manual_seed(0)
-    return [p.data.copy() for p in MLP(SIZES[0], list(SIZES[1:-1]), SIZES[-1]).parameters()]
+    w = Workload(mesh, args, x_mine, y[share], [], pp_comm, dp_comm, tuple(sizes))
+    w.init = [p.data.copy() for p in w.new_model().parameters()]
+    return w
 
 
 def minidist_step(w: Workload) -> tuple[Step, list]:
     """(one training step through minidist's public API, this stage's parameters as Tensors)."""
-    md.manual_seed(0)  # the same initial weights as ``w.init``
-    mlp = MLP(SIZES[0], list(SIZES[1:-1]), SIZES[-1])
+    mlp = w.new_model()
     mesh, lr = w.mesh, w.args.lr
     xt = md.tensor(w.x)
     if mesh.pp > 1:
@@ -163,7 +166,9 @@ def torch_step(w: Workload) -> tuple[Step, list[np.ndarray]] | None:
     torch.set_num_threads(1)
     layers: list = []
     for k in range(N_LINEAR):
-        layers += [torch.nn.Linear(SIZES[k], SIZES[k + 1])] + ([torch.nn.ReLU()] if k < N_LINEAR - 1 else [])
+        layers += [torch.nn.Linear(w.sizes[k], w.sizes[k + 1])] + (
+            [torch.nn.ReLU()] if k < N_LINEAR - 1 else []
+        )
     model = torch.nn.Sequential(*layers)
     with torch.no_grad():
         for p, value in zip(model.parameters(), w.init):

@@ -121,3 +121,20 @@ def test_comm_thread_error_reaches_the_waiter_and_later_jobs_are_skipped():
         jobs[2].wait()
     assert ran == [0]
     thread.close()
+
+
+def test_job_wait_blocks_until_the_job_ran_and_may_be_called_again():
+    """Job waits on a bare lock held until it has run (not an Event): a waiter started first must block,
+    and a second wait() (DDP's _abandon_failed_pass waits again on jobs already waited for) must not."""
+    started, ran = threading.Event(), []
+    job = comm_thread.Job(lambda: ran.append(1))
+    waiter = threading.Thread(target=lambda: (started.set(), job.wait(), ran.append(2)))
+    waiter.start()
+    started.wait()
+    waiter.join(timeout=0.05)
+    assert waiter.is_alive() and ran == []  # still waiting: the job has not run
+    job.run()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and ran == [1, 2]
+    job.wait()  # finished jobs never block
+    job.wait()

@@ -213,7 +213,9 @@ class Communicator:
         # now checked from the receive's status instead.)
         # Every line here runs per message; a 4 KiB message takes ~4 us, so each lookup counts.
         status = MPI.Status()
-        send_buffer, recv_buffer = [out, mpi_datatype(out.dtype)], [into, mpi_datatype(into.dtype)]
+        send_type = mpi_datatype(out.dtype)  # a collective's two buffers share a dtype: look it up once
+        recv_type = send_type if into.dtype is out.dtype else mpi_datatype(into.dtype)
+        send_buffer, recv_buffer = [out, send_type], [into, recv_type]
         sendtag, recvtag = sendtag + self.tag_base, recvtag + self.tag_base
         self.bytes_sent += out.nbytes
         self.peer = src  # for the liveness watchdog's message, should this wait never end

@@ -102,7 +102,7 @@ def recursive_doubling_all_reduce(group: Communicator, flat: np.ndarray, op: str
         combine = combine_ufunc(op)
         distance = 1
         while distance < p:  # step j: swap with the rank across dimension j of the cube
-            partner = real_rank(virtual ^ distance, n)
+            partner = real_rank(virtual ^ distance, n) if folded else virtual ^ distance  # (n = p: itself)
             link.host_sendrecv(flat, partner, scratch, partner)
             combine(flat, scratch, out=flat)
             distance *= 2

@@ -31,7 +31,11 @@ class Job:
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn = fn
         self.error: BaseException | None = None
-        self._done = threading.Event()
+        # Held from here until the job has finished; wait() blocks on it. A bare lock (any thread may
+        # release it) does what threading.Event would, in two C calls instead of an Event's Condition
+        # and its ten Python calls: DDP makes a job per bucket per step (benchmarks/README.md, issue 16).
+        self._unfinished = threading.Lock()
+        self._unfinished.acquire()
 
     def run(self) -> None:
         try:
@@ -39,16 +43,17 @@ class Job:
         except BaseException as error:  # noqa: BLE001  (handed to the waiting thread, re-raised there)
             self.error = error
         finally:
-            self._done.set()
+            self._unfinished.release()
 
     def fail(self, error: BaseException) -> None:
         """Mark the job finished without running it (an earlier job failed)."""
         self.error = error
-        self._done.set()
+        self._unfinished.release()
 
     def wait(self) -> None:
         """Block until the job has finished; re-raise its exception, if any."""
-        self._done.wait()
+        with self._unfinished:  # free once the job has finished; given back at once, for the next wait()
+            pass
         if self.error is not None:
             raise self.error
 
