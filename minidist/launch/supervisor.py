@@ -156,8 +156,9 @@ class _Supervisor:
         )
         self.job = Job(prefix + self.cmd, self.job_env(restart), self.cwd)
         failure = self.watch()
-        self.job.finish_output()
-        self.note_progress()  # the final checkpoint, saved just before the end
+        if failure is None:
+            self.job.finish_output()  # the job's last lines before the launcher's "done"
+            self.note_progress()  # the final checkpoint, saved just before the end
         return failure
 
     def job_env(self, restart: int) -> dict[str, str]:
@@ -208,10 +209,13 @@ class _Supervisor:
     # ---- after a failure ------------------------------------------------------------------------------
     def end_job(self, failure: dict[str, Any]) -> int:
         """Log the failure, kill every process of the run; returns the exit code to report if we give up."""
+        if failure["reason"] == "exit":  # mpiexec's last lines (which rank died) are still in the pipes
+            self.job.finish_output(timeout=1.0)
         self.events.write(
             "failure", f"failure: {failure['detail']}", **failure, output_tail=self.job.output_tail()
         )
         killed, seconds = processes.kill_job(self.events.run_id, self.job.proc, namespaces=self.used)
+        self.job.finish_output()  # at once: nothing holds the pipes any more
         self.events.write(
             "kill",
             f"every process of the job is gone ({killed} signalled, {seconds:.2f} s)",
