@@ -4,6 +4,7 @@ Every event is ``{"time": <unix seconds>, "event": <kind>, "run_id": ..., "messa
 ...fields}``. The kinds, in the order a launch produces them:
 
 ==========  ========================================================================================
+nodes       (on a cluster) nodes left out of the next attempt: ``dead`` = ``{node: problem}``
 start       an attempt begins: ``restart`` (0 first), ``n`` ranks, ``nodes`` (on a cluster), ``argv``
 checkpoint  progress: a new committed checkpoint appeared (``step``, ``path``)
 failure     the attempt failed: ``reason`` (exit | stall | node), ``returncode``, ``detail``,
