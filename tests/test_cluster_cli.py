@@ -116,9 +116,26 @@ def test_up_run_status_down_trains_mlp_to_the_one_node_accuracy(state_dir):
     assert down.returncode == 0, down.stderr
     assert leftovers(name) == []
     one_node = run_mpi(4, mlp_example.EXAMPLE, *mlp_example.SHORT_ARGS, timeout=120)
-    # Same ranks, same data, same algorithms; between nodes only the transport differs (TCP, not
-    # shared memory), which moves the same bytes: the accuracy printed (4 decimals) must be equal.
-    assert mlp_example.final_accuracy(trained.stdout) == mlp_example.final_accuracy(one_node.stdout)
+    # Same ranks, data and seeds; between nodes the bytes travel over TCP instead of shared memory, which
+    # changes nothing in them: today the printed accuracies are equal (0.9697 with the default flags
+    # too). Allowed: one of the 297 test digits, because all_reduce(algorithm="auto") may choose another
+    # algorithm when the ranks span nodes (hierarchical), which sums in another order, and float32
+    # rounding can then move one borderline digit. A real error (a lost gradient, a wrong average)
+    # costs far more after 4 epochs.
+    cluster_accuracy = mlp_example.final_accuracy(trained.stdout)
+    assert abs(cluster_accuracy - mlp_example.final_accuracy(one_node.stdout)) <= 1 / 297 + 1e-4
+
+
+def test_run_finds_this_python_and_folder_even_with_another_path(cluster, tmp_path):
+    # one write per rank (print writes its pieces separately, and two ranks' pieces can interleave)
+    script = (
+        "import os, socket, sys\n"
+        "sys.stdout.write(f'{socket.gethostname()} {sys.executable} {os.getcwd()}\\n')"
+    )
+    proc = cluster.run(["python", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.split("\n")[:-1])
+    assert lines == [f"{node} {sys.executable} {tmp_path}" for node in cluster.nodes], proc.stdout
 
 
 # ---- bad input ---------------------------------------------------------------------------------------
@@ -163,9 +180,7 @@ def test_without_privileges_or_programs_it_says_why(monkeypatch, capsys):
         Cluster.up(nodes=1, ranks_per_node=1)
     assert main(["up", "--nodes", "1"]) == 2
     assert "needs root (CAP_NET_ADMIN)" in capsys.readouterr().err
-    import cluster_utils
-
-    assert "needs root" in cluster_utils.skip_reason()
+    assert "needs root" in skip_reason()
 
 
 # ---- nothing is left behind --------------------------------------------------------------------------

@@ -183,7 +183,8 @@ class Cluster:
 
     @property
     def launcher(self) -> Path:
-        return state.STATE_DIR / f"{self.name}.launch"
+        """The launcher script mpiexec calls (launch.py), beside the state file."""
+        return Path(self._state.get("launcher") or state.STATE_DIR / f"{self.name}.launch")
 
     # ---- using it ---------------------------------------------------------------------------------
     def mpiexec_command(self, n: int | None = None, nodes: list[str] | None = None) -> list[str]:
@@ -229,6 +230,8 @@ class Cluster:
                 f"cluster {self.name!r} is not up (its namespaces are gone): `down` it and start a new one"
             )
         full_env = {**os.environ, **self.env(), **(env or {})}
+        # `python` is this environment's even when `env` is a whole environment with its own PATH
+        full_env["PATH"] = launch.python_first(full_env.get("PATH", ""))
         argv = self.mpiexec_command(n) + list(command)
         return launch.run(argv, self.nodes, full_env, timeout, capture, cwd)
 
@@ -251,10 +254,10 @@ class Cluster:
 
     def status(self) -> str:
         """A human-readable report: nodes, addresses, ranks per node, shaping, link byte counters."""
-        rate = self.bandwidth
+        rate, ranks = self.bandwidth, f"{self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}"
         lines = [
-            f"cluster {self.name}: {len(self.nodes)} nodes x {self.ranks_per_node} ranks = "
-            f"{self.world_size} ranks, {'up' if self._alive() else 'BROKEN (namespaces missing)'}",
+            f"cluster {self.name}: {len(self.nodes)} nodes x {ranks} = {self.world_size} ranks, "
+            f"{'up' if self._alive() else 'BROKEN (namespaces missing)'}",
             f"  bridge {self._state['bridge']} {self._state['bridge_ip']}/24 (mpiexec's side)",
             f"  links  {'unshaped' if rate is None else f'{rate / 1e6:g} Mbit/s each way (tc tbf)'}",
         ]
@@ -264,7 +267,7 @@ class Cluster:
                 counters = f"sent {rx:,} B, received {tx:,} B"
             except ClusterError:
                 counters = "link missing"
-            lines.append(f"  node   {node} {address} ({self.ranks_per_node} ranks): {counters}")
+            lines.append(f"  node   {node} {address} ({ranks}): {counters}")
         return "\n".join(lines)
 
     def _alive(self) -> bool:
@@ -287,7 +290,8 @@ def _plan(name: str, k: int, nodes: int, ranks_per_node: int, rate: int | None) 
         "bridge_ip": f"198.18.{k}.1",
         "ranks_per_node": ranks_per_node,
         "bandwidth_bps": rate,
-        "python": sys.executable,
+        "python": sys.executable,  # which environment made it (for people reading the file)
+        "launcher": str(state.STATE_DIR / f"{name}.launch"),
     }
 
 
