@@ -25,6 +25,7 @@ from launch_utils import (
 from mpi_utils import run_mpi
 
 from minidist.launch import env as launch_env
+from minidist.launch import launch
 from minidist.launch.__main__ import main
 from minidist.launch.checkpoints import checkpoint_dir_of, newest_verified
 
@@ -160,6 +161,16 @@ def test_bad_arguments_are_refused_with_a_reason(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_python_api_checks_its_arguments_too(tmp_path):
+    with pytest.raises(ValueError, match="--nodes MIN:MAX needs --cluster"):
+        launch(["python", "x.py"], 2, nodes=(1, 2), log=tmp_path / "log")
+    with pytest.raises(ValueError, match="need 1 <= MIN <= MAX"):
+        launch(["python", "x.py"], 2, nodes=(0, 2), cluster="c", log=tmp_path / "log")
+    with pytest.raises(ValueError, match="no command"):
+        launch([], 2, log=tmp_path / "log")
+    assert not (tmp_path / "log").exists()
 
 
 def test_an_unknown_cluster_is_an_error(capsys):

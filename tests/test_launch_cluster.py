@@ -23,6 +23,7 @@ from launch_utils import EXAMPLE, Launcher, assert_identical, final_checkpoint, 
 from mpi_utils import REPO, mpi_env
 
 from minidist.cluster import netns
+from minidist.launch import launch
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 cluster = cluster_fixture(nodes=2, ranks_per_node=1)
@@ -86,3 +87,12 @@ def test_a_dead_node_shrinks_the_world_and_training_goes_on(cluster, tmp_path):
         again.close()
     give_up = again.events("give_up")[0]
     assert "only 1 of cluster" in give_up["detail"] and "fewer than the minimum of 2" in give_up["detail"]
+
+
+def test_node_counts_that_do_not_fit_are_refused(cluster, tmp_path):
+    log = tmp_path / "launch.log"
+    with pytest.raises(ValueError, match="more than cluster .*'s 2 nodes"):
+        launch(["python", EXAMPLE], 3, cluster=cluster.name, log=log)  # 1 rank per node: 3 nodes
+    with pytest.raises(ValueError, match="outside --nodes 2:2"):
+        launch(["python", EXAMPLE], 1, cluster=cluster, nodes=(2, 2), log=log)
+    assert not log.exists()  # refused before anything started

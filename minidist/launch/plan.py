@@ -36,8 +36,9 @@ def check_arguments(cmd, n, max_restarts, node_range, cluster, interval, stall_t
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
     if not interval > 0 or (stall_timeout is not None and not stall_timeout > 0):
         raise ValueError("--monitor-interval and --stall-timeout must be positive numbers of seconds")
-    if isinstance(node_range, str):
-        node_range = parse_node_range(node_range)
+    if node_range is not None:
+        text = node_range if isinstance(node_range, str) else ":".join(map(str, node_range))  # (MIN, MAX)
+        node_range = parse_node_range(text)
     if node_range is not None and cluster is None:
         raise ValueError("--nodes MIN:MAX needs --cluster NAME: on one machine there are no nodes to lose")
     if cluster is None:

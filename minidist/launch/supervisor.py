@@ -107,11 +107,16 @@ class _Supervisor:
             while True:
                 failure = self.attempt(restart)
                 if failure is None:
+                    # mpiexec ended its ranks; a process one of them left running (a daemon child) must
+                    # not outlive the job either.
+                    strays, _ = processes.kill_job(self.events.run_id, self.job.proc, namespaces=self.used)
                     self.events.write(
                         "done",
-                        f"the command succeeded after {restart} restart(s)",
+                        f"the command succeeded after {restart} restart(s)"
+                        + (f"; {strays} process(es) it left behind were killed" if strays else ""),
                         returncode=0,
                         restarts=restart,
+                        strays=strays,
                     )
                     return LaunchResult(0, restart, self.events.events)
                 code = self.end_job(failure)
