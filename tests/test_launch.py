@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from launch_utils import (
     final_checkpoint,
     leftovers,
 )
-from mpi_utils import run_mpi
+from mpi_utils import REPO, mpi_env, run_mpi
 
 from minidist.launch import env as launch_env
 from minidist.launch import launch
@@ -197,3 +198,25 @@ def test_the_checkpoint_dir_is_read_from_the_command(tmp_path):
     assert checkpoint_dir_of(["python", "t.py", "--checkpoint-dir=c"], cwd=tmp_path) == tmp_path / "c"
     assert checkpoint_dir_of(["python", "t.py", "--checkpoint-dir", "a", "--checkpoint-dir", "b"]).name == "b"
     assert checkpoint_dir_of(["python", "t.py"]) is None
+
+
+def test_train_gpt_resumes_by_itself_after_a_restart(tmp_path):
+    # train_gpt.py shares the rule (launch.env.resume_requested): a restart count > 0 is --resume, and
+    # a damaged newest checkpoint is skipped for the one before it (load_latest(fallback=True)).
+    gpt = [sys.executable, str(REPO / "examples" / "train_gpt.py"), "--n-layer", "1", "--n-embd", "16",
+           "--n-head", "2", "--block-size", "16", "--batch-size", "4", "--eval-interval", "2",
+           "--eval-iters", "1", "--sample-tokens", "0", "--checkpoint-dir", str(tmp_path)]  # fmt: skip
+
+    def run(max_iters: int, restart: int) -> str:
+        env = mpi_env({launch_env.RESTART_COUNT: str(restart)})
+        argv = [*gpt, "--max-iters", str(max_iters)]
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    assert "resumed" not in run(4, restart=0)  # saves steps 2 and 4; a first run never resumes
+    newest = tmp_path / "step_000000004"
+    shard = sorted(newest.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")  # damaged: its sha256 no longer matches
+    out = run(6, restart=1)
+    assert "skipping a checkpoint that does not load" in out and "at step 2" in out
