@@ -347,3 +347,10 @@ def test_orthogonalize_keeps_a_zero_column_zero_instead_of_nan():
     orthogonalize(p)
     np.testing.assert_array_equal(p[:, 0], 0)
     np.testing.assert_allclose(p[:, 1], 1 / np.sqrt(5))
+
+
+def test_register_by_name_rejects_an_unknown_name_listing_the_valid_ones():
+    from minidist.parallel.comm_hooks import register_by_name
+
+    with pytest.raises(ValueError, match="hook 'fp8'; valid choices are none, allreduce"):
+        register_by_name(None, "fp8")

@@ -13,6 +13,8 @@ cutting ``N`` by 10-100x (PowerSGD) buys that much of the communication time, at
 that ``benchmarks/README.md`` ("Gradient compression") measures.
 """
 
+from typing import Any
+
 from minidist.parallel.comm_hooks.bucket import CommStats, GradBucket
 from minidist.parallel.comm_hooks.default import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from minidist.parallel.comm_hooks.powersgd import PowerSGDState, orthogonalize, powerSGD_hook
@@ -20,6 +22,21 @@ from minidist.parallel.comm_hooks.powersgd import PowerSGDState, orthogonalize, 
 HOOKS = {"none": None, "allreduce": allreduce_hook, "fp16": fp16_compress_hook, "bf16": bf16_compress_hook,
          "powersgd": powerSGD_hook}  # fmt: skip
 """The hooks by the short names the examples' ``--comm-hook`` flag takes (``"none"``: no hook)."""
+
+
+def register_by_name(ddp: Any, name: str, *, powersgd_rank: int = 1, start_powerSGD_iter: int = 10) -> None:  # noqa: N803
+    """``ddp.register_comm_hook`` for one of :data:`HOOKS`' names (``"none"``: nothing), as the examples'
+    ``--comm-hook NAME --powersgd-rank R`` do; PowerSGD gets ``PowerSGDState(None, powersgd_rank,
+    start_powerSGD_iter)``. Collective (every rank, before the first backward). Raises ``ValueError``
+    for an unknown name, and as ``register_comm_hook``.
+    """
+    if name not in HOOKS:
+        raise ValueError(f"unknown communication hook {name!r}; valid choices are {', '.join(HOOKS)}")
+    if name == "powersgd":
+        ddp.register_comm_hook(PowerSGDState(None, powersgd_rank, start_powerSGD_iter), powerSGD_hook)
+    elif name != "none":
+        ddp.register_comm_hook(None, HOOKS[name])
+
 
 __all__ = [
     "HOOKS",
@@ -31,4 +48,5 @@ __all__ = [
     "fp16_compress_hook",
     "orthogonalize",
     "powerSGD_hook",
+    "register_by_name",
 ]

@@ -24,7 +24,7 @@ import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import nn  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
-from minidist.parallel.comm_hooks import HOOKS, PowerSGDState  # noqa: E402
+from minidist.parallel.comm_hooks import HOOKS, PowerSGDState, register_by_name  # noqa: E402
 from minidist.parallel.comm_hooks.default import BFLOAT16  # noqa: E402
 
 SEED, BATCH = 0, 16
@@ -53,8 +53,8 @@ def train(args: argparse.Namespace, world: dist.Communicator) -> None:
             use_error_feedback=not args.no_error_feedback, warm_start=not args.no_warm_start,
         )  # fmt: skip
         model.register_comm_hook(state, HOOKS["powersgd"])
-    elif args.hook != "none":
-        model.register_comm_hook(None, HOOKS[args.hook])
+    else:  # the examples' way: by the --comm-hook name ("none": no hook)
+        register_by_name(model, args.hook)
     opt = ddp_common.make_optimizer("sgd", model.parameters())
     for step in range(args.steps):
         xb, yb = ddp_common.global_batch(x, y, step, BATCH)
