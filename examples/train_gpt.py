@@ -117,7 +117,7 @@ parser.add_argument("--grad-clip", type=float, default=1.0, help="clip the globa
 parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
 parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
 HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidist.parallel.comm_hooks)
-parser.add_argument("--comm-hook", default="none", choices=HOOKS, help="compress the gradients DDP sends")
+parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
 parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
 parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
@@ -131,6 +131,7 @@ add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microb
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags (``sys.argv`` by default); a bad value or combination exits with argparse's code 2."""
     args = parser.parse_args(argv)
+    args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
     if args.comm_hook != "none" and (args.zero or args.pp > 1):  # (no DDP: nothing to hook into)
         parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --zero and --pp > 1 average without DDP")
     if args.resume and not args.checkpoint_dir:
@@ -360,7 +361,7 @@ def main() -> None:
         estimate = evaluate(batches, val_batches)
     if mesh_run:  # the pieces put back together into one GPT on rank 0 (collective), for the sample
         gpt = mesh_run.gathered()
-    if rank == 0 and args.comm_hook != "none":
+    if rank == 0 and args.report_bytes and isinstance(model, DistributedDataParallel):
         sent = model.comm_stats.per_step()
         print(f"--comm-hook {args.comm_hook}: {sent['bytes_sent'] / 1024:.1f} KiB sent per step by rank 0, "
               f"{sent['compression_ratio']:.1f}x less payload than a plain all-reduce")  # fmt: skip

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> float:
         accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace:
         save_trace(args.trace, world, overlap=mesh.pp == 1)
-    if args.comm_hook != "none" and rank == 0:  # bytes of rank 0 (the others send alike)
+    if args.report_bytes and isinstance(model, DistributedDataParallel) and rank == 0:  # (others: alike)
         per_step = model.comm_stats.per_step()
         print(
             f"gradient all-reduce with --comm-hook {args.comm_hook}: {per_step['bytes_sent'] / 1024:.1f} KiB "

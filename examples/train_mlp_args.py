@@ -73,9 +73,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per global batch (no_sync)")
     p.add_argument(
-        "--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default="none",
+        "--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default=None,
         help="DDP communication hook: average the gradients in float16/bfloat16 (half the bytes) or as "
-        "rank-R PowerSGD factors (minidist.parallel.comm_hooks); changes the result (benchmarks/README.md)",
+        "rank-R PowerSGD factors (minidist.parallel.comm_hooks); changes the result (benchmarks/README.md). "
+        "Given (none too): print the bytes sent per step (default: none)",
     )  # fmt: skip
     p.add_argument(
         "--powersgd-rank", type=int, default=None, metavar="R",
@@ -103,6 +104,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
+    args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
     if args.powersgd_rank is not None and args.comm_hook != "powersgd":
         p.error("--powersgd-rank only means something with --comm-hook powersgd: add that, or drop it")
     args.powersgd_rank = 1 if args.powersgd_rank is None else args.powersgd_rank
