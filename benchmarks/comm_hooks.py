@@ -10,11 +10,11 @@ the payload against a plain all-reduce's, the final test accuracy (MLP) or valid
 the wall time (all under whatever else runs on the machine: compare bytes and results, not times).
 
 On a slow link (as root): ``--cluster 2x2 --bandwidth 100mbit`` runs each hook on a cluster in a box
-(``minidist.cluster``: 2 network namespaces of 2 ranks, TCP over veth links shaped by ``tc``) and adds
-the seconds per step (the difference of a run of ``--epochs`` and one of 2 epochs, over the steps between
-them: start-up and the first epochs cancel) and the bytes per step that crossed node 0's link (the
-kernel's counters, both directions). ``minidist.parallel.comm_hooks.register_by_name`` registers a hook
-by these names in your own benchmark.
+(``minidist.cluster``: 2 network namespaces of 2 ranks, TCP over veth links shaped by ``tc``), timing
+the example's MLP's DDP steps inside the ranks (:func:`time_steps`: the median step after PowerSGD's
+plain steps, so that start-up and load spikes drop out), with the bytes per step that crossed node 0's
+link (the kernel's counters). ``minidist.parallel.comm_hooks.register_by_name`` registers a hook by
+these names in your own benchmark.
 """
 
 from __future__ import annotations
@@ -63,26 +63,58 @@ def run(example: str, ranks: int, hook: str, extra: list[str]) -> dict[str, str]
     return figures(example, hook, out, time.perf_counter() - start)
 
 
-def run_on_cluster(cluster, hook: str, epochs: int, extra: list[str]) -> dict[str, str]:  # noqa: ANN001
-    """train_mlp.py with ``hook`` on ``cluster``: figures plus seconds and node-0 link bytes per step."""
-    steps_per_epoch = 11  # 1500 digits / global batch 128 (the example's defaults)
-
-    def timed(n_epochs: int) -> tuple[float, int, str]:
-        before = sum(cluster.link_bytes()[cluster.nodes[0]])
-        start = time.perf_counter()
-        argv = command("mlp", hook, ["--epochs", str(n_epochs), *extra])
-        proc = cluster.run(argv, timeout=1800, cwd=str(REPO))
-        if proc.returncode:
-            raise RuntimeError(f"{hook}: {proc.stderr[-2000:]}")
-        return time.perf_counter() - start, sum(cluster.link_bytes()[cluster.nodes[0]]) - before, proc.stdout
-
-    short, short_bytes, _ = timed(2)
-    long, long_bytes, out = timed(epochs)
-    steps = (epochs - 2) * steps_per_epoch
-    row = figures("mlp", hook, out, long)
-    row["ms/step"] = f"{1000 * (long - short) / steps:.0f}"
-    row["link KiB/step"] = f"{(long_bytes - short_bytes) / steps / 1024:.1f}"
+def run_on_cluster(cluster, hook: str, steps: int) -> dict[str, str]:  # noqa: ANN001
+    """:func:`time_steps` with ``hook`` on ``cluster`` (one rank per core of the MLP's DDP), plus the bytes
+    per step that crossed node 0's link (the kernel's counters, both directions, start-up included)."""
+    before = sum(cluster.link_bytes()[cluster.nodes[0]])
+    argv = [sys.executable, str(Path(__file__).resolve()), "--time-steps", str(steps), "--hooks", hook]
+    proc = cluster.run(argv, timeout=1800, cwd=str(REPO))
+    if proc.returncode:
+        raise RuntimeError(f"{hook}: {proc.stderr[-2000:]}")
+    crossed = sum(cluster.link_bytes()[cluster.nodes[0]]) - before
+    row = dict(zip(["hook", "ms/step", "KiB sent/step"], proc.stdout.split()[-3:], strict=True))
+    row["link KiB/step"] = f"{crossed / (steps + WARMUP) / 1024:.1f}"
     return row
+
+
+WARMUP = 12  # steps before timing: PowerSGD's 10 plain ones, and the first allocations
+
+
+def time_steps(hook: str, steps: int) -> None:
+    """(Under mpiexec.) Train the example's 64-256-256-10 MLP with DDP and ``hook`` on random data, 32
+    samples per rank; print ``hook``, the median over ranks of each rank's median step time (ms) after
+    :data:`WARMUP` steps, and the KiB rank 0 sent per step then."""
+    import numpy as np
+
+    import minidist as md
+    import minidist.distributed as dist
+    from minidist import nn, optim
+    from minidist.models import MLP
+    from minidist.parallel import DistributedDataParallel
+    from minidist.parallel.comm_hooks import register_by_name
+
+    world = dist.init()
+    md.manual_seed(0)
+    ddp = DistributedDataParallel(MLP(64, [256, 256], 10))
+    name, _, rank = hook.partition(":")
+    register_by_name(ddp, name, powersgd_rank=int(rank or 1))
+    opt = optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(world.rank)
+    x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.integers(0, 10, 32)
+    seconds = []
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            sent_before = ddp.comm_stats.bytes_sent
+        start = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(md.tensor(x)), y).backward()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+    median = np.array([np.median(seconds[WARMUP:])])
+    everyone = dist.all_gather(median)
+    if world.rank == 0:
+        sent = (ddp.comm_stats.bytes_sent - sent_before) / steps / 1024
+        print(hook, f"{1000 * np.median(everyone):.1f}", f"{sent:.1f}")
 
 
 def main() -> None:
@@ -94,10 +126,14 @@ def main() -> None:
     p.add_argument("--max-iters", type=int, default=200, help="(gpt) optimizer steps")
     p.add_argument("--cluster", default=None, metavar="NxR", help="(mlp, as root) N nodes of R ranks")
     p.add_argument("--bandwidth", default="100mbit", help="with --cluster: each node's link (tc rate)")
-    p.add_argument("--epochs", type=int, default=10, help="with --cluster: epochs of the long run")
+    p.add_argument("--steps", type=int, default=40, help="with --cluster: timed steps per hook")
+    p.add_argument("--time-steps", type=int, default=None, help=argparse.SUPPRESS)  # (the ranks' mode)
     p.add_argument("--name", default=None, help="with --cluster: its name (default: a free one)")
     p.add_argument("--subnet", type=int, default=None, help="with --cluster: K of 198.18.K.0/24")
     args = p.parse_args()
+    if args.time_steps:
+        time_steps(args.hooks[0], args.time_steps)
+        return
     extra = [] if args.example == "mlp" else ["--max-iters", str(args.max_iters), "--eval-interval",
                                               str(args.max_iters), "--sample-tokens", "0"]  # fmt: skip
     if args.cluster:
@@ -105,7 +141,7 @@ def main() -> None:
 
         nodes, ranks_per_node = map(int, args.cluster.split("x"))
         with Cluster.up(nodes, ranks_per_node, args.bandwidth, name=args.name, subnet=args.subnet) as cluster:
-            rows = [run_on_cluster(cluster, hook, args.epochs, extra) for hook in args.hooks]
+            rows = [run_on_cluster(cluster, hook, args.steps) for hook in args.hooks]
     else:
         rows = [run(args.example, args.ranks, hook, extra) for hook in args.hooks]
     print("| " + " | ".join(rows[0]) + " |")
