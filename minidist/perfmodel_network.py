@@ -110,17 +110,43 @@ def hierarchical_all_reduce_time(nbytes: float, nodes: int, ranks_per_node: int,
     return inside + flat_all_reduce_time(nbytes, nodes, 1, network)
 
 
-ALGORITHMS = ("ring", "hierarchical")
+def recursive_doubling_time(nbytes: float, nodes: int, ranks_per_node: int, network: Network) -> float:
+    """Seconds for recursive doubling over ``n = nodes * ranks_per_node`` ranks (a power of two; Thakur
+    et al. 2005, §4.1): ``log2 n`` exchanges of the whole ``N``, with partners ``1, 2, 4, ...`` ranks
+    apart. Partners ``R`` or more apart sit on different nodes, and then all ``R`` ranks of a node send
+    through its one link at once: ``alpha_e + R N beta_e`` per such step, ``alpha_i + N beta_i`` for the
+    others; plus ``log2(n) N gamma``. Raises ``ValueError`` if ``n`` is not a power of two."""
+    _check_positive_int(nodes, "nodes")
+    _check_positive_int(ranks_per_node, "ranks_per_node")
+    n = nodes * ranks_per_node
+    if n & (n - 1):
+        raise ValueError(f"recursive doubling is modelled for a power-of-two group size, got {n} ranks")
+    time, distance = 0.0, 1
+    while distance < n:
+        if distance < ranks_per_node:
+            time += network.intra_alpha + nbytes * network.intra_beta
+        else:
+            time += network.inter_alpha + ranks_per_node * nbytes * network.inter_beta
+        time += nbytes * network.gamma
+        distance *= 2
+    return time
+
+
+ALGORITHMS = ("ring", "hierarchical", "recursive_doubling")
 
 
 def all_reduce_time(
     nbytes: float, nodes: int, ranks_per_node: int, network: Network, algorithm: str = "ring"
 ) -> float:
-    """:func:`flat_all_reduce_time` (``"ring"``) or :func:`hierarchical_all_reduce_time`."""
+    """:func:`flat_all_reduce_time` (``"ring"``), :func:`hierarchical_all_reduce_time` or
+    :func:`recursive_doubling_time`: pass what ``dist.all_reduce(algorithm="auto")`` runs for the size
+    (``minidist.distributed.tuning``) to model minidist as it is."""
     if algorithm == "ring":
         return flat_all_reduce_time(nbytes, nodes, ranks_per_node, network)
     if algorithm == "hierarchical":
         return hierarchical_all_reduce_time(nbytes, nodes, ranks_per_node, network)
+    if algorithm == "recursive_doubling":
+        return recursive_doubling_time(nbytes, nodes, ranks_per_node, network)
     raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of {ALGORITHMS}")
 
 
@@ -130,8 +156,8 @@ def inter_node_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: 
     ``nodes`` leaders (``"hierarchical"``); 0 on one node."""
     _check_positive_int(nodes, "nodes")
     _check_positive_int(ranks_per_node, "ranks_per_node")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    if algorithm not in ("ring", "hierarchical"):
+        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose 'ring' or 'hierarchical'")
     if nodes == 1:
         return 0.0
     ring = nodes * ranks_per_node if algorithm == "ring" else nodes

@@ -58,6 +58,19 @@ def test_hierarchical_by_hand_and_its_flat_limits():
         pn.all_reduce_time(1.0, 2, 2, NET, "tree")
 
 
+def test_recursive_doubling_across_nodes_by_hand():
+    # 2 x 2, N = 1 MB: partner 1 apart on the node (1 us + 0.1 ms), then 2 apart across the link, where
+    # both ranks of a node send 1 MB through it at once (100 us + 2e6 * 8 ns = 16.1 ms).
+    want = (1e-6 + 1e-4) + (1e-4 + 16e-3)
+    assert pn.all_reduce_time(1e6, 2, 2, NET, "recursive_doubling") == pytest.approx(want, rel=1e-12)
+    # One node: perfmodel's one-level formula.
+    assert pn.recursive_doubling_time(1e6, 1, 4, NET) == pytest.approx(
+        pm.recursive_doubling_time(1e6, 4, 1e-6, 1e-10)
+    )
+    with pytest.raises(ValueError, match="power-of-two"):
+        pn.recursive_doubling_time(1e6, 3, 1, NET)
+
+
 @given(
     nbytes=st.floats(1.0, 1e9),
     per_node=st.integers(1, 16),
@@ -157,7 +170,7 @@ def test_free_links_make_the_step_pure_compute():
     work = pm.Workload(params=4.2e6, global_batch=256)
     free = pn.Network(0.0, 0.0, 0.0, 0.0)
     for nodes in (1, 2, 4, 8):
-        for algorithm in pn.ALGORITHMS:
+        for algorithm in pn.ALGORITHMS:  # 1, 2, 4, 8 nodes x 2 ranks: powers of two for doubling
             p = pn.predict_nodes(work, 1e10, free, nodes, 2, algorithm=algorithm)
             assert p.step == pytest.approx(p.compute) and p.efficiency == pytest.approx(1.0)
 
