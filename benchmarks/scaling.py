@@ -10,11 +10,13 @@ job, with all ranks at once:
 
 1. times the training step without DDP (forward, backward, SGD on the rank's share of the batch): the
    compute the model is given, measured under the same sharing of the cores as the real steps;
-2. sweeps ring all-reduces of 0.5 .. 4 MiB (one rank per node: every step crosses a link), from
+2. sweeps ring all-reduces of 4 KiB and 0.5 .. 4 MiB (one rank per node: every step crosses a link), from
    which ``perfmodel_network.calibrate_link`` fits the link's alpha and beta;
-3. times DDP training steps in each variant: gradients all-reduced after backward or overlapped with
-   it, and (issue 19's hooks) fp16 compression, PowerSGD, or with 2 ranks per node the flat ring
-   against the hierarchical all-reduce.
+3. times DDP training steps in each variant: gradients all-reduced after backward (``after``) or
+   overlapped with it (``overlap``), and with the communication hooks of issue 19 fp16 compression
+   (``fp16``), PowerSGD (``powersgd``), or with 2 ranks per node DDP as it is (``overlap``: ``auto``
+   picks the hierarchical all-reduce across nodes) against a hook that forces the flat ``ring`` or
+   the ``hierarchical`` all-reduce.
 
 ``scaling_report.py`` turns the measurements into predictions, the table and the plot.
 
@@ -47,12 +49,13 @@ import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SPEEDS = ["100mbit", "1gbit", "10gbit", None]  # None: unshaped (as fast as the host's TCP stack)
-# Bytes of the calibration sweep: 0.5-4 MiB, the sizes of the study's buckets. Not smaller: tbf's bucket
-# (256 KiB, shaping.py) lets a short burst through at the host's speed, so a lone 64 KiB message would
-# time the host, not the link; back-to-back messages drain it and run at the link's rate. Not larger:
-# at 100mbit an 8 MiB all-reduce overflowed tbf's 50 ms queue, and TCP's losses made it 30 % slower
-# than its rate (measured), which DDP's 4 MiB buckets never see.
-SWEEP = (1 << 19, 1 << 20, 1 << 21, 1 << 22)
+# Bytes of the calibration sweep. 4 KiB pins alpha (the fit weighs points by 1/t); 0.5-4 MiB, the sizes
+# of the study's buckets, give beta. Nothing between: tbf's bucket (256 KiB, shaping.py) lets a short
+# burst through at the host's speed, so a lone 64 KiB message would time the host, not the link (at
+# 4 KiB that hides only 2 KiB / rate, 0.16 ms at 100mbit); back-to-back large messages drain it and run
+# at the link's rate. Nothing larger: at 100mbit an 8 MiB all-reduce overflowed tbf's 50 ms queue and
+# TCP's losses made it 30 % slower than the rate (measured), which DDP's 4 MiB buckets never see.
+SWEEP = (1 << 12, 1 << 19, 1 << 20, 1 << 21, 1 << 22)
 PLAIN, OVERLAP, FP16, POWERSGD, RING, HIER = "after", "overlap", "fp16", "powersgd", "ring", "hierarchical"
 
 
@@ -165,7 +168,7 @@ def plan(quick: bool) -> list[tuple[int, int, list[str | None], list[str]]]:
         return [(1, 1, [None], [PLAIN]), (2, 1, ["100mbit"], [PLAIN, FP16])]
     one_per_node = [PLAIN, OVERLAP, FP16, POWERSGD]
     return [(1, 1, [None], [PLAIN, OVERLAP]), (2, 1, SPEEDS, one_per_node), (4, 1, SPEEDS, one_per_node),
-            (1, 2, [None], [PLAIN, OVERLAP]), (2, 2, SPEEDS, [RING, HIER])]  # fmt: skip
+            (1, 2, [None], [PLAIN, OVERLAP]), (2, 2, SPEEDS, [OVERLAP, RING, HIER])]  # fmt: skip
 
 
 def run_study(args: argparse.Namespace) -> dict:
