@@ -11,8 +11,10 @@ predicts the 4-node all-reduces (out of sample) and every DDP step: ``predict_no
 * the buckets DDP builds (``plan_buckets``), all-reduced after backward or during it,
 * the algorithm ``dist.all_reduce(algorithm="auto")`` runs for each bucket's size and layout
   (``tuning.py``; Rabenseifner is priced as the ring, whose bytes it sends),
-* fp16: half the bytes plus two casts at the measured gamma per byte; PowerSGD: the factors' bytes,
-  its rounds and its matmuls at the step's FLOP rate (``powersgd_compression``).
+* fp16: half the bytes, two casts and float16 additions at the speeds measured in the job (NumPy
+  does float16 in software, orders of magnitude slower per value than float32: that decides the
+  variant on a CPU); PowerSGD: the factors' bytes, its rounds and its matmuls at the step's FLOP
+  rate (``powersgd_compression``).
 
 The error is ``predicted / measured - 1`` per point. The dashed curves of the plot extrapolate to 16
 nodes with one core per node (the 1-rank compute divided by the nodes): what a real cluster would do.
@@ -20,6 +22,7 @@ nodes with one core per node (the 1-rank compute divided by the nodes): what a r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -88,8 +91,9 @@ def predict_row(row: dict, variant: str, cal: dict | None, config: dict, compute
         cal["alpha"] if cal else 0.0, cal["beta"] if cal else 0.0, row["gamma"],
     )  # fmt: skip
     compression = None
-    if variant == "fp16":
-        compression = pn.fp16_compression(sum(buckets), row["gamma"])
+    if variant == "fp16":  # NumPy's float16 casts and additions (measured) are the hook's compute
+        compression = pn.fp16_compression(sum(buckets), row.get("fp16_cast_s_per_byte", row["gamma"]))
+        net = dataclasses.replace(net, gamma=row.get("gamma_fp16", row["gamma"]))
     elif variant == "powersgd":
         compression = pn.powersgd_compression(shapes, config["powersgd_rank"], flops)
     ratio = compression.ratio * compression.rounds if compression else 1.0
