@@ -11,13 +11,16 @@ import subprocess
 import sys
 
 import pytest
+from cluster_utils import skip_reason
 from mpi_utils import REPO, mpi_env
 
 from minidist import perfmodel_network as pn
-from minidist.cluster import cluster_available
 
-available, reason = cluster_available()
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not available, reason=reason)]
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.cluster,
+    pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason())),
+]
 
 
 def test_quick_scaling_study(tmp_path):
