@@ -171,7 +171,7 @@ def plot(study: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     links = [link for link in ("100mbit", "1gbit", "10gbit", "unshaped") if link in calibrations(study)]
     far = [1, 2, 4, 8, 16]
     for i, link in enumerate(links):
@@ -203,7 +203,7 @@ def plot(study: dict, path: Path) -> None:
         if xs:
             right.bar(xs, ys, width=width, label=variant)
     ticks = [g * (len(links) + 1) + i + 0.4 for g in range(len(groups)) for i in range(len(links))]
-    right.set_xticks(ticks, [f"{k}x{r}\n{link}" for k, r in groups for link in links], fontsize=7)
+    right.set_xticks(ticks, [f"{k}x{r} {link}" for k, r in groups for link in links], fontsize=7, rotation=45)
     right.set(ylabel="samples/s (measured)", title="what overlap, compression and hierarchy buy")
     right.legend(fontsize=7)
     fig.tight_layout()
