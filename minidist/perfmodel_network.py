@@ -206,8 +206,9 @@ def predict_nodes(
     ``bucket_bytes``: the gradient buckets in the order DDP all-reduces them (default: one bucket of
     all gradients); ``overlap``: all-reduce each during backward (:func:`backward_with_buckets`; forward
     is 1/3 of the compute, backward 2/3, Kaplan et al. 2020 §2.1) or all after backward. ``algorithm``:
-    ``"ring"`` or ``"hierarchical"``; ``compression``: a hook's effect (default none). ``dp_comm`` is
-    the communication and compression time, ``dp_comm_exposed`` what of it the step waits for.
+    one of :data:`ALGORITHMS` for every bucket (see :func:`all_reduce_time`); ``compression``: a hook's
+    effect (default none). ``dp_comm`` is the communication and compression time, ``dp_comm_exposed``
+    what of it the step waits for.
     On one node, one bucket and no compression this is ``perfmodel.predict(dp=ranks_per_node)`` with the
     intra-node constants. Raises ``ValueError`` for sizes < 1 or a batch smaller than the ranks."""
     _check_positive_int(nodes, "nodes")
@@ -220,7 +221,8 @@ def predict_nodes(
     buckets = list(bucket_bytes) if bucket_bytes is not None else [grad_bytes]
     per_bucket = [0.0] * len(buckets)  # one rank: DDP sends nothing and compresses nothing
     for i, nbytes in enumerate(buckets if n > 1 else []):
-        # The time is affine in the bytes, so rounds of equal size sum to the same as PowerSGD's unequal ones.
+        # The time is affine in the bytes (while one kind of link stays the slowest), so rounds of equal
+        # size sum to what PowerSGD's unequal P and Q rounds take.
         sent = nbytes / comp.ratio / comp.rounds
         ar = comp.rounds * all_reduce_time(sent, nodes, ranks_per_node, network, algorithm)
         per_bucket[i] = ar + comp.seconds * nbytes / sum(buckets)
