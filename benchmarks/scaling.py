@@ -101,6 +101,10 @@ def worker(args: argparse.Namespace) -> None:
     result: dict = {"nodes": layout.nodes, "ranks_per_node": world.size // layout.nodes, "ranks": world.size}
     result["compute_s"] = timed_steps(build(), warmup=1)  # no DDP: what the ranks compute, sharing cores
     result["gamma"] = world.mpi.allreduce(perfmodel.measure_gamma(1 << 22), op=_max())
+    if POWERSGD in args.variants:  # its matmuls are thin, (width x width) @ (width x rank): far from peak
+        world.barrier()
+        thin = perfmodel.measure_flops(args.width, args.width, args.powersgd_rank, repeats=20)
+        result["powersgd_flops"] = world.mpi.allreduce(thin, op=_min())
     if layout.local_size > 1:  # shared memory between the ranks of a node (all nodes at once)
         result["intra_alpha"], result["intra_beta"] = perfmodel.measure_alpha_beta(layout.node_group)
     if layout.nodes > 1 and layout.local_size == 1:
@@ -180,6 +184,12 @@ def _hooks(dist):
 
     return {FP16: lambda args: (None, ch.fp16_compress_hook), POWERSGD: powersgd,
             RING: forced("ring"), HIER: forced("hierarchical")}  # fmt: skip
+
+
+def _min():
+    from mpi4py import MPI
+
+    return MPI.MIN
 
 
 def _max():

@@ -13,8 +13,8 @@ predicts the 4-node all-reduces (out of sample) and every DDP step: ``predict_no
   (``tuning.py``; Rabenseifner is priced as the ring, whose bytes it sends),
 * fp16: half the bytes, two casts and float16 additions at the speeds measured in the job (NumPy
   does float16 in software, orders of magnitude slower per value than float32: that decides the
-  variant on a CPU); PowerSGD: the factors' bytes, its rounds and its matmuls at the step's FLOP
-  rate (``powersgd_compression``).
+  variant on a CPU); PowerSGD: the factors' bytes, its rounds, its matmuls at the FLOP rate measured
+  for their thin shapes and its error-feedback passes at gamma (``powersgd_compression``).
 
 The error is ``predicted / measured - 1`` per point. The dashed curves of the plot extrapolate to 16
 nodes with one core per node (the 1-rank compute divided by the nodes): what a real cluster would do.
@@ -95,7 +95,10 @@ def predict_row(row: dict, variant: str, cal: dict | None, config: dict, compute
         compression = pn.fp16_compression(sum(buckets), row.get("fp16_cast_s_per_byte", row["gamma"]))
         net = dataclasses.replace(net, gamma=row.get("gamma_fp16", row["gamma"]))
     elif variant == "powersgd":
-        compression = pn.powersgd_compression(shapes, config["powersgd_rank"], flops)
+        thin = row.get("powersgd_flops", flops)
+        compression = pn.powersgd_compression(
+            shapes, config["powersgd_rank"], thin, seconds_per_byte=row["gamma"]
+        )
     ratio = compression.ratio * compression.rounds if compression else 1.0
     algorithm = VARIANT_ALGORITHM.get(variant) or auto_algorithm(max(buckets) / ratio, nodes, per_node)
     overlap = variant != "after"

@@ -71,19 +71,27 @@ def powersgd_compression(
     rank: int,
     flops: float,
     min_compression_rate: float = 2,
+    seconds_per_byte: float = 0.0,
+    bytes_per_value: int = 4,
 ) -> Compression:
     """PowerSGD as a :class:`Compression`: the ratio of :func:`powersgd_values` to all values, the
     matmuls of Vogels et al. 2019, Algorithm 1 (``6 rows cols rank`` FLOPs per compressed matrix plus
-    ``2 rows rank^2`` to orthonormalise P) at ``flops`` FLOP/s, and 2 rounds (P, then Q) or 3 when some
-    tensors go uncompressed (all-reduced first, as PyTorch does)."""
+    ``2 rows rank^2`` to orthonormalise P) at ``flops`` FLOP/s (measure them on the thin shapes, far
+    from peak), plus :data:`ELEMENTWISE_PASSES` passes over the gradient at ``seconds_per_byte`` (error
+    feedback, Algorithm 2: add last step's error, keep a copy, scale the approximation, subtract), and
+    2 rounds (P, then Q) or 3 when some tensors go uncompressed (all-reduced first, as PyTorch does)."""
     _check_rank(rank)
     compressed, whole, work = _powersgd_split(shapes, rank, min_compression_rate)
     total = sum(math.prod(s) for s in shapes)
     sent = compressed + whole
     rounds = (2 if compressed else 0) + (1 if whole else 0)
+    passes = ELEMENTWISE_PASSES * total * bytes_per_value * seconds_per_byte
     return Compression(
-        ratio=total / sent, seconds=work / flops, rounds=max(rounds, 1), name=f"powersgd{rank}"
+        ratio=total / sent, seconds=work / flops + passes, rounds=max(rounds, 1), name=f"powersgd{rank}"
     )
+
+
+ELEMENTWISE_PASSES = 4  # buffer += error; local = buffer.copy(); M = P Q^T / n; error = local - buffer
 
 
 def _check_rank(rank: int) -> None:
