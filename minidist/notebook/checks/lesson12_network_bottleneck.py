@@ -1,0 +1,79 @@
+"""Checks of lesson 12 (the network as the bottleneck): the bytes an all-reduce puts on each node's link,
+flat and hierarchical, and the values PowerSGD all-reduces for a model. The expected bytes come from
+``minidist.perfmodel``'s ring cost with the latency set to zero and one second per byte;
+``tests/test_lessons.py`` compares the reference answers with the bytes minidist's all-reduce and
+PowerSGD hook really send."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minidist.notebook.checks.harness import call, close, exercise
+
+
+def _link_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: str) -> float:
+    # A ring's time with alpha = 0 and beta = 1 s/byte is the bytes each rank sends to its neighbour.
+    # Ranks sit in blocks per node, so exactly one edge of a ring over ranks or over leaders leaves a node.
+    from minidist.perfmodel import ring_all_reduce_time
+
+    if nodes == 1:
+        return 0.0
+    ring_ranks = nodes * ranks_per_node if algorithm == "ring" else nodes
+    return ring_all_reduce_time(nbytes, ring_ranks, 0.0, 1.0)
+
+
+@exercise(
+    "In a ring over all the ranks, how many of the ring's edges leave one node, and how much travels "
+    "over one edge in a whole all-reduce? And in the hierarchical one, who talks across nodes?",
+    "Count per node, not per rank: ranks sit in blocks, so one neighbour pair per node straddles the "
+    "link. Each edge carries what one rank sends in a ring all-reduce over the ranks that take part "
+    "(lesson 03); in the hierarchical all-reduce only the node leaders form that ring.",
+)
+def inter_node_bytes(fn: Callable[[float, int, int, str], float]) -> None:
+    """inter_node_bytes(nbytes, nodes, ranks_per_node, algorithm) is what a ring over all ranks and the
+    hierarchical all-reduce send out of each node, for 1 to 64 nodes of 1 to 8 ranks."""
+    cases = [(8 * 2**20, 2, 2), (8 * 2**20, 2, 8), (1e6, 4, 2), (1e6, 1, 4), (3e5, 3, 1), (4e9, 64, 8)]
+    for nbytes, nodes, per_node in cases:
+        for algorithm in ("ring", "hierarchical"):
+            want = _link_bytes(nbytes, nodes, per_node, algorithm)
+            got = call(fn, nbytes, nodes, per_node, algorithm)
+            context = f"inter_node_bytes({nbytes:g}, nodes={nodes}, ranks_per_node={per_node}, {algorithm!r})"
+            close(got, want, context, rtol=1e-9)
+
+
+def _values(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float) -> int:
+    # PyTorch's rule (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook): a tensor of 2 or more
+    # dimensions is a matrix (its first dimension by the product of the others), compressed when the
+    # low-rank factors are smaller by more than min_compression_rate; vectors go uncompressed.
+    total = 0
+    for shape in shapes:
+        rows = shape[0] if shape else 1
+        cols = math.prod(shape[1:])
+        factors = (rows + cols) * rank
+        compress = len(shape) >= 2 and factors * min_compression_rate < rows * cols
+        total += factors if compress else rows * cols
+    return total
+
+
+@exercise(
+    "Which two matrices replace an m x n gradient, and which tensors of a model are not worth compressing?",
+    "Add up, tensor by tensor: a matrix whose two thin factors are not at least min_compression_rate "
+    "times smaller than itself goes whole, and so does every bias vector; the others send both factors.",
+)
+def powersgd_values(fn: Callable[[list[tuple[int, ...]], int, float], int]) -> None:
+    """powersgd_values(shapes, rank, min_compression_rate) counts the values PowerSGD all-reduces per step
+    for six models, with torch's rule for what it compresses."""
+    models = [
+        [(512, 512), (512,), (10, 512), (10,)],
+        [(1024, 1024), (1024,), (1024, 1024), (1024,)],
+        [(64, 8), (64,), (8, 64)],
+        [(4, 4), (4,)],
+        [(256, 3, 3, 3), (256,)],
+        [(50257, 768), (768, 3072), (3072,)],
+    ]
+    for shapes in models:
+        for rank, rate in [(1, 2), (4, 2), (32, 2), (4, 1)]:
+            want = _values(shapes, rank, rate)
+            got = call(fn, shapes, rank, rate)
+            close(got, want, f"powersgd_values({shapes}, rank={rank}, min_compression_rate={rate})", rtol=0)
