@@ -133,7 +133,11 @@ def time_ddp(hook: str) -> dict:
         trace.disable()
         sent.append(bytes_sent() - before)
         times.append(slowest(took))
-    result = {"hook": hook, "step_s": times, "bytes_per_step": world.mpi.gather(float(np.median(sent)), root=0)}
+    result = {
+        "hook": hook,
+        "step_s": times,
+        "bytes_per_step": world.mpi.gather(float(np.median(sent)), root=0),
+    }
     result["events"] = world.mpi.gather(trace.events(), root=0)
     result["params"] = sum(q.data.size for q in model.parameters())
     return result
@@ -148,6 +152,8 @@ if world.rank == 0:
         json.dump(result, f)
     nodes = len(set(layout.node_of_rank))
     for r in allreduce:
-        print(f"all-reduce {r['nbytes'] / 2**20:4g} MiB {r['algorithm']:>13}: {min(r['seconds']) * 1e3:7.1f} ms")
+        print(
+            f"all-reduce {r['nbytes'] / 2**20:4g} MiB {r['algorithm']:>13}: {min(r['seconds']) * 1e3:7.1f} ms"
+        )
     for r in ddp_runs:
         print(f"DDP step, hook {r['hook']:>8}: {np.median(r['step_s']) * 1e3:7.1f} ms on {nodes} node(s)")

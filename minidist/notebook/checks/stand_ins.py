@@ -38,9 +38,25 @@ def _numeric_tanh_backward(out: float, out_grad: float) -> float:
     return slope * out_grad
 
 
+def _inter_node_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: str) -> float:
+    # The check's own expected value (perfmodel's ring cost in bytes): lesson 12, section 5.
+    from minidist.notebook.checks.lesson12_network_bottleneck import _link_bytes
+
+    return _link_bytes(nbytes, nodes, ranks_per_node, algorithm)
+
+
+def _powersgd_values(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float) -> int:
+    # The check's own expected value (torch's rule of what to compress): lesson 12, section 6.
+    from minidist.notebook.checks.lesson12_network_bottleneck import _values
+
+    return _values(shapes, rank, min_compression_rate)
+
+
 _STAND_INS: dict[str, Callable[..., Any]] = {
     "numerical_grad": _numerical_grad,  # lesson 01, section 4
     "tanh_backward": _numeric_tanh_backward,  # lesson 01, section 3
+    "inter_node_bytes": _inter_node_bytes,  # lesson 12, section 5
+    "powersgd_values": _powersgd_values,  # lesson 12, section 6
 }
 
 
@@ -49,7 +65,10 @@ def stand_in(name: str) -> Callable[..., Any]:
 
     ``"numerical_grad"``: ``(f, x, eps=1e-6) -> ndarray`` of ``x``'s shape (central differences; ``x``
     is left as it was). ``"tanh_backward"``: ``(out, out_grad) -> float``, the slope of tanh measured
-    numerically (accurate to about 1e-10), times ``out_grad``.
+    numerically (accurate to about 1e-10), times ``out_grad``. ``"inter_node_bytes"``: ``(nbytes, nodes,
+    ranks_per_node, algorithm) -> float`` bytes one node sends to the others in one all-reduce.
+    ``"powersgd_values"``: ``(shapes, rank, min_compression_rate) -> int`` values PowerSGD all-reduces
+    per step.
 
     Raises ``ValueError`` for a name that has no stand-in, listing those that do.
     """
