@@ -11,8 +11,10 @@ Each function here does the same four things, in order, and leaves the algorithm
    ``"recursive_doubling"`` (``recursive_doubling.py``), ``"rabenseifner"`` (``rabenseifner.py``),
    ``"recursive_halving"`` (``recursive_halving.py``),
    ``"tree"`` (``broadcast.py``, ``tree_reduce.py``), ``"scatter_allgather"`` (``scatter_allgather.py``),
-   or ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the reference the others are tested against.
-   ``"auto"`` picks one by message size and group size from the table in ``tuning.py``.
+   ``"hierarchical"`` (``hierarchical.py``: the three above per node and across nodes, when the group
+   spans nodes, ``topology.py``), or ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the
+   reference the others are tested against. ``"auto"`` picks one by message size and group size (and,
+   for ``all_reduce`` across nodes, the node layout) from the tables in ``tuning.py``.
 
 Arrays may have any shape and any length, including 0, 1 and lengths smaller than the group size. The
 chunk layout of ``reduce_scatter`` and ``all_gather`` is ``numpy.array_split`` order over the flattened
@@ -38,6 +40,7 @@ import numpy as np
 from minidist.distributed.broadcast import tree_broadcast
 from minidist.distributed.comm import Communicator, group_or_world
 from minidist.distributed.debug import collective_call
+from minidist.distributed.hierarchical import has_hierarchy, hierarchical_all_reduce
 from minidist.distributed.mpi_builtin import (
     mpi_all_gather,
     mpi_all_gather_counts,
@@ -58,14 +61,15 @@ from minidist.distributed.ring import (
 )
 from minidist.distributed.scatter_allgather import scatter_allgather_broadcast
 from minidist.distributed.staging import host_view, like
+from minidist.distributed.topology import node_layout, world_spans_nodes
 from minidist.distributed.tree_reduce import tree_reduce
-from minidist.distributed.tuning import choose
+from minidist.distributed.tuning import choose, choose_across_nodes
 from minidist.distributed.validate import check_array, check_choice, check_rank
 
 # The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
 # group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
 ALGORITHMS = {
-    "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "mpi"),
+    "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi"),
     "reduce_scatter": ("auto", "ring", "recursive_halving", "mpi"),
     "all_gather": ("auto", "ring", "mpi"),
     "broadcast": ("auto", "tree", "scatter_allgather", "mpi"),
@@ -75,6 +79,7 @@ _ALL_REDUCE = {
     "ring": ring_all_reduce,
     "recursive_doubling": recursive_doubling_all_reduce,
     "rabenseifner": rabenseifner_all_reduce,
+    "hierarchical": hierarchical_all_reduce,
     "mpi": mpi_all_reduce,
 }
 _BROADCAST = {"tree": tree_broadcast, "scatter_allgather": scatter_allgather_broadcast, "mpi": mpi_broadcast}
@@ -87,7 +92,18 @@ def _check_algorithm(collective: str, algorithm: str) -> None:
 def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
     """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank).
     Noted on the group's channel, for the trace (``debug.collective_call``)."""
-    chosen = choose(collective, nbytes, group.size) if algorithm == "auto" else algorithm
+    chosen = algorithm
+    if algorithm in ("auto", "hierarchical"):
+        chosen = choose(collective, nbytes, group.size)  # the flat pick
+        # A group that may span nodes: its layout decides (computed on the first such call, collectively,
+        # then cached on the group). Without a hierarchy to use, "hierarchical" runs the flat pick.
+        if collective == "all_reduce" and world_spans_nodes() and has_hierarchy(node_layout(group)):
+            layout = node_layout(group)
+            chosen = (
+                "hierarchical"
+                if algorithm == "hierarchical"
+                else choose_across_nodes(nbytes, layout.nodes, group.size)
+            )
     group.collective_channel.algorithm = chosen
     return chosen
 
@@ -111,8 +127,14 @@ def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algor
       ``2 log2(n) alpha + 2(n-1)/n N beta + (n-1)/n N gamma`` (``rabenseifner.py``); long messages.
       For ``n`` not a power of two both recursive algorithms first fold the group to the largest power
       of two ``<= n``, which adds ``2 alpha + 2 N beta + N gamma``.
+    * ``"hierarchical"``: reduce to one leader per node, all-reduce across the ``k`` leaders, broadcast
+      in each node (Horovod; ``hierarchical.py``), cost ``2 ceil(log2 L)(alpha_i + N beta_i)`` inside
+      nodes of ``L`` ranks plus a flat all-reduce over ``k`` ranks across nodes; for groups that span
+      nodes (``topology.py``; ``MINIDIST_RANKS_PER_NODE`` simulates nodes). On one node, or with one
+      rank per node, it runs the flat algorithm ``"auto"`` would.
     * ``"mpi"``: ``MPI_Allreduce`` with ``MPI_IN_PLACE``.
-    * ``"auto"``: one of the hand-written ones, by ``N`` and ``n``, from the table in ``tuning.py``.
+    * ``"auto"``: one of the hand-written ones, by ``N`` and ``n`` (and for a group that spans nodes,
+      by its layout), from the tables in ``tuning.py``.
 
     The hand-written algorithms leave bit-identical results on all ranks (each element is combined in
     one place and then copied, or both partners of an exchange combine the same two values).

@@ -76,6 +76,7 @@ class Communicator:
         # Added to the tag of every message this communicator sends or receives: 0 on a user's
         # communicator; on a channel, the tag of the collective being run (tags.py, liveness.enter).
         self.tag_base = 0
+        self._node_layout = None  # topology.node_layout's cache: which of these ranks share a node
         if _is_channel:  # this *is* a collective channel; it needs no channel of its own
             self.collective_channel = self
             self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)
@@ -292,9 +293,11 @@ def _from(src: int, tag: int) -> str:
 
 # --- the world communicator and module-level shortcuts -------------------------------------------------
 
-# The only global state of dist: the world communicator and this process's rank on its node.
+# The only global state of dist: the world communicator, this process's rank on its node and the number
+# of nodes the world spans.
 _world: Communicator | None = None
 _local_rank: int | None = None
+_node_count = 1
 
 
 def init() -> Communicator:
@@ -308,12 +311,14 @@ def init() -> Communicator:
     watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
     ``MINIDIST_ABORT_GRACE`` or ``MINIDIST_WATCHDOG``.
     """
-    global _world, _local_rank
+    global _world, _local_rank, _node_count
     if _world is None:
         world = MPI.COMM_WORLD
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         _local_rank = node.Get_rank()
         node.Free()
+        if world.Get_size() > 1:  # one leader per node: tells "auto" whether any group can span nodes
+            _node_count = world.allreduce(1 if _local_rank == 0 else 0)
         backend.use_local_rank(_local_rank)
         _world = Communicator(world, name="world")
         if world.Get_size() > 1:
@@ -358,6 +363,12 @@ def get_local_rank() -> int:
     init()
     assert _local_rank is not None  # set by init()
     return _local_rank
+
+
+def node_count() -> int:
+    """The number of machines (shared-memory nodes) the world's ranks run on (calls :func:`init`)."""
+    init()
+    return _node_count
 
 
 def send(a: Any, dst: int, group: Communicator | None = None, tag: int = 0) -> None:

@@ -84,3 +84,24 @@ def choose(collective: str, nbytes: int, group_size: int) -> str:
         if group_size in group_sizes:
             return next(algorithm for below, algorithm in thresholds if nbytes < below)
     return AUTO_TABLE[collective][-1][1][-1][1]
+
+
+# all_reduce on a group that spans nodes and has more than one rank on some node (hierarchical.py):
+# rows of (number of nodes, [(below this many bytes, algorithm), ...]), as AUTO_TABLE. Measured on
+# the cluster of network namespaces (minidist.cluster; benchmarks/collectives.py --cluster), see
+# ACROSS_NODES_MEASURED below.
+ACROSS_NODES_TABLE: list[tuple[Container[int], list[tuple[float, str]]]] = [
+    (ANY, [(math.inf, "hierarchical")]),
+]
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_across_nodes(nbytes: int, nodes: int, group_size: int) -> str:
+    """The algorithm ``all_reduce(algorithm="auto")`` runs on a group of ``group_size`` ranks spread over
+    ``nodes`` nodes (some node holding more than one), for ``nbytes`` bytes. A flat algorithm in the
+    table means :func:`choose`'s pick for the group."""
+    for node_counts, thresholds in ACROSS_NODES_TABLE:
+        if nodes in node_counts:
+            chosen = next(algorithm for below, algorithm in thresholds if nbytes < below)
+            return chosen if chosen == "hierarchical" else choose("all_reduce", nbytes, group_size)
+    return "hierarchical"

@@ -33,17 +33,36 @@ tokens, so for the weights they are data-parallel too: gradients are averaged ov
 the ``dp * cp`` ranks with the same (tp, pp) coordinates, here {0,2,4,6} and {1,3,5,7}.
 With ``ProcessMesh(dp=2, tp=2, pp=2)`` (cp = 1) the tp groups are {0,1} {2,3} {4,5} {6,7}, the dp
 groups {0,2} {1,3} {4,6} {5,7}, the pp groups {0,4} {1,5} {2,6} {3,7}.
+
+**Nodes.** The mesh knows which ranks share a machine (``minidist.distributed.topology``: MPI's
+shared-memory split, or ``MINIDIST_RANKS_PER_NODE`` to simulate nodes): ``mesh.nodes`` and
+``mesh.node_of_rank``. The rank order above already keeps each tp group inside a node whenever ``tp``
+divides the number of ranks per node ``R`` and the launcher places ranks in blocks of ``R`` (mpiexec's
+``-hosts a:R,b:R``, Slurm's block distribution): a tp group is ``tp`` consecutive ranks starting at a
+multiple of ``tp``, and a block of ``R`` ranks starting at a multiple of ``R`` holds ``R / tp`` whole tp
+groups. Likewise a cp group (stride ``tp``, ``cp`` members) stays inside a node when ``tp * cp`` divides
+``R``. When a tp group does span nodes (``tp`` larger than ``R``, or not dividing it, or a launcher that
+places ranks round-robin), the mesh still works, but every layer's all-reduce crosses the network: the
+first rank of each such tp group warns with a :class:`PlacementWarning` naming the group, its nodes and
+what to change.
 """
 
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any
 
 from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.topology import node_layout, world_spans_nodes
 
 AXES = ("dp", "tp", "pp", "cp")
+
+
+class PlacementWarning(UserWarning):
+    """A ``ProcessMesh`` layout puts a tensor-parallel group on more than one node (see the module
+    docstring): correct, but each layer's all-reduce crosses the network."""
 
 
 def mesh_coords4(rank: int, dp: int, tp: int, pp: int, cp: int = 1) -> tuple[int, int, int, int]:
@@ -109,7 +128,11 @@ class ProcessMesh:
     attention's ring) and ``dp_cp_group`` (the ``dp * cp`` ranks holding the same weights, rank
     ``dp_rank * cp + cp_rank`` in it: average gradients over this one when cp > 1), each carrying
     its axis as ``name`` (``"tp"``, ``"dp"``, ``"pp"``, ``"cp"``, ``"dp_cp"``: how traces label their
-    bytes). ``str(mesh)`` draws the grid.
+    bytes). ``nodes``: the number of nodes ``comm`` spans; ``node_of_rank``: tuple of ``world_size``
+    node indices, one per rank of ``comm`` (``minidist.distributed.topology``). ``str(mesh)`` draws
+    the grid.
+
+    Warns ``PlacementWarning`` (on the first rank of each tp group that spans nodes).
 
     Raises (on every rank: the sizes are compared across ranks before anything can fail):
         TypeError: a size is not an int (NumPy integers are accepted; bools are not).
@@ -160,6 +183,35 @@ class ProcessMesh:
         # thread may work on one while the training loop uses the other, and a communicator serves one
         # thread at a time.
         self.dp_cp_group = world.split(color=p * tp + t, key=d * cp + c, name="dp_cp")
+        # Which ranks share a node: without nodes (the usual single machine) no communication at all.
+        if world_spans_nodes():
+            layout = node_layout(world)
+            self.node_of_rank, hostnames = layout.node_of_rank, layout.hostnames
+        else:
+            self.node_of_rank, hostnames = (0,) * world.size, ()
+        self.nodes = max(self.node_of_rank) + 1
+        if self.nodes > 1 and t == 0:  # the first rank of each tp group speaks for it
+            self._warn_if_tp_spans_nodes(hostnames)
+
+    def _warn_if_tp_spans_nodes(self, hostnames: tuple[str, ...]) -> None:
+        """Warn (:class:`PlacementWarning`) if this rank's tp group has ranks on more than one node."""
+        members = [self.rank_of(self.dp_rank, t, self.pp_rank, self.cp_rank) for t in range(self.tp)]
+        nodes = sorted({self.node_of_rank[r] for r in members})
+        if len(nodes) == 1:
+            return
+        per_node = [self.node_of_rank.count(n) for n in range(self.nodes)]
+        fits = min(per_node)
+        where = ", ".join(
+            f"node {n}" + (f" ({hostnames[self.node_of_rank.index(n)]})" if hostnames else "") for n in nodes
+        )
+        warnings.warn(
+            f"{self!r}: tp group of world ranks {members} spans {where}, so every layer's tensor-parallel "
+            f"all-reduce crosses the network. The nodes hold {per_node} ranks; choose tp dividing "
+            f"{fits} (e.g. tp={_largest_divisor_at_most(fits, self.tp)}) and move the rest to dp or pp, "
+            "or launch more ranks per node, in blocks (mpiexec -hosts a:R,b:R)",
+            PlacementWarning,
+            stacklevel=3,
+        )
 
     def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         """The world rank at the given coordinates. Raises ``ValueError`` for a coordinate out of range."""
@@ -203,3 +255,8 @@ def _size_error(sizes: dict[str, Any]) -> Exception | None:
         if value < 1:
             return ValueError(f"ProcessMesh: {name} must be >= 1, got {name}={value}")
     return None
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is ``<= limit`` (a tp size that fits ``n`` ranks per node)."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

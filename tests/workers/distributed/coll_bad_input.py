@@ -43,7 +43,7 @@ def main(out_dir: str) -> None:
     ops = ["'sum', 'avg', 'max', 'min'"]
     expect(ValueError, ["'prod'", *ops], dist.all_reduce, a, op="prod")
     expect(ValueError, ["'prod'", *ops], dist.reduce_scatter, a, op="prod")
-    all_reduce_algorithms = "'auto', 'ring', 'recursive_doubling', 'rabenseifner', 'mpi'"
+    all_reduce_algorithms = "'auto', 'ring', 'recursive_doubling', 'rabenseifner', 'hierarchical', 'mpi'"
     expect(ValueError, ["'butterfly'", all_reduce_algorithms], dist.all_reduce, a, algorithm="butterfly")
     expect(ValueError, ["'tree'", "'auto', 'ring', 'mpi'"], dist.all_gather, a, algorithm="tree")
     broadcast_algorithms = "'auto', 'tree', 'scatter_allgather', 'mpi'"
