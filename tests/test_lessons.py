@@ -856,7 +856,7 @@ def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_pa
         out = tmp_path / f"{ranks}x{per_node}"
         out.mkdir()
         env = {"MINIDIST_RANKS_PER_NODE": str(per_node)}
-        run_mpi(ranks, "lessons/network_bytes.py", out, 3 * 2**20, timeout=120, env=env)
+        run_mpi(ranks, "lessons/network_bytes.py", out, 4 * 2**20, timeout=120, env=env)
         lib = json.loads((out / "network.json").read_text())
         nodes = ranks // per_node
         assert lib["node_of_rank"] == [r // per_node for r in range(ranks)]

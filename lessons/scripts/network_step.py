@@ -70,7 +70,7 @@ def slowest(seconds: float) -> float:
 def bytes_sent() -> int:
     """Bytes this rank sent on every communicator an all-reduce may use (hierarchical: the node's)."""
     groups = [world, layout.node_group, layout.leader_group]
-    return sum(g.bytes_sent for g in groups if g is not None)
+    return sum(g.collective_channel.bytes_sent for g in groups if g is not None)  # collectives send there
 
 
 def time_all_reduce(nbytes: int) -> list[dict]:

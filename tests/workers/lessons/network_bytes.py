@@ -1,6 +1,6 @@
 """MPI worker: the bytes minidist's all-reduces and PowerSGD hook send, for lesson 12's exercises.
 
-argv: out_dir [nbytes]. Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or
+argv: out_dir [nbytes] (at least 4 MiB: the size from which the flat algorithms run a ring on 4 ranks). Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or
 real (a ``minidist.cluster``). Rank 0 writes ``network.json`` with
 
 * ``node_of_rank``, ``nbytes``;
@@ -14,7 +14,6 @@ real (a ``minidist.cluster``). Rank 0 writes ``network.json`` with
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 from dist_worker_utils import run_worker, write_json
@@ -24,36 +23,49 @@ import minidist.distributed as dist
 from minidist import nn, optim
 from minidist.distributed.topology import node_layout
 from minidist.models import MLP
-from minidist.parallel import DistributedDataParallel, comm_hooks
+from minidist.parallel import DistributedDataParallel
 
 
-def main(out_dir: str, nbytes: str = "1048576") -> None:
+def sent(group) -> int:
+    """Bytes this rank has sent in the collectives of ``group`` (they leave by its collective channel)."""
+    return group.collective_channel.bytes_sent
+
+
+def main(out_dir: str, nbytes: str = str(4 * 2**20)) -> None:
     world = dist.init()
     layout = node_layout()
     a = np.ones(int(nbytes) // 4, dtype=np.float32)
     result: dict = {"node_of_rank": list(layout.node_of_rank), "nbytes": a.nbytes}
 
-    before = world.bytes_sent
+    before = sent(world)
     dist.all_reduce(a, algorithm="ring")
     right = (world.rank + 1) % world.size  # the ring's only destination of this rank
     crosses = layout.node_of_rank[right] != layout.node_of_rank[world.rank]
-    result["ring"] = world.mpi.gather(world.bytes_sent - before if crosses else 0, root=0)
+    result["ring"] = world.mpi.gather(sent(world) - before if crosses else 0, root=0)
 
+    # Hierarchical: the node group stays inside the node, the leaders' group crosses. Without a hierarchy
+    # to use (one node, or one rank per node) it runs a flat algorithm over the world, whose messages
+    # then all cross (one rank per node) or none do (one node).
     leaders = layout.leader_group
-    before = leaders.bytes_sent if leaders is not None else 0
+    alone = layout.local_size == 1 and layout.nodes > 1
+
+    def crossing() -> int:
+        return (sent(leaders) if leaders is not None else 0) + (sent(world) if alone else 0)
+
+    before = crossing()
     dist.all_reduce(a, algorithm="hierarchical")
-    result["hierarchical"] = world.mpi.gather(
-        leaders.bytes_sent - before if leaders is not None else 0, root=0
-    )
+    result["hierarchical"] = world.mpi.gather(crossing() - before, root=0)
 
     if world.size == 2:
         result["powersgd"] = powersgd_step(world)
     if world.rank == 0:
-        write_json(Path(out_dir) / "network.json", result)
+        write_json(out_dir, "network.json", result)
 
 
 def powersgd_step(world) -> dict:
-    """Bytes one rank sends in a DDP step with PowerSGD compressing (after its plain first step)."""
+    """Bytes one rank sends in each of 4 DDP steps with the PowerSGD hook (compressing from the third)."""
+    from minidist.parallel import comm_hooks  # only this part needs the hooks
+
     md.manual_seed(0)
     model = MLP(48, [64, 8], 10)  # a matrix worth compressing, one that is not, biases, a thin head
     rank, rate = 4, 2  # (64, 48) is compressed; (8, 64) and (10, 8) are not worth it at rank 4
@@ -65,16 +77,16 @@ def powersgd_step(world) -> dict:
     opt = optim.SGD(ddp.parameters(), lr=0.1)
     rng = np.random.default_rng(world.rank)
     x, y = md.tensor(rng.standard_normal((8, 48)), dtype=np.float32), rng.integers(0, 10, 8)
-    sent = []
+    sent_per_step = []
     for _ in range(4):  # steps 0 and 1 plain, 2 and 3 compressed
-        before = world.bytes_sent
+        before = sent(world)
         loss = nn.functional.cross_entropy(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sent.append(world.bytes_sent - before)
+        sent_per_step.append(sent(world) - before)
     shapes = [list(p.data.shape) for p in model.parameters()]
-    return {"shapes": shapes, "rank": rank, "rate": rate, "bytes_per_step": sent}
+    return {"shapes": shapes, "rank": rank, "rate": rate, "bytes_per_step": sent_per_step}
 
 
 if __name__ == "__main__":
