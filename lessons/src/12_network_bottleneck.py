@@ -350,9 +350,8 @@ checks.powersgd_values(powersgd_values)
 count = checks.stand_in("powersgd_values")
 shapes = [(512, 512)] * 3 + [(512,)] * 3 + [(10, 512), (10,)]
 plain, compressed = sum(int(np.prod(s)) for s in shapes), count(shapes, 4, 2)
-print(
-    f"the lesson's MLP: {plain:,} values; PowerSGD at rank 4 sends {compressed:,}, {plain / compressed:.0f}x less"
-)
+ratio = plain / compressed
+print(f"the lesson's MLP: {plain:,} values; PowerSGD of rank 4 sends {compressed:,} ({ratio:.0f}x less)")
 for name, r in runs.items():
     line = ", ".join(
         f"{d['hook']} {median_ms(d['step_s']):6.1f} ms ({np.mean(d['bytes_per_step']) / 1e6:.2f} MB sent)"

@@ -1,7 +1,8 @@
 """MPI worker: the bytes minidist's all-reduces and PowerSGD hook send, for lesson 12's exercises.
 
-argv: out_dir [nbytes] (at least 4 MiB: the size from which the flat algorithms run a ring on 4 ranks). Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or
-real (a ``minidist.cluster``). Rank 0 writes ``network.json`` with
+argv: out_dir [nbytes] (default 4 MiB: from this size on, the flat algorithms run a ring on 4 ranks).
+Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or real (a
+``minidist.cluster``). Rank 0 writes ``network.json`` with
 
 * ``node_of_rank``, ``nbytes``;
 * ``ring`` / ``hierarchical``: per rank, the bytes it sent to ranks of *other* nodes in one all-reduce of
