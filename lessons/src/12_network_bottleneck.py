@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from minidist import perfmodel, trace
+from minidist import perfmodel_network as pn
 from minidist.cluster import Cluster, cluster_available
 from minidist.notebook import checks, mpiexec_path
 
@@ -206,59 +207,96 @@ plt.show()
 # %% [markdown]
 # ## 4. The sweet spot: how many nodes?
 #
-# Lesson 09's model, with the network as its only link: a step is `compute / G` plus the ring
-# all-reduce of the gradients over the G ranks. First, fit the link's `alpha` (seconds per message) and
-# `beta` (seconds per byte) to the measured ring all-reduces: a ring of n ranks takes
-# `2(n-1) alpha + 2(n-1)/n N beta` (lesson 03), linear in the message size N.
-
+# `minidist.perfmodel_network` prices a **two-level network**: inside a node, messages go through
+# shared memory or NVLink (`intra_alpha`, `intra_beta`); between nodes, through one link per node
+# (`inter_alpha`: seconds per message, `inter_beta`: seconds per byte). A ring all-reduce over ranks in
+# blocks has one edge leaving each node, and each of its steps waits for the slowest edge: a link, as
+# soon as there are two nodes.
+#
+# First, fit each link's `alpha` and `beta` to the ring all-reduces measured above (0.5 and 2 MiB): a
+# ring step moves a quarter of the message over the link, and `perfmodel.fit_alpha_beta` fits
+# `t = alpha + beta x bytes` to the steps' times (weighting the points by 1/t). Then compare the
+# model with every measured point.
 
 # %%
 def fit_link(run):
-    """(alpha, beta) of the link from the ring all-reduces of one run (4 ranks)."""
+    """(alpha, beta) of the link from the ring all-reduces of one run on 2 nodes x 2 ranks."""
     ring = [r for r in run["allreduce"] if r["algorithm"] == "ring"]
     n = len(run["hosts"])
-    x = np.array([2 * (n - 1) / n * r["nbytes"] for r in ring])  # bytes each rank sends
-    t = np.array([min(r["seconds"]) for r in ring]) / (2 * (n - 1))  # time per ring step, x per step
-    alpha, beta = perfmodel.fit_alpha_beta(x / (2 * (n - 1)), t)
-    return alpha, beta
+    nbytes = np.array([r["nbytes"] for r in ring], dtype=float)
+    seconds = np.array([min(r["seconds"]) for r in ring])  # the fastest sample: the least disturbed
+    return perfmodel.fit_alpha_beta(nbytes / n, seconds / (2 * (n - 1)))  # per ring step
 
 
 links = {}
 for name, r in runs.items():
-    links[name] = fit_link(r)
-for name, bps in LINKS.items():
-    links.setdefault(name, (50e-6, 8 / bps))  # no cluster: the nominal speed, a typical TCP latency
-for name, (alpha, beta) in links.items():
-    print(f"{name:>9}: alpha {alpha * 1e6:6.0f} us, {1 / beta / 1e6:8.1f} MB/s")
+    if cluster:
+        alpha, beta = fit_link(r)
+        net = pn.Network(0.0, 0.0, alpha, beta, name=name)
+        ring = [a for a in r["allreduce"] if a["algorithm"] == "ring"]
+        model = [pn.flat_all_reduce_time(a["nbytes"], 2, 2, net) for a in ring]
+        errors = pn.relative_errors(model, [min(a["seconds"]) for a in ring])
+        print(
+            f"{name:>9}: alpha {alpha * 1e6:5.0f} us, {1 / beta / 1e6:7.1f} MB/s; model vs measured "
+            + ", ".join(f"{a['nbytes'] / 2**20:g} MiB {e:+.0%}" for a, e in zip(ring, errors))
+        )
+        links[name] = (alpha, beta)
+for name in ("100mbit", "1gbit", "10gbit"):
+    links.setdefault(name, (50e-6, pn.link_beta(name)))  # not measured: nominal speed, TCP-like latency
+print("links for the model:", {k: f"{8 / v[1] / 1e9:g} Gbit/s" for k, v in links.items()})
 
 # %% [markdown]
-# Now the question of lesson 09 for these links: a model of 125 M parameters (GPT-2 small; gradients in
-# float32, 0.5 GB), a global batch of 512 sequences of 1,024 tokens, on nodes of 8 GPUs that sustain
-# 100 TFLOP/s each. The gradients cross the slow link; the model counts every rank of the ring on it.
+# With two points per link the fit goes through both, so the errors are ~0; what matters is whether
+# the fitted bandwidth is the shaped rate (12.5 MB/s for 100 Mbit/s, 125 MB/s for 1 Gbit/s; a little
+# less, for the headers of the frames). The unshaped link is memory copies in the kernel: its latency
+# is TCP's, its bandwidth that of a few GB/s.
+#
+# Now lesson 09's question for these links: GPT-2 small (125 M parameters, gradients in bf16: 0.25 GB)
+# with GPT-3's batch for that size (Brown et al. 2020, Table 2.1: 0.5 M tokens, here 512 sequences of
+# 1,024), on nodes of 8 GPUs of 100 TFLOP/s joined inside by NVLink (5 us, 100 GB/s).
+# `pn.predict_nodes` prices one DDP step on `nodes x 8` GPUs with the hierarchical all-reduce;
+# `perfmodel.sweet_spot` picks the most nodes that still run at 75 % efficiency or better (the star).
 
 # %%
-work = perfmodel.Workload(params=125e6, global_batch=512, tokens_per_sample=1024, bytes_per_value=4)
-nodes = [1, 2, 4, 8, 16, 32, 64]
+work = perfmodel.Workload(params=125e6, global_batch=512, tokens_per_sample=1024, bytes_per_value=2)
+node_counts = [1, 2, 4, 8, 16, 32, 64]
+
+
+def plot_scaling(ax, title, networks, compression=None):
+    """Speedup over one GPU against nodes of 8 GPUs, one line per network; a star at the sweet spot."""
+    for net in networks:
+        curve = [
+            pn.predict_nodes(work, 1e14, net, k, 8, algorithm="hierarchical", compression=compression)
+            for k in node_counts
+        ]
+        line = ax.loglog(node_counts, [p.speedup for p in curve], "o-", label=f"link {net.name}")[0]
+        best = perfmodel.sweet_spot(curve, min_efficiency=0.75)
+        ax.plot(best.devices / 8, best.speedup, "*", ms=16, color=line.get_color())
+        print(f"{title}, link {net.name:>8}: sweet spot {best.devices // 8:>2} node(s), {best.speedup:5.1f}x")
+    ax.loglog(node_counts, [8 * k for k in node_counts], "k:", label="ideal")
+    ax.set_xlabel("nodes of 8 GPUs")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+networks = [
+    pn.Network(5e-6, 1 / 100e9, alpha, beta, name=name)
+    for name, (alpha, beta) in sorted(links.items(), key=lambda kv: -kv[1][1])  # slowest first
+]
 fig, ax = plt.subplots(figsize=(7, 4))
-for name, (alpha, beta) in sorted(links.items(), key=lambda kv: -kv[1][1]):
-    hw = perfmodel.Hardware(flops=1e14, alpha=alpha, beta=beta)
-    curve = perfmodel.scaling_curve(work, hw, [8 * k for k in nodes])
-    line = ax.loglog(nodes, [p.speedup for p in curve], "o-", label=f"link {name}")[0]
-    best = max(curve, key=lambda p: p.speedup)
-    ax.plot(best.devices / 8, best.speedup, "*", ms=16, color=line.get_color())
-ax.loglog(nodes, [8 * k for k in nodes], "k:", label="ideal")
-ax.set_xlabel("nodes of 8 GPUs")
+plot_scaling(ax, "GPT-2 small, plain DDP", networks)
 ax.set_ylabel("speedup over 1 GPU")
-ax.set_title("125 M parameters, data parallel (star: the fastest)")
-ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# On a slow link, adding nodes can make the step *slower*: each rank computes less, but the ring's
-# all-reduce does not shrink (each rank still sends about twice the gradients), and its latency term
-# grows with every rank. Two levers remain: send the slow link fewer bytes (section 5), and send fewer
-# bytes at all (section 6).
+# On a slow link, adding nodes makes the step *slower*: each GPU computes less, but every node's link
+# carries about as many bytes per step however many nodes there are, and the ring's latencies grow
+# with every node. At 1 Gbit/s two nodes are four times slower than one (the gradients take seconds to
+# cross, the compute of 8 GPUs half a second); even at 10 Gbit/s the curve stays flat, and the sweet
+# spot is one node. Only a fast fabric (InfiniBand, 100-400 Gbit/s per GPU) lets hundreds of GPUs
+# help. Without faster hardware, two levers remain: put fewer bytes on the link (section 5), and send
+# fewer bytes at all (section 6).
 #
 # ## 5. Hierarchy: keep the ring off the slow link
 #
@@ -344,29 +382,58 @@ checks.powersgd_values(powersgd_values)
 # For each tensor: if it has at least 2 dimensions, with m its first dimension and n the product of the
 # others, and `(m + n) r x min_compression_rate < m n`, it sends P and Q: `(m + n) r` values; otherwise
 # all its `m n` values. The MLP above at rank 4: its three 512 x 512 matrices send 4,096 values each
-# instead of 262,144; its biases and the 10 x 512 output layer go whole.
+# instead of 262,144, the 10 x 512 output layer 2,088 instead of 5,120, and its biases go whole.
 
 # %%
-count = checks.stand_in("powersgd_values")
+count = checks.stand_in("powersgd_values")  # your function, once it passes, gives the same
 shapes = [(512, 512)] * 3 + [(512,)] * 3 + [(10, 512), (10,)]
 plain, compressed = sum(int(np.prod(s)) for s in shapes), count(shapes, 4, 2)
 ratio = plain / compressed
 print(f"the lesson's MLP: {plain:,} values; PowerSGD of rank 4 sends {compressed:,} ({ratio:.0f}x less)")
 for name, r in runs.items():
     line = ", ".join(
-        f"{d['hook']} {median_ms(d['step_s']):6.1f} ms ({np.mean(d['bytes_per_step']) / 1e6:.2f} MB sent)"
+        f"{d['hook']} {median_ms(d['step_s']):6.1f} ms ({np.mean(d['bytes_per_step']) / 1e6:.2f} MB)"
         for d in r["ddp"]
     )
-    print(f"{name:>9}: DDP step with hook {line}")
+    print(f"{name:>9}, DDP step and bytes sent per rank: {line}")
 
 # %% [markdown]
 # The bytes each rank sends per step follow the counts: fp16 halves them, PowerSGD sends a few
-# percent. On the slow link that is most of the step; on the fast one, compression's extra work (two
-# small matrix products per matrix, an orthogonalisation, the casts) can cost more than it saves.
-# The price is accuracy: fp16 rounds every gradient (11 significant bits), and PowerSGD's
-# approximation, even with error feedback, slows convergence somewhat; rank 1-4 is often enough for
-# large models, and the loss of the rest is measured in `benchmarks/README.md` ("Gradient
-# compression (issue 19)").
+# percent. On a slow link that is most of the step; on the unshaped one (or on one machine),
+# compression's extra work (two matrix products per matrix, an orthogonalisation, the casts) costs
+# more than it saves.
+#
+# What does that do to the sweet spot? GPT-2 small's tensors, compressed at rank 4, in the model of
+# section 4 (`pn.powersgd_compression` counts the values as your function does, and adds the matrix
+# products' time and the extra all-reduce rounds):
+
+# %%
+C, V, T, L = 768, 50257, 1024, 12  # width, vocabulary, context, layers of GPT-2 small
+layer = [(3 * C, C), (3 * C,), (C, C), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)] + [(C,)] * 4  # + LNs
+gpt2 = [(V, C), (T, C)] + layer * L + [(C,), (C,)]
+print(f"GPT-2 small: {sum(int(np.prod(s)) for s in gpt2) / 1e6:.0f} M values, PowerSGD rank 4 sends", end=" ")
+print(f"{count(gpt2, 4, 2) / 1e6:.2f} M")
+hooks = {
+    "fp16": pn.fp16_compression(work.params * work.bytes_per_value),
+    "PowerSGD rank 4": pn.powersgd_compression(gpt2, 4, flops=1e14),
+}
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+for ax, (name, compression) in zip(axes, hooks.items()):
+    plot_scaling(ax, f"GPT-2 small, {name}", networks, compression)
+axes[0].set_ylabel("speedup over 1 GPU")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Halving the bytes helps little where the link was the whole problem; dividing them by a hundred moves
+# the sweet spot from one node to several on a 10 Gbit/s link. (A hundredth of the bytes in the model;
+# on the real run above, fewer, because the biases and small tensors go whole.)
+#
+# The price is accuracy. fp16 rounds every gradient to 11 significant bits (bf16: 8, with float32's
+# range). PowerSGD keeps only a rank-r approximation; error feedback adds what it dropped to the next
+# step, so the drop is delayed rather than lost, but training still converges somewhat more slowly, and
+# the rank trades bytes for accuracy. `benchmarks/README.md` ("Gradient compression (issue 19)")
+# measures the final accuracy and loss of `train_mlp.py` and `train_gpt.py` with each hook.
 #
 # ## Summary
 # - Across machines, every step waits for the slowest link: the all-reduce of the gradients over the
