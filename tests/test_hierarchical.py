@@ -96,16 +96,19 @@ def expected_warning_ranks(world_size: int, tp: int, ranks_per_node: int) -> set
     }
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("world_size, ranks_per_node", LAYOUTS)
-def test_hierarchical_all_reduce_layouts_and_mesh_placement(world_size, ranks_per_node):
-    batch = drawn_cases(world_size)
+def run_hier_check(world_size: int, batch: list[dict], launch) -> list[dict]:
+    """Run hier_check.py on ``batch`` with ``launch(script, out_dir, cases_file)``; every rank's report."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         (out / "cases.json").write_text(json.dumps(batch))
-        env = {"MINIDIST_RANKS_PER_NODE": str(ranks_per_node)}
-        run_mpi(world_size, "topology/hier_check.py", out, out / "cases.json", timeout=120, env=env)
-        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+        launch("topology/hier_check.py", out, out / "cases.json")
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def check_reports(reports: list[dict], batch: list[dict], ranks_per_node: int) -> None:
+    """hier_check.py found no wrong result, and every layout and mesh warning is the expected one for
+    nodes of ``ranks_per_node`` consecutive world ranks (also used on the real cluster)."""
+    world_size = len(reports)
     for rank, report in enumerate(reports):
         assert report["failures"] == [], "\n".join(report["failures"])
         in_tail = sum(1 for case in batch if case["group"] == "tail")
@@ -127,6 +130,17 @@ def test_hierarchical_all_reduce_layouts_and_mesh_placement(world_size, ranks_pe
                 members = list(range(rank, rank + int(tp)))
                 assert f"tp group of world ranks {members} spans node" in mesh["warnings"][0]
                 assert "choose tp dividing" in mesh["warnings"][0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("world_size, ranks_per_node", LAYOUTS)
+def test_hierarchical_all_reduce_layouts_and_mesh_placement(world_size, ranks_per_node):
+    batch = drawn_cases(world_size)
+    env = {"MINIDIST_RANKS_PER_NODE": str(ranks_per_node)}
+    reports = run_hier_check(
+        world_size, batch, lambda *args: run_mpi(world_size, *args, timeout=120, env=env)
+    )
+    check_reports(reports, batch, ranks_per_node)
 
 
 @pytest.mark.mpi
