@@ -841,7 +841,8 @@ def test_lesson_11_answers_are_minidists_loss_attention_traffic_and_mesh():
 
 
 def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_path):
-    """On simulated nodes (blocks of ranks, real MPI): the bytes the ranks of one node send to other nodes
+    """The counts of ``minidist.perfmodel_network`` (whose sweet spots the lesson plots), and on simulated
+    nodes (blocks of ranks, real MPI): the bytes the ranks of one node send to other nodes
     in minidist's ring and hierarchical all-reduce, for 2 nodes of 2 ranks and 4 nodes of 1, equal the
     reference ``inter_node_bytes``; the bytes of a DDP step with the PowerSGD hook equal 4 bytes (float32)
     per value of ``powersgd_values`` (on 2 ranks every all-reduce algorithm sends its payload once). The
@@ -850,8 +851,18 @@ def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_pa
 
     from mpi_utils import run_mpi
 
+    from minidist import perfmodel_network as pn
+
     inter_node_bytes = _reference("12_network_bottleneck", "linkbytes", "inter_node_bytes")
     powersgd_values = _reference("12_network_bottleneck", "powersgd", "powersgd_values")
+    for nodes in (1, 2, 3, 16):  # the model the lesson's sweet spots come from counts the same bytes
+        for per_node in (1, 2, 8):
+            for algorithm in ("ring", "hierarchical"):
+                want = pn.inter_node_bytes(1e9, nodes, per_node, algorithm)
+                assert inter_node_bytes(1e9, nodes, per_node, algorithm) == pytest.approx(want, rel=1e-12)
+    for shapes in ([(3, 4, 5), (7,), (100, 100)], [(50257, 768), (768,)], [(2, 2)]):
+        for rank, rate in [(1, 2), (4, 1), (8, 2)]:
+            assert powersgd_values(shapes, rank, rate) == pn.powersgd_values(shapes, rank, rate)
     for ranks, per_node in [(4, 2), (4, 1), (2, 2)]:
         out = tmp_path / f"{ranks}x{per_node}"
         out.mkdir()

@@ -218,6 +218,7 @@ plt.show()
 # `t = alpha + beta x bytes` to the steps' times (weighting the points by 1/t). Then compare the
 # model with every measured point.
 
+
 # %%
 def fit_link(run):
     """(alpha, beta) of the link from the ring all-reduces of one run on 2 nodes x 2 ranks."""

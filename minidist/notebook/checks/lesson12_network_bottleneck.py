@@ -1,26 +1,13 @@
 """Checks of lesson 12 (the network as the bottleneck): the bytes an all-reduce puts on each node's link,
-flat and hierarchical, and the values PowerSGD all-reduces for a model. The expected bytes come from
-``minidist.perfmodel``'s ring cost with the latency set to zero and one second per byte;
-``tests/test_lessons.py`` compares the reference answers with the bytes minidist's all-reduce and
-PowerSGD hook really send."""
+flat and hierarchical, and the values PowerSGD all-reduces for a model. Both compare with
+``minidist.perfmodel_network``; ``tests/test_lessons.py`` also compares the reference answers with the
+bytes minidist's all-reduces and PowerSGD hook really send, and with a cluster's link counters."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from minidist.notebook.checks.harness import call, close, exercise
-
-
-def _link_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: str) -> float:
-    # A ring's time with alpha = 0 and beta = 1 s/byte is the bytes each rank sends to its neighbour.
-    # Ranks sit in blocks per node, so exactly one edge of a ring over ranks or over leaders leaves a node.
-    from minidist.perfmodel import ring_all_reduce_time
-
-    if nodes == 1:
-        return 0.0
-    ring_ranks = nodes * ranks_per_node if algorithm == "ring" else nodes
-    return ring_all_reduce_time(nbytes, ring_ranks, 0.0, 1.0)
 
 
 @exercise(
@@ -31,29 +18,17 @@ def _link_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: str) 
     "(lesson 03); in the hierarchical all-reduce only the node leaders form that ring.",
 )
 def inter_node_bytes(fn: Callable[[float, int, int, str], float]) -> None:
-    """inter_node_bytes(nbytes, nodes, ranks_per_node, algorithm) is what a ring over all ranks and the
-    hierarchical all-reduce send out of each node, for 1 to 64 nodes of 1 to 8 ranks."""
+    """inter_node_bytes(nbytes, nodes, ranks_per_node, algorithm) is what minidist.perfmodel_network says a
+    ring over all ranks and the hierarchical all-reduce send out of each node, 1 to 64 nodes of 1 to 8."""
+    from minidist.perfmodel_network import inter_node_bytes as reference
+
     cases = [(8 * 2**20, 2, 2), (8 * 2**20, 2, 8), (1e6, 4, 2), (1e6, 1, 4), (3e5, 3, 1), (4e9, 64, 8)]
     for nbytes, nodes, per_node in cases:
         for algorithm in ("ring", "hierarchical"):
-            want = _link_bytes(nbytes, nodes, per_node, algorithm)
+            want = reference(nbytes, nodes, per_node, algorithm)
             got = call(fn, nbytes, nodes, per_node, algorithm)
             context = f"inter_node_bytes({nbytes:g}, nodes={nodes}, ranks_per_node={per_node}, {algorithm!r})"
             close(got, want, context, rtol=1e-9)
-
-
-def _values(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float) -> int:
-    # PyTorch's rule (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook): a tensor of 2 or more
-    # dimensions is a matrix (its first dimension by the product of the others), compressed when the
-    # low-rank factors are smaller by more than min_compression_rate; vectors go uncompressed.
-    total = 0
-    for shape in shapes:
-        rows = shape[0] if shape else 1
-        cols = math.prod(shape[1:])
-        factors = (rows + cols) * rank
-        compress = len(shape) >= 2 and factors * min_compression_rate < rows * cols
-        total += factors if compress else rows * cols
-    return total
 
 
 @exercise(
@@ -62,8 +37,10 @@ def _values(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: floa
     "times smaller than itself goes whole, and so does every bias vector; the others send both factors.",
 )
 def powersgd_values(fn: Callable[[list[tuple[int, ...]], int, float], int]) -> None:
-    """powersgd_values(shapes, rank, min_compression_rate) counts the values PowerSGD all-reduces per step
-    for six models, with torch's rule for what it compresses."""
+    """powersgd_values(shapes, rank, min_compression_rate) counts the values minidist.perfmodel_network
+    says PowerSGD all-reduces per step, for six models at four ranks and rates."""
+    from minidist.perfmodel_network import powersgd_values as reference
+
     models = [
         [(512, 512), (512,), (10, 512), (10,)],
         [(1024, 1024), (1024,), (1024, 1024), (1024,)],
@@ -74,6 +51,6 @@ def powersgd_values(fn: Callable[[list[tuple[int, ...]], int, float], int]) -> N
     ]
     for shapes in models:
         for rank, rate in [(1, 2), (4, 2), (32, 2), (4, 1)]:
-            want = _values(shapes, rank, rate)
+            want = reference(shapes, rank, rate)
             got = call(fn, shapes, rank, rate)
             close(got, want, f"powersgd_values({shapes}, rank={rank}, min_compression_rate={rate})", rtol=0)

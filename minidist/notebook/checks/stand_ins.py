@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from minidist import perfmodel_network
+
 
 def _numerical_grad(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     # Central differences, one coordinate at a time; x is restored after each, as the exercise asks.
@@ -38,25 +40,11 @@ def _numeric_tanh_backward(out: float, out_grad: float) -> float:
     return slope * out_grad
 
 
-def _inter_node_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: str) -> float:
-    # The check's own expected value (perfmodel's ring cost in bytes): lesson 12, section 5.
-    from minidist.notebook.checks.lesson12_network_bottleneck import _link_bytes
-
-    return _link_bytes(nbytes, nodes, ranks_per_node, algorithm)
-
-
-def _powersgd_values(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float) -> int:
-    # The check's own expected value (torch's rule of what to compress): lesson 12, section 6.
-    from minidist.notebook.checks.lesson12_network_bottleneck import _values
-
-    return _values(shapes, rank, min_compression_rate)
-
-
 _STAND_INS: dict[str, Callable[..., Any]] = {
     "numerical_grad": _numerical_grad,  # lesson 01, section 4
     "tanh_backward": _numeric_tanh_backward,  # lesson 01, section 3
-    "inter_node_bytes": _inter_node_bytes,  # lesson 12, section 5
-    "powersgd_values": _powersgd_values,  # lesson 12, section 6
+    "inter_node_bytes": perfmodel_network.inter_node_bytes,  # lesson 12, section 5
+    "powersgd_values": perfmodel_network.powersgd_values,  # lesson 12, section 6
 }
 
 
