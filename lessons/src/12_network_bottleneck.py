@@ -102,7 +102,7 @@ def measure(name, *flags):
     return json.loads(out.read_text()) | {"link_bytes": sent}
 
 
-fast = measure("unshaped", *MEASURE)
+fast = measure("fast", *MEASURE)
 print("\nhost of each rank:", fast["hosts"], " node of each rank:", fast["node_of_rank"])
 if fast["link_bytes"]:
     for node, sent in fast["link_bytes"].items():
@@ -145,7 +145,8 @@ def draw_step(run, hosts, ax, title):
 
 
 fig, ax = plt.subplots(figsize=(11, 3.2))
-draw_step(fast["ddp"][0], fast["hosts"], ax, "one DDP step on 2 nodes x 2 ranks, link unshaped")
+where = "link unshaped" if cluster else "simulated nodes, shared memory"
+draw_step(fast["ddp"][0], fast["hosts"], ax, f"one DDP step on 2 nodes x 2 ranks, {where}")
 ax.legend(
     handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()],
     labels=list(COLORS),
@@ -178,7 +179,7 @@ print(f"open {path} in https://ui.perfetto.dev to zoom into single spans")
 
 # %%
 LINKS = {"100mbit": 100e6, "1gbit": 1e9}  # bits per second
-runs = {"unshaped": fast}
+runs = {"unshaped" if cluster else "shared memory": fast}  # without a cluster: no link at all
 if cluster:
     for rate in LINKS:
         cluster.set_bandwidth(rate)
@@ -204,7 +205,7 @@ for name, r in runs.items():
 # the same unshaped step again):
 
 # %%
-slowest_link = "100mbit" if "100mbit" in runs else "unshaped"
+slowest_link = "100mbit" if "100mbit" in runs else next(iter(runs))
 fig, ax = plt.subplots(figsize=(11, 3.2))
 draw_step(runs[slowest_link]["ddp"][0], fast["hosts"], ax, f"the same step, link {slowest_link}")
 plt.tight_layout()
