@@ -18,7 +18,8 @@ Two measurements (one launch: starting the ranks costs seconds, more than what i
 
 OUT.json: ``{"hosts": [per rank], "node_of_rank": [...], "allreduce": [{"algorithm", "nbytes",
 "seconds": [samples], "bytes_sent": [per rank]}], "params", "ddp": [{"hook", "step_s": [per step, the
-slowest rank's], "bytes_per_step": [per rank], "events": [per rank]}]}``. Nodes are what
+slowest rank's], "payload_per_step": [per rank: the bytes its gradient all-reduces reduced per step,
+from DDP's ``comm_stats``], "events": [per rank]}]}``. Nodes are what
 ``minidist.distributed.topology`` sees: network namespaces on a ``minidist.cluster``, or blocks of
 ``MINIDIST_RANKS_PER_NODE`` ranks on one machine.
 """
@@ -123,21 +124,18 @@ def time_ddp(hook: str) -> dict:
 
     for _ in range(args.warmup):
         step()
-    times, sent = [], []
+    times = []
+    payload = ddp.comm_stats.payload_bytes  # bytes the gradients' collectives reduced, hook or not
     for _ in range(args.steps):
         world.barrier()
         trace.enable()  # right after a barrier: the ranks' clocks start together; clears the last step's
-        before, start = bytes_sent(), time.perf_counter()
+        start = time.perf_counter()
         step()
         took = time.perf_counter() - start
         trace.disable()
-        sent.append(bytes_sent() - before)
         times.append(slowest(took))
-    result = {
-        "hook": hook,
-        "step_s": times,
-        "bytes_per_step": world.mpi.gather(float(np.median(sent)), root=0),
-    }
+    payload = (ddp.comm_stats.payload_bytes - payload) / args.steps
+    result = {"hook": hook, "step_s": times, "payload_per_step": world.mpi.gather(payload, root=0)}
     result["events"] = world.mpi.gather(trace.events(), root=0)
     result["params"] = sum(q.data.size for q in model.parameters())
     return result

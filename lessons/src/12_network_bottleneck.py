@@ -408,14 +408,14 @@ ratio = plain / compressed
 print(f"the lesson's MLP: {plain:,} values; PowerSGD of rank 4 sends {compressed:,} ({ratio:.0f}x less)")
 for name, r in runs.items():
     line = ", ".join(
-        f"{d['hook']} {median_ms(d['step_s']):6.1f} ms ({np.mean(d['bytes_per_step']) / 1e6:.2f} MB)"
+        f"{d['hook']} {median_ms(d['step_s']):6.1f} ms ({np.mean(d['payload_per_step']) / 1e6:.2f} MB)"
         for d in r["ddp"]
     )
-    print(f"{name:>9}, DDP step and bytes sent per rank: {line}")
+    print(f"{name:>9}, DDP step (and the bytes all-reduced per step): {line}")
 
 # %% [markdown]
-# The bytes each rank sends per step follow the counts: fp16 halves them, PowerSGD sends a few
-# percent. On a slow link that is most of the step; on the unshaped one (or on one machine),
+# The bytes all-reduced per step (`ddp.comm_stats`, DDP's account of its buckets' communication)
+# follow the counts: fp16 halves them, PowerSGD sends a few percent. On a slow link that is most of the step; on the unshaped one (or on one machine),
 # compression's extra work (two matrix products per matrix, an orthogonalisation, the casts) costs
 # more than it saves.
 #
