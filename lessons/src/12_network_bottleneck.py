@@ -415,9 +415,9 @@ for name, r in runs.items():
 
 # %% [markdown]
 # The bytes all-reduced per step (`ddp.comm_stats`, DDP's account of its buckets' communication)
-# follow the counts: fp16 halves them, PowerSGD sends a few percent. On a slow link that is most of the step; on the unshaped one (or on one machine),
-# compression's extra work (two matrix products per matrix, an orthogonalisation, the casts) costs
-# more than it saves.
+# follow the counts: fp16 halves them, PowerSGD sends a few percent. On a slow link that is most of
+# the step; on the unshaped one (or on one machine), compression's extra work (two matrix products
+# per matrix, an orthogonalisation, the casts) costs more than it saves.
 #
 # What does that do to the sweet spot? GPT-2 small's tensors, compressed at rank 4, in the model of
 # section 4 (`pn.powersgd_compression` counts the values as your function does, and adds the matrix
