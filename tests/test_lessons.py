@@ -844,8 +844,8 @@ def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_pa
     """The counts of ``minidist.perfmodel_network`` (whose sweet spots the lesson plots), and on simulated
     nodes (blocks of ranks, real MPI): the bytes the ranks of one node send to other nodes
     in minidist's ring and hierarchical all-reduce, for 2 nodes of 2 ranks and 4 nodes of 1, equal the
-    reference ``inter_node_bytes``; the bytes of a DDP step with the PowerSGD hook equal 4 bytes (float32)
-    per value of ``powersgd_values`` (on 2 ranks every all-reduce algorithm sends its payload once). The
+    reference ``inter_node_bytes``; the bytes the all-reduces of a DDP step with the PowerSGD hook reduce
+    (DDP's ``comm_stats``) are 4 (float32) per value of ``powersgd_values``, once it compresses. The
     real links' counters are compared in ``test_lesson_12_link_bytes_cross_the_cluster_links``. About 6 s."""
     import json
 
@@ -883,7 +883,11 @@ def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_pa
             shapes = [tuple(s) for s in step["shapes"]]
             compressed = 4 * powersgd_values(shapes, step["rank"], step["rate"])
             plain = 4 * sum(int(np.prod(s)) for s in shapes)
-            assert step["bytes_per_step"] == [plain, plain, compressed, compressed], (step, compressed, plain)
+            assert step["payload_per_step"] == [plain, plain, compressed, compressed], (
+                step,
+                compressed,
+                plain,
+            )
 
 
 def test_lesson_12_link_bytes_cross_the_cluster_links(tmp_path):

@@ -10,8 +10,8 @@ Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or 
   known from the algorithm's structure: in the ring, rank r sends only to r + 1, so the last rank of a
   node sends across and the others do not; in the hierarchical one, only the leaders' group crosses;
 * ``powersgd`` (2 ranks only): the parameter shapes of an MLP, the hook's rank and
-  ``min_compression_rate``, and the bytes each rank sent over the world in one compressed DDP step
-  (lesson 12, ``powersgd_values``).
+  ``min_compression_rate``, and the bytes the gradients' all-reduces reduced in each of 4 DDP steps with
+  the PowerSGD hook (``ddp.comm_stats.payload_bytes``; lesson 12, ``powersgd_values``).
 """
 
 import sys
@@ -78,16 +78,16 @@ def powersgd_step(world) -> dict:
     opt = optim.SGD(ddp.parameters(), lr=0.1)
     rng = np.random.default_rng(world.rank)
     x, y = md.tensor(rng.standard_normal((8, 48)), dtype=np.float32), rng.integers(0, 10, 8)
-    sent_per_step = []
+    payload = []
     for _ in range(4):  # steps 0 and 1 plain, 2 and 3 compressed
-        before = sent(world)
+        before = ddp.comm_stats.payload_bytes  # the bytes the bucket's collectives reduced (the hook's own)
         loss = nn.functional.cross_entropy(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sent_per_step.append(sent(world) - before)
+        payload.append(ddp.comm_stats.payload_bytes - before)
     shapes = [list(p.data.shape) for p in model.parameters()]
-    return {"shapes": shapes, "rank": rank, "rate": rate, "bytes_per_step": sent_per_step}
+    return {"shapes": shapes, "rank": rank, "rate": rate, "payload_per_step": payload}
 
 
 if __name__ == "__main__":
