@@ -8,8 +8,8 @@
 # 1. start a cluster of "machines" on one laptop (network namespaces joined by links) and train with
 #    DDP across them, the bytes really crossing a TCP link;
 # 2. read one training step's timeline across nodes, and see where the ranks wait for the network;
-# 3. slow the link down (100 Mbit/s, 1 Gbit/s) and find, with `minidist.perfmodel`, the number of nodes
-#    past which adding more stops paying off;
+# 3. slow the link down (100 Mbit/s, 1 Gbit/s) and find, with `minidist.perfmodel_network`, the
+#    number of nodes past which adding more stops paying off;
 # 4. count the bytes a flat ring and a hierarchical all-reduce put on each node's link;
 # 5. count what gradient compression (fp16, PowerSGD) saves, and say what it costs.
 #
