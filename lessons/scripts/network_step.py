@@ -90,23 +90,13 @@ def time_all_reduce(nbytes: int) -> list[dict]:
     return list(runs.values())
 
 
-def make_hook(name: str):
-    """``(state, hook)`` for DDP's ``register_comm_hook``."""
-    if name == "powersgd":
-        state = comm_hooks.PowerSGDState(
-            process_group=None, matrix_approximation_rank=args.powersgd_rank, start_powerSGD_iter=2
-        )
-        return state, comm_hooks.powerSGD_hook
-    return None, {"fp16": comm_hooks.fp16_compress_hook, "bf16": comm_hooks.bf16_compress_hook}[name]
-
-
 def time_ddp(hook: str) -> dict:
     md.manual_seed(0)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
     model = MLP(args.width, [args.width] * args.layers, 10)
     # small_bucket_bytes=0: every bucket goes to DDP's communication thread, so the timeline shows overlap
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, small_bucket_bytes=0)
-    if hook != "none":
-        ddp.register_comm_hook(*make_hook(hook))
+    # ddp.register_comm_hook(state, hook) with PyTorch's hooks, as the examples' --comm-hook flag does
+    comm_hooks.register_by_name(ddp, hook, powersgd_rank=args.powersgd_rank, start_powerSGD_iter=2)
     opt = optim.SGD(ddp.parameters(), lr=1e-2)
     rng = np.random.default_rng(world.rank)
     local = args.batch // world.size

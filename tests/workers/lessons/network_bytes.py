@@ -9,11 +9,12 @@ Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or 
   ``nbytes`` with that algorithm (lesson 12, ``inter_node_bytes``). A rank's sends to other nodes are
   known from the algorithm's structure: in the ring, rank r sends only to r + 1, so the last rank of a
   node sends across and the others do not; in the hierarchical one, only the leaders' group crosses;
-* ``powersgd`` (2 ranks only): the parameter shapes of an MLP, the hook's rank and
+* ``powersgd`` (with ``POWERSGD=1`` in the environment): the parameter shapes of an MLP, the hook's rank and
   ``min_compression_rate``, and the bytes the gradients' all-reduces reduced in each of 4 DDP steps with
   the PowerSGD hook (``ddp.comm_stats.payload_bytes``; lesson 12, ``powersgd_values``).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -57,7 +58,7 @@ def main(out_dir: str, nbytes: str = str(4 * 2**20)) -> None:
     dist.all_reduce(a, algorithm="hierarchical")
     result["hierarchical"] = world.mpi.gather(crossing() - before, root=0)
 
-    if world.size == 2:
+    if os.environ.get("POWERSGD") == "1":
         result["powersgd"] = powersgd_step(world)
     if world.rank == 0:
         write_json(out_dir, "network.json", result)
