@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from minidist.notebook import mpiexec_path  # the one mpiexec finder; imports no MPI
@@ -45,6 +46,12 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def worker_path(script: str | Path) -> Path:
+    """``script`` itself if it exists or is absolute, else the worker ``tests/workers/<script>``."""
+    path = Path(script)
+    return path if path.is_absolute() or path.exists() else WORKERS / path
+
+
 def run_mpi(
     n: int,
     script: str | Path,
@@ -60,16 +67,26 @@ def run_mpi(
     longer than ``timeout`` seconds is killed (the whole process group, so no rank is left behind) and
     raises ``AssertionError`` naming the timeout.
     """
-    path = Path(script)
-    if not path.is_absolute() and not path.exists():
-        path = WORKERS / path
-    cmd = [mpiexec_path(), "-n", str(n), sys.executable, str(path), *map(str, args)]
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, str(worker_path(script)), *map(str, args)]
+    return run_launch(cmd, timeout=timeout, env=mpi_env(env), check=check)
+
+
+def run_launch(
+    cmd: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str],
+    check: bool,
+    cleanup: Callable[[], object] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run the launcher command ``cmd`` as :func:`run_mpi` describes. ``cleanup`` runs after a timeout or a
+    failure, for ranks outside mpiexec's process group (``tests/cluster_utils.py``: the namespaces')."""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=mpi_env(env),
+        env=env,
         start_new_session=True,  # its own process group: on timeout we kill mpiexec and every rank
     )
     try:
@@ -77,10 +94,14 @@ def run_mpi(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
+        if cleanup is not None:
+            cleanup()
         raise AssertionError(
             f"{' '.join(cmd)} did not finish within {timeout} s (hang?)\n--- stdout\n{out}\n--- stderr\n{err}"
         ) from None
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if proc.returncode != 0 and cleanup is not None:
+        cleanup()
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"

@@ -48,6 +48,12 @@ def reference(seed: int, steps: int):
 
 def check(tmp_path, world_size, configs):
     run_mpi(world_size, "pipeline/pp_mesh.py", tmp_path, json.dumps(configs), timeout=180)
+    compare(tmp_path, world_size, configs)
+
+
+def compare(tmp_path, world_size, configs):
+    """Every rank's results of ``pp_mesh.py`` in ``tmp_path`` against the one-process reference (also used
+    by tests/test_cluster_training.py for the same runs across nodes)."""
     for k, cfg in enumerate(configs):
         ref, ref_losses = reference(cfg["seed"], cfg["steps"])
         shards: dict[tuple[str, int], dict[int, np.ndarray]] = {}  # (name, dp_rank) -> tp_rank -> shard

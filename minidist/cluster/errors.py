@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+
+from minidist.notebook import mpiexec_path  # the one mpiexec finder; imports no MPI
 
 
 class ClusterError(RuntimeError):
@@ -31,8 +34,8 @@ def _effective_capabilities() -> int:
 def cluster_available() -> tuple[bool, str]:
     """Whether this machine can host a cluster in a box, and if not, why: ``(ok, reason)``.
 
-    Checks (cheaply, changing nothing): Linux, the ``ip``, ``tc`` and ``unshare`` programs, and the
-    CAP_NET_ADMIN and CAP_SYS_ADMIN capabilities (root has them, unless a container took them away).
+    Checks (cheaply, changing nothing): Linux, the ``ip``, ``tc`` and ``unshare`` programs, ``mpiexec``,
+    and the CAP_NET_ADMIN and CAP_SYS_ADMIN capabilities (root has them, unless a container took them away).
     ``reason`` is ``""`` when ``ok``; tests skip with it and the CLI exits 2 printing it.
     """
     if not os.path.exists("/proc/self/status"):
@@ -40,12 +43,16 @@ def cluster_available() -> tuple[bool, str]:
     for program, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
         if shutil.which(program) is None:
             return False, f"the `{program}` program is missing: install {package}"
+    try:
+        mpiexec_path()
+    except RuntimeError as error:
+        return False, str(error)
     caps = _effective_capabilities()
     for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
         if not caps >> bit & 1:
             return False, (
                 f"needs root ({name}) to make network namespaces: run as root, e.g. `sudo "
-                f"{shutil.which('python3') or 'python3'} -m minidist.cluster ...`, or in a container started "
-                "with --cap-add NET_ADMIN --cap-add SYS_ADMIN"
+                f"{sys.executable} -m minidist.cluster ...` (this environment's Python), or in a container "
+                "started with --cap-add NET_ADMIN --cap-add SYS_ADMIN"
             )
     return True, ""

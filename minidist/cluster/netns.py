@@ -80,7 +80,7 @@ def pids(node: str) -> list[int]:
     return [int(p) for p in ip("netns", "pids", node, missing_ok=True).split()]
 
 
-def kill_processes(nodes: list[str], wait: float = 5.0) -> int:
+def kill_processes(nodes: list[str], wait: float = 10.0) -> int:
     """SIGKILL every process in the ``nodes`` namespaces until none is left (a dying launcher may fork);
     return how many were killed. ``ClusterError`` if some survive ``wait`` seconds."""
     killed, deadline = 0, time.monotonic() + wait
@@ -117,5 +117,5 @@ def link_counters(veth: str) -> tuple[int, int]:
     stats = Path("/sys/class/net", veth, "statistics")
     try:
         return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
-    except FileNotFoundError:
-        raise ClusterError(f"link {veth} is gone: the cluster was taken down") from None
+    except OSError:  # gone (FileNotFoundError), or being deleted right now (EINVAL)
+        raise ClusterError(f"link {veth} is gone: its node or the cluster was taken down") from None

@@ -19,13 +19,17 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from minidist.cluster.errors import ClusterError
 
+# MINIDIST_CLUSTER_DIR: another folder for the state files (the CLI tests use one of their own, so that
+# their `down --all` cannot touch anybody else's cluster). The lock stays the machine's one lock: subnets
+# and interface names are shared by every folder.
 STATE_DIR = Path(os.environ.get("MINIDIST_CLUSTER_DIR", "/run/minidist/cluster"))
+LOCK = Path("/run/minidist/cluster.lock")
 SUBNETS = range(256)  # 198.18.K.0/24: the lower half (198.18.0.0/16) of the benchmarking range
 
 # Short names: interface names hold at most 15 characters (IFNAMSIZ - 1) and the longest one made
@@ -39,9 +43,10 @@ def state_path(name: str) -> Path:
 
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    """Hold the cluster lock (an exclusive ``flock`` on ``STATE_DIR/.lock``), waiting for it if needed."""
+    """Hold the cluster lock (an exclusive ``flock`` on ``LOCK``), waiting for it if needed."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / ".lock", "w") as lock:
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -91,8 +96,9 @@ def subnets_in_use() -> set[int]:
     return used
 
 
-def choose_subnet(pinned: int | None) -> int:
-    """``pinned`` if it is free, else the first free K; ``ClusterError`` if none is.
+def choose_subnet(pinned: int | None, clash: Callable[[int], bool] | None = None) -> int:
+    """``pinned`` if it is free, else the first free K for which ``clash(K)`` is false; ``ClusterError``
+    if none is.
 
     Call under :func:`locked`: the answer holds only until another process claims a subnet."""
     used = subnets_in_use()
@@ -106,6 +112,6 @@ def choose_subnet(pinned: int | None) -> int:
             )
         return pinned
     for k in SUBNETS:
-        if k not in used:
+        if k not in used and not (clash is not None and clash(k)):
             return k
     raise ClusterError("every subnet 198.18.0-255.0/24 is in use: remove clusters with `down --all`")
