@@ -14,6 +14,13 @@ gamma to a timed NumPy add, and a single-core memcpy bandwidth is measured for r
 
 Writes ``<out-dir>/collectives_n<N>.csv`` and, when matplotlib is installed
 (``pip install -e ".[bench]"``), ``<out-dir>/collectives_n<N>.png`` (busbw against size).
+
+**Across nodes** (issue 19), as root: ``python benchmarks/collectives.py --cluster 2x2 --bandwidth
+100mbit,1gbit,none`` starts a cluster of 2 network namespaces x 2 ranks (``minidist.cluster``) and
+runs this benchmark on it once per link speed, for ``all_reduce`` only (ring, recursive doubling,
+Rabenseifner, hierarchical, MPI's built-in and auto, taking turns as always), then prints one table
+of all speeds (``collectives_cluster.py``). alpha and beta are then also fitted between the nodes
+(rank 0 and the first rank of node 1), and the model column uses those.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cost_model import fit_alpha_beta, predict  # noqa: E402
+from cost_model import fit_alpha_beta, predict, predict_hierarchical  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
 from minidist.distributed import liveness  # noqa: E402
@@ -129,8 +136,8 @@ def bare_all_reduce(world: dist.Communicator, a: np.ndarray):
     return run
 
 
-def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, float, float, float]:
-    """(alpha s, beta s/byte, gamma s/byte, memcpy bytes/s) measured on this machine, now."""
+def ping_pong_fit(world: dist.Communicator, iters: int, peer: int = 1) -> tuple[float, float]:
+    """(alpha s, beta s/byte) fitted to ping-pongs between rank 0 and rank ``peer``."""
     sizes = np.array([8, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22])
     one_way = []
     for nbytes in sizes:
@@ -138,14 +145,19 @@ def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, floa
 
         def ping_pong(buf=buf):
             if world.rank == 0:
-                world.send(buf, 1)
-                world.recv(buf, 1)
-            elif world.rank == 1:
+                world.send(buf, peer)
+                world.recv(buf, peer)
+            elif world.rank == peer:
                 world.recv(buf, 0)
                 world.send(buf, 0)
 
         one_way.append(timed(world, ping_pong, iters, 3) / 2)
-    alpha, beta = fit_alpha_beta(sizes, np.array(one_way))
+    return fit_alpha_beta(sizes, np.array(one_way))
+
+
+def measure_constants(world: dist.Communicator, iters: int) -> tuple[float, float, float, float]:
+    """(alpha s, beta s/byte, gamma s/byte, memcpy bytes/s) measured on this machine, now."""
+    alpha, beta = ping_pong_fit(world, iters)
     big = np.ones(1 << 24, dtype=np.float32)  # 64 MiB
     other = np.ones_like(big)
     t_add = min(_clock(lambda: np.add(big, other, out=big)) for _ in range(5))
@@ -200,7 +212,20 @@ def main() -> None:
         help="also time all_reduce 'bare': recursive doubling in bare mpi4py (n a power of 2)",
     )
     p.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    p.add_argument(
+        "--cluster", default=None, help="NODESxRANKS, e.g. 2x2: run on a cluster of namespaces (root)"
+    )
+    p.add_argument(
+        "--bandwidth", default="1gbit", help="with --cluster: link speeds, e.g. 100mbit,1gbit,none"
+    )
+    p.add_argument("--ranks-per-node", type=int, default=None, help=argparse.SUPPRESS)  # set by --cluster
+    p.add_argument("--label", default="", help=argparse.SUPPRESS)  # set by --cluster: names the CSV
     args = p.parse_args()
+    if args.cluster:
+        from collectives_cluster import run_on_cluster  # imports minidist.cluster: only in this mode
+
+        run_on_cluster(args, sys.argv[1:], Path(__file__).resolve())
+        return
 
     world = dist.init()
     n, rank = world.size, world.rank
@@ -215,6 +240,9 @@ def main() -> None:
     collectives = [c for c in args.collectives.split(",") if c in dist.ALGORITHMS]
 
     alpha, beta, gamma, memcpy_bw = measure_constants(world, args.iters)
+    rpn = args.ranks_per_node
+    # Across nodes the link decides: fit it between rank 0 and the first rank of node 1.
+    inter = ping_pong_fit(world, args.iters, peer=rpn) if rpn and rpn < n else None
     per_call, per_look = check_costs(world)
     if rank == 0:
         print(
@@ -223,6 +251,10 @@ def main() -> None:
         print(f"# fitted: alpha = {alpha * 1e6:.2f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s, "
               f"1/gamma = {1 / gamma / 1e9:.2f} GB/s; "
               f"single-core memcpy {memcpy_bw / 1e9:.2f} GB/s")  # fmt: skip
+        if inter:
+            print(f"# across nodes ({args.label}, {n // rpn} nodes x {rpn} ranks): alpha = "
+                  f"{inter[0] * 1e6:.1f} us, 1/beta = {1 / max(inter[1], 1e-15) / 1e9:.3f} GB/s "
+                  "(the model column uses these; hierarchical: two levels)")  # fmt: skip
         print(f"# default checks: {per_call * 1e6:.2f} us per collective (tags, watchdog marks); "
               f"watchdog look {per_look * 1e6:.1f} us every {liveness.TICK:g} s per communicator "
               f"({per_look / liveness.TICK:.2%} of a core)")  # fmt: skip
@@ -247,8 +279,7 @@ def main() -> None:
             for alg in algorithms:
                 t = results[alg]
                 algbw = a.nbytes / t / 1e9
-                model = predict(collective, alg if alg != "bare" else "recursive_doubling", n, a.nbytes,
-                                alpha, beta, gamma)  # fmt: skip
+                model = model_seconds(collective, alg, n, a.nbytes, (alpha, beta), inter, gamma, rpn)
                 row = dict(
                     collective=collective, n=n, dtype=str(dtype), size_bytes=a.nbytes, count=a.size,
                     algorithm=alg, time_us=t * 1e6, algbw_GBs=algbw,
@@ -265,7 +296,7 @@ def main() -> None:
     if rank == 0:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        csv_path = out / f"collectives_n{n}.csv"
+        csv_path = out / f"collectives_n{n}{'_' + args.label if args.label else ''}.csv"
         with csv_path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
@@ -276,7 +307,17 @@ def main() -> None:
             print(f"\n# ring all_reduce busbw at {human(top['size_bytes'])}: {top['busbw_GBs']:.2f} GB/s = "
                   f"{top['busbw_GBs'] * 1e9 / memcpy_bw:.0%} of single-core memcpy")  # fmt: skip
         print(f"# wrote {csv_path}")
-        plot(rows, out / f"collectives_n{n}.png", n)
+        plot(rows, csv_path.with_suffix(".png"), n)
+
+
+def model_seconds(
+    collective: str, alg: str, n: int, nbytes: int, intra: tuple, inter: tuple | None, gamma: float, rpn
+) -> float | None:
+    """The cost model's seconds for one row (None where none is written down, e.g. "mpi")."""
+    if alg == "hierarchical":
+        return None if inter is None else predict_hierarchical(n // rpn, rpn, nbytes, intra, inter, gamma)
+    alpha, beta = inter or intra  # a flat algorithm across nodes waits for its link steps
+    return predict(collective, alg if alg != "bare" else "recursive_doubling", n, nbytes, alpha, beta, gamma)
 
 
 def plot(rows: list[dict], path: Path, n: int) -> None:

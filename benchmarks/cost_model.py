@@ -49,6 +49,23 @@ def predict(collective: str, algorithm: str, n: int, nbytes: int, alpha: float, 
     return None if model is None else model(n, nbytes, alpha, beta, gamma)
 
 
+def predict_hierarchical(
+    nodes: int,
+    ranks_per_node: int,
+    nbytes: int,
+    intra: tuple[float, float],
+    inter: tuple[float, float],
+    gamma: float,
+) -> float:
+    """Predicted seconds of ``all_reduce(algorithm="hierarchical")`` (``distributed/hierarchical.py``): a
+    tree reduce and a tree broadcast inside each node (``intra`` = (alpha, beta) of shared memory), a
+    ring across the ``nodes`` leaders (``inter`` = (alpha, beta) of the network link)."""
+    inside = (
+        2 * _log2(ranks_per_node) * (intra[0] + nbytes * intra[1]) + _log2(ranks_per_node) * nbytes * gamma
+    )
+    return inside + MODELS[("all_reduce", "ring")](nodes, nbytes, *inter, gamma)
+
+
 def fit_alpha_beta(sizes_bytes: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
     """Least-squares fit of ``t = alpha + beta * m`` to one-way message times; returns (alpha, beta).
 

@@ -20,6 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
+from minidist.distributed.tuning import HIERARCHICAL_FROM, choose, choose_across_nodes
+
 FLOATS = ["float16", "float32", "float64"]
 INTS = ["int32", "int64"]
 GROUPS = {  # world ranks of each group of hier_check.py
@@ -165,3 +167,11 @@ def test_hierarchical_stages_gpu_arrays_through_the_host_once(tmp_path):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["failures"] == [], "\n".join(report["failures"])
         assert report["checks"] == 2 * (6 + 4 + 3 + 4)  # as in test_collectives.py
+
+
+def test_auto_across_nodes_follows_the_measured_table():
+    """Below the measured threshold auto keeps the flat pick; from it on it runs hierarchical."""
+    below = HIERARCHICAL_FROM - 1
+    assert choose_across_nodes(below, 2, 4) == choose("all_reduce", below, 4) != "hierarchical"
+    assert choose_across_nodes(HIERARCHICAL_FROM, 2, 4) == "hierarchical"
+    assert choose_across_nodes(64 << 20, 3, 5) == "hierarchical"

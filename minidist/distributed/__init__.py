@@ -6,7 +6,8 @@ all-gather) -> ``recursive_doubling.py`` (all-reduce for short messages; folding
 two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) ->
 ``recursive_halving.py`` (reduce-scatter in ``log2 n`` steps) -> ``broadcast.py``
 (binomial tree) -> ``scatter_allgather.py`` (broadcast for long messages) -> ``tree_reduce.py``
-(binomial-tree reduce to one rank) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
+(binomial-tree reduce to one rank) -> ``topology.py`` (which ranks share a node) -> ``hierarchical.py``
+(all-reduce inside nodes, then across them) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
 ``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
 reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
 reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions; ``traffic.py``

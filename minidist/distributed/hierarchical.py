@@ -37,6 +37,10 @@ its ranks (a node with a single rank skips steps 1 and 3). When the group lies o
 one rank on every node, there is no hierarchy to use: the flat algorithm ``tuning.py`` picks for the
 group runs instead. ``"avg"`` is summed through steps 1 and 2 and divided once, by the group size, on
 the leaders before step 3, so every rank ends with the same bits (step 3 copies).
+
+**Seen in a trace** (``trace.enable(messages=True)``): the call's span on ``group`` holds the spans of
+its three sub-collectives, on groups named ``"<group>.node"`` and ``"<group>.leaders"``; the bytes
+sent are counted there (the outer span's ``bytes`` is 0), so a sum over all spans counts them once.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def node_layout(group: Communicator | None = None) -> NodeLayout:
     """The :class:`NodeLayout` of ``group`` (default: the world); computed once, then cached.
 
     Collective over ``group`` the first time (every rank must call it at the same point); it then makes
-    one ``MPI_Comm_split_type``, two all-gathers and two splits (``node_group``, ``leader_group``).
+    one ``MPI_Comm_split_type`` (and a min-reduce inside each piece), one all-gather over the group and
+    up to two splits (``node_group``, ``leader_group``).
     Raises ``ValueError`` on every rank if ``MINIDIST_RANKS_PER_NODE`` is malformed on any rank or
     differs between ranks (it would describe two different clusters).
     """

@@ -24,9 +24,10 @@ algorithm name in ``dist.ALGORITHMS`` at the group sizes you use, find the cross
 numbers.
 
 Every rank must choose the same algorithm, so ``auto`` looks only at values that all ranks share: the
-group size and the array's byte size (which must match anyway). Ranks that pass arrays of different
-sizes may end up in different algorithms and hang instead of raising; ``MINIDIST_DEBUG`` catches that
-mismatch before any message is sent.
+group size and the array's byte size (which must match anyway), and for ``all_reduce`` on a group that
+spans nodes its node layout (``topology.py``, the same on every rank; :data:`ACROSS_NODES_TABLE`).
+Ranks that pass arrays of different sizes may end up in different algorithms and hang instead of
+raising; ``MINIDIST_DEBUG`` catches that mismatch before any message is sent.
 """
 
 from __future__ import annotations
@@ -87,21 +88,31 @@ def choose(collective: str, nbytes: int, group_size: int) -> str:
 
 
 # all_reduce on a group that spans nodes and has more than one rank on some node (hierarchical.py):
-# rows of (number of nodes, [(below this many bytes, algorithm), ...]), as AUTO_TABLE. Measured on
-# the cluster of network namespaces (minidist.cluster; benchmarks/collectives.py --cluster), see
-# ACROSS_NODES_MEASURED below.
+# "flat" (tuning.choose's pick for the group) below HIERARCHICAL_FROM bytes, "hierarchical" from it on.
+#
+# How it was measured (issue 19): `python benchmarks/collectives.py --cluster 2x2 --bandwidth
+# 100mbit,1gbit,none` on the 2-core machine (load average 6-8 from other jobs: every step of every
+# algorithm waits for a core, ~1-3 ms), 2 network namespaces x 2 ranks on veth links shaped with tc
+# tbf, the algorithms taking turns, medians of 10-20 calls, two runs (benchmarks/README.md "Across
+# nodes (issue 19)"). Hierarchical sends N bytes over each link where the ring sends 1.5 N and
+# recursive doubling 2 N, but takes 3 steps where recursive doubling takes 2: it won from 256 KiB on
+# at 100 Mbit/s (0.5-0.8x the best flat algorithm) and from 1 MiB on at 1 Gbit/s (0.8-1.0x); below
+# that, and on unshaped links (memory speed), recursive doubling's fewer steps won or tied. 1 MiB is
+# the size from which it won at both shaped speeds. A cluster whose links are fast next to its
+# per-step cost would move the threshold up; re-measure there.
+HIERARCHICAL_FROM = 1 * MiB
 ACROSS_NODES_TABLE: list[tuple[Container[int], list[tuple[float, str]]]] = [
-    (ANY, [(math.inf, "hierarchical")]),
+    (ANY, [(HIERARCHICAL_FROM, "flat"), (math.inf, "hierarchical")]),
 ]
 
 
 @functools.lru_cache(maxsize=4096)
 def choose_across_nodes(nbytes: int, nodes: int, group_size: int) -> str:
     """The algorithm ``all_reduce(algorithm="auto")`` runs on a group of ``group_size`` ranks spread over
-    ``nodes`` nodes (some node holding more than one), for ``nbytes`` bytes. A flat algorithm in the
-    table means :func:`choose`'s pick for the group."""
+    ``nodes`` nodes (some node holding more than one), for ``nbytes`` bytes: ``"hierarchical"``, or
+    for ``"flat"`` in :data:`ACROSS_NODES_TABLE` what :func:`choose` picks for the group."""
     for node_counts, thresholds in ACROSS_NODES_TABLE:
         if nodes in node_counts:
             chosen = next(algorithm for below, algorithm in thresholds if nbytes < below)
-            return chosen if chosen == "hierarchical" else choose("all_reduce", nbytes, group_size)
+            return choose("all_reduce", nbytes, group_size) if chosen == "flat" else chosen
     return "hierarchical"

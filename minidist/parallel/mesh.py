@@ -201,8 +201,10 @@ class ProcessMesh:
             return
         per_node = [self.node_of_rank.count(n) for n in range(self.nodes)]
         fits = min(per_node)
+        hosts = [hostnames[self.node_of_rank.index(n)] for n in nodes] if hostnames else []
+        named = len(set(hosts)) == len(nodes)  # simulated nodes (MINIDIST_RANKS_PER_NODE) share a host name
         where = ", ".join(
-            f"node {n}" + (f" ({hostnames[self.node_of_rank.index(n)]})" if hostnames else "") for n in nodes
+            f"node {n}" + (f" ({host})" if named else "") for n, host in zip(nodes, hosts or nodes)
         )
         warnings.warn(
             f"{self!r}: tp group of world ranks {members} spans {where}, so every layer's tensor-parallel "
