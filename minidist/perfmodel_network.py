@@ -13,10 +13,8 @@ Thakur, Rabenseifner & Gropp do for clusters of SMP nodes (IJHPCA 2005, §5), an
   a binomial-tree reduce to each node's leader and a broadcast back, ``ceil(log2 R)`` steps each of the
   whole ``N`` over shared memory, around a ring of the ``nodes`` leaders over the links. Fewer bytes and
   far fewer slow latencies cross the links; the price is the shared-memory steps.
-* **Compression** (DDP communication hooks): the bytes divided by a compression ratio, more all-reduce
-  rounds (PowerSGD all-reduces its two factors P and Q one after the other, and the tensors it leaves
-  uncompressed before them), plus the compute to compress (Vogels et al., "PowerSGD", NeurIPS 2019,
-  Algorithm 1).
+* **Compression** (DDP communication hooks, :mod:`minidist.perfmodel_compression`): the bytes divided
+  by a compression ratio, more all-reduce rounds, plus the compute to compress.
 * **A DDP step** with gradient buckets that all-reduce during backward (Li et al., "PyTorch
   Distributed", VLDB 2020, §3.2) or after it.
 * **Calibration**: the link's ``alpha_e, beta_e`` fitted to all-reduce times measured across nodes, and
@@ -35,6 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist.perfmodel import Hardware, Prediction, Workload, _check_positive_int, fit_alpha_beta, predict
+from minidist.perfmodel_compression import (  # noqa: F401  (re-exported: the network model's inputs)
+    Compression,
+    fp16_compression,
+    powersgd_compression,
+    powersgd_values,
+)
 
 
 @dataclass(frozen=True)
@@ -162,72 +166,6 @@ def inter_node_bytes(nbytes: float, nodes: int, ranks_per_node: int, algorithm: 
         return 0.0
     ring = nodes * ranks_per_node if algorithm == "ring" else nodes
     return 2 * (ring - 1) / ring * nbytes
-
-
-# --- compression -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Compression:
-    """What a DDP communication hook changes. ``ratio``: plain bytes / bytes all-reduced (2 for fp16 or
-    bf16 of float32 gradients); ``seconds``: compute per step to compress and decompress; ``rounds``:
-    all-reduces per step where plain DDP makes one (each pays the latency again)."""
-
-    ratio: float = 1.0
-    seconds: float = 0.0
-    rounds: int = 1
-    name: str = "none"
-
-
-def fp16_compression(grad_bytes: float, seconds_per_byte: float = 0.0) -> Compression:
-    """float32 -> float16 (or bfloat16) before the all-reduce and back after: half the bytes, and two
-    casts of the whole gradient (``seconds_per_byte`` each, per float32 byte; ``measure_gamma`` is a fair
-    estimate, one pass over the data)."""
-    return Compression(ratio=2.0, seconds=2 * grad_bytes * seconds_per_byte, rounds=1, name="fp16")
-
-
-def _powersgd_split(shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float):
-    compressed, whole, flops = 0, 0, 0.0
-    for shape in shapes:
-        rows, cols = (shape[0] if len(shape) else 1), math.prod(shape[1:])
-        factors = (rows + cols) * rank
-        if len(shape) >= 2 and factors * min_compression_rate < rows * cols:
-            compressed += factors
-            # P = M Q, Q = M^T P and the approximation P Q^T (2 rows cols rank each), Gram-Schmidt on P.
-            flops += 6.0 * rows * cols * rank + 2.0 * rows * rank * rank
-        else:
-            whole += rows * cols
-    return compressed, whole, flops
-
-
-def powersgd_values(shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float = 2) -> int:
-    """Values PowerSGD all-reduces per step for parameters of ``shapes``: the factors ``P`` (rows x rank)
-    and ``Q`` (cols x rank) of every matrix (first dimension x the product of the others) whose factors
-    are more than ``min_compression_rate`` times smaller than it; everything else whole (PyTorch's
-    ``powerSGD_hook`` rule; Vogels et al. 2019, §3)."""
-    _check_positive_int(rank, "rank")
-    compressed, whole, _ = _powersgd_split(shapes, rank, min_compression_rate)
-    return compressed + whole
-
-
-def powersgd_compression(
-    shapes: Sequence[Sequence[int]],
-    rank: int,
-    flops: float,
-    min_compression_rate: float = 2,
-) -> Compression:
-    """PowerSGD as a :class:`Compression`: the ratio of :func:`powersgd_values` to all values, the
-    matmuls of Vogels et al. 2019, Algorithm 1 (``6 rows cols rank`` FLOPs per compressed matrix plus
-    ``2 rows rank^2`` to orthonormalise P) at ``flops`` FLOP/s, and 2 rounds (P, then Q) or 3 when some
-    tensors go uncompressed (all-reduced first, as PyTorch does)."""
-    _check_positive_int(rank, "rank")
-    compressed, whole, work = _powersgd_split(shapes, rank, min_compression_rate)
-    total = sum(math.prod(s) for s in shapes)
-    sent = compressed + whole
-    rounds = (2 if compressed else 0) + (1 if whole else 0)
-    return Compression(
-        ratio=total / sent, seconds=work / flops, rounds=max(rounds, 1), name=f"powersgd{rank}"
-    )
 
 
 # --- one DDP step ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""minidist.perfmodel_network: the two-level network's formulas against hand-computed cases and limits
-(one node is the flat model of minidist.perfmodel; free links make the step pure compute)."""
+"""minidist.perfmodel_network (and perfmodel_compression, which it re-exports): the two-level network's
+formulas against hand-computed cases and limits (one node is the flat model of minidist.perfmodel; free
+links make the step pure compute)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ def test_powersgd_values_and_compression_by_hand():
     assert c.rounds == 3  # the uncompressed bias, then P, then Q
     assert c.seconds == pytest.approx((6 * 1024 * 1024 * 4 + 2 * 1024 * 16) / 1e9)
     assert pn.powersgd_compression([(1024, 1024)], 4, flops=1e9).rounds == 2
+    with pytest.raises(ValueError, match="rank"):
+        pn.powersgd_values(shapes, 0)
     fp16 = pn.fp16_compression(4e6, seconds_per_byte=1e-10)
     assert fp16.ratio == 2 and fp16.seconds == pytest.approx(2 * 4e6 * 1e-10)
 
