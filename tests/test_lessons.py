@@ -891,6 +891,7 @@ def test_lesson_12_link_bytes_and_powersgd_values_are_what_minidist_sends(tmp_pa
             )
 
 
+@pytest.mark.cluster
 def test_lesson_12_link_bytes_cross_the_cluster_links(tmp_path):
     """On a cluster of 2 namespaces x 2 ranks (real TCP; skipped without root): the bytes that leave each
     node's link during one ring and one hierarchical all-reduce of 16 MiB are the reference

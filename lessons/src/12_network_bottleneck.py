@@ -88,8 +88,7 @@ def measure(name, *flags):
     command = [python, "scripts/network_step.py", str(out), *map(str, flags)]
     if cluster:
         before = cluster.link_bytes()
-        # UCX warns at exit about messages of MPI's own shutdown that nobody received: noise here
-        proc = cluster.run(command, timeout=300, env={"UCX_LOG_LEVEL": "error"})
+        proc = cluster.run(command, timeout=300)
         sent = {node: rx - before[node][0] for node, (rx, _) in cluster.link_bytes().items()}
     else:
         env = dict(os.environ, MINIDIST_RANKS_PER_NODE="2", OMP_NUM_THREADS="1")
