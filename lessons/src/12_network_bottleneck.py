@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import timeit
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -149,9 +150,9 @@ draw_step(fast["ddp"][0], fast["hosts"], ax, f"one DDP step on 2 nodes x 2 ranks
 ax.legend(
     handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()],
     labels=list(COLORS),
-    ncol=6,
     fontsize=8,
-    loc="lower right",
+    loc="upper left",
+    bbox_to_anchor=(1.0, 1.0),  # beside the chart, not over the last row
 )
 plt.tight_layout()
 plt.show()
@@ -414,13 +415,26 @@ for name, r in runs.items():
 
 # %% [markdown]
 # The bytes all-reduced per step (`ddp.comm_stats`, DDP's account of its buckets' communication)
-# follow the counts: fp16 halves them, PowerSGD sends a few percent. On a slow link that is most of
-# the step; on the unshaped one (or on one machine), compression's extra work (two matrix products
-# per matrix, an orthogonalisation, the casts) costs more than it saves.
+# follow the counts: fp16 halves them, PowerSGD sends a few percent. PowerSGD pays on the slow link,
+# where the bytes were most of the step; on the unshaped one (or on one machine) its extra work (two
+# matrix products per matrix, an orthogonalisation) can cost more than it saves.
 #
-# What does that do to the sweet spot? GPT-2 small's tensors, compressed at rank 4, in the model of
-# section 4 (`pn.powersgd_compression` counts the values as your function does, and adds the matrix
-# products' time and the extra all-reduce rounds):
+# fp16 is likely *slower* than plain DDP here, at every link speed. The all-reduce adds the halves in
+# float16, and a CPU has no fast path for that in NumPy:
+
+# %%
+for dtype in (np.float32, np.float16):
+    a = np.ones(2**18, dtype=dtype)  # 256 Ki values, a quarter of one of the MLP's buckets
+    seconds = min(timeit.repeat(lambda: np.add(a, a, out=a), number=5, repeat=3)) / 5
+    print(f"adding 256 Ki {np.dtype(dtype).name} values: {seconds * 1e3:7.3f} ms")
+
+# %% [markdown]
+# A GPU adds halves at full speed (NCCL reduces float16 natively), so there fp16 halves the time on
+# the wire at almost no cost; here the adds eat the saving. Measure before you compress.
+#
+# And on GPUs, what does compression do to the sweet spot? GPT-2 small's tensors, compressed at rank
+# 4, in the model of section 4 (`pn.powersgd_compression` counts the values as your function does, and
+# adds the matrix products' time and the extra all-reduce rounds; fp16 costs nothing but two casts):
 
 # %%
 C, V, T, L = 768, 50257, 1024, 12  # width, vocabulary, context, layers of GPT-2 small
