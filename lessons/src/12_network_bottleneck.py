@@ -419,8 +419,8 @@ for name, r in runs.items():
 # where the bytes were most of the step; on the unshaped one (or on one machine) its extra work (two
 # matrix products per matrix, an orthogonalisation) can cost more than it saves.
 #
-# fp16 is likely *slower* than plain DDP here, at every link speed. The all-reduce adds the halves in
-# float16, and a CPU has no fast path for that in NumPy:
+# fp16 gains little here, and is often *slower* than plain DDP, even on the slow link. Its all-reduce
+# adds the halves in float16, and NumPy has no fast path for that on a CPU:
 
 # %%
 for dtype in (np.float32, np.float16):
