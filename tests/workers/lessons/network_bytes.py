@@ -25,7 +25,7 @@ import minidist.distributed as dist
 from minidist import nn, optim
 from minidist.distributed.topology import node_layout
 from minidist.models import MLP
-from minidist.parallel import DistributedDataParallel
+from minidist.parallel import DistributedDataParallel, comm_hooks
 
 
 def sent(group) -> int:
@@ -66,8 +66,6 @@ def main(out_dir: str, nbytes: str = str(4 * 2**20)) -> None:
 
 def powersgd_step(world) -> dict:
     """Bytes one rank sends in each of 4 DDP steps with the PowerSGD hook (compressing from the third)."""
-    from minidist.parallel import comm_hooks  # only this part needs the hooks
-
     md.manual_seed(0)
     model = MLP(48, [64, 8], 10)  # a matrix worth compressing, one that is not, biases, a thin head
     rank, rate = 4, 2  # (64, 48) is compressed; (8, 64) and (10, 8) are not worth it at rank 4
