@@ -308,9 +308,9 @@ plt.show()
 # %% [markdown]
 # On a slow link, adding nodes makes the step *slower*: each GPU computes less, but every node's link
 # carries about as many bytes per step however many nodes there are, and the ring's latencies grow
-# with every node. At 1 Gbit/s two nodes are four times slower than one (the gradients take seconds to
-# cross, the compute of 8 GPUs half a second); even at 10 Gbit/s the curve stays flat, and the sweet
-# spot is one node. Only a fast fabric (InfiniBand, 100-400 Gbit/s per GPU) lets hundreds of GPUs
+# with every node. At 1 Gbit/s two nodes are several times slower than one (the gradients take about
+# two seconds to cross, the compute of 8 GPUs half a second); even at 10 Gbit/s the curve stays flat,
+# and the sweet spot is one node. Only a fast fabric (InfiniBand, 100-400 Gbit/s per GPU) lets hundreds of GPUs
 # help. Without faster hardware, two levers remain: put fewer bytes on the link (section 5), and send
 # fewer bytes at all (section 6).
 #
@@ -328,8 +328,9 @@ plt.show()
 # **Your turn.** Write `inter_node_bytes(nbytes, nodes, ranks_per_node, algorithm)`: the bytes that
 # leave *one node* through its link during one all-reduce of `nbytes`, for `algorithm="ring"` (one ring
 # over all `nodes x ranks_per_node` ranks, in blocks per node) and `"hierarchical"` (phase 2 a ring over
-# the leaders). Bytes inside a node do not count. Then compare with what the cluster's link counters
-# said, below the check.
+# the leaders). Bytes inside a node do not count. Below the check, your counts sit beside the 2 MiB
+# all-reduces measured above. (`tests/test_lessons.py` checks the reference answer against the bytes
+# minidist's all-reduces send, and against a cluster's link counters.)
 
 
 # %% [exercise linkbytes]
