@@ -310,9 +310,9 @@ plt.show()
 # carries about as many bytes per step however many nodes there are, and the ring's latencies grow
 # with every node. At 1 Gbit/s two nodes are several times slower than one (the gradients take about
 # two seconds to cross, the compute of 8 GPUs half a second); even at 10 Gbit/s the curve stays flat,
-# and the sweet spot is one node. Only a fast fabric (InfiniBand, 100-400 Gbit/s per GPU) lets hundreds of GPUs
-# help. Without faster hardware, two levers remain: put fewer bytes on the link (section 5), and send
-# fewer bytes at all (section 6).
+# and the sweet spot is one node. Only a fast fabric (InfiniBand, 100-400 Gbit/s per GPU) lets
+# hundreds of GPUs help. Without faster hardware, two levers remain: put fewer bytes on the link
+# (section 5), and send fewer bytes at all (section 6).
 #
 # ## 5. Hierarchy: keep the ring off the slow link
 #
