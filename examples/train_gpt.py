@@ -119,6 +119,7 @@ parser.add_argument("--seed", type=int, default=1337, help="weights, data window
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
 parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
+parser.add_argument("--async-checkpoint", action="store_true", help="save in the background (async_save)")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
 add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
@@ -129,6 +130,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    if args.async_checkpoint and not args.checkpoint_dir:
+        parser.error("--async-checkpoint needs --checkpoint-dir (the folder to save in)")
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # (else the first save, after --eval-interval steps of training, would be the first to notice)
         parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
@@ -342,10 +345,11 @@ def main() -> None:
                 checkpoint.save(
                     args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,
                     extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
-                           "losses": losses},
+                           "losses": losses}, async_save=args.async_checkpoint,
                 )  # fmt: skip
             logged_at, seconds = step, 0.0  # evaluating and saving are not training time
     bar.close()
+    checkpoint.wait_pending()  # --async-checkpoint: the last save is committed (or its error raised) now
 
     # --- the result: the validation loss and a sample from the model.
     if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated
