@@ -152,9 +152,16 @@ def training_step(ddp: DistributedDataParallel, opt: optim.Optimizer, x: md.Tens
     """One DDP + AdamW step (an all-reduce of every gradient); its wall time in seconds."""
     start = time.perf_counter()
     opt.zero_grad()
-    ddp(x).sum().backward()
+    (ddp(x) ** 2).mean().backward()  # (a sum's gradients grew until AdamW's v overflowed float32)
     opt.step()
     return time.perf_counter() - start
+
+
+def all_done(handle: checkpoint.SaveHandle, world: dist.Communicator) -> bool:
+    """Whether every rank's background write has finished. ``done()`` alone is this rank's: ranks that
+    branched on it would run different numbers of training steps (DDP collectives) and hang."""
+    flag = np.array([1.0 if handle.done() else 0.0])
+    return bool(dist.all_reduce(flag, op="min", group=world)[0])
 
 
 def stall_benchmark(args: argparse.Namespace) -> None:
@@ -185,7 +192,7 @@ def stall_benchmark(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 saved = checkpoint.save(root, ddp, opt, step=n, keep_last=1, async_save=mode == "async")
                 call, steps = time.perf_counter() - start, 0
-                while mode == "async" and not saved.done():  # train on while the thread writes
+                while mode == "async" and not all_done(saved, world):  # train on while it writes
                     step()
                     steps += 1
                 write = time.perf_counter() - start

@@ -72,7 +72,11 @@ class SaveHandle:
         return f"SaveHandle({str(self.path)!r}, {state})"
 
     def done(self) -> bool:
-        """Whether the background write has finished (committed, or failed)."""
+        """Whether this rank's background thread has finished (committed, or failed).
+
+        Not collective: one rank may see True while another still sees False, so a loop that runs
+        collectives "until done()" must first agree on it (e.g. an all-reduce of the flag with "min").
+        """
         return self._finished.is_set()
 
     def wait(self) -> Path:
