@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cupy_stand_in import DeviceArray, install
 from mpi_utils import run_mpi
 from test_checkpoint import make, params, train
 
@@ -170,3 +171,19 @@ def test_a_rank_killed_during_a_background_write_loses_nothing_committed(tmp_pat
     for name in uninterrupted.files:
         np.testing.assert_array_equal(resumed[name], uninterrupted[name])
     assert not [p.name for p in root.iterdir() if p.name.startswith(".tmp")]  # cleaned by a later save
+
+
+def test_device_arrays_are_copied_to_the_host_before_save_returns(tmp_path, monkeypatch, held_writes):
+    """With the CuPy stand-in as backend (tests/cupy_stand_in.py: it refuses an implicit device -> host
+    conversion, as CuPy does), the staging copy goes through ``.get()`` and the files equal a CPU save's."""
+    model, opt = make()
+    train(model, opt, 2)
+    cpu = checkpoint.save(tmp_path / "cpu", model, opt, step=2)
+    install(monkeypatch)
+    device, device_opt = make()  # the same seed: the same values, now in device arrays
+    train(device, device_opt, 2)
+    assert all(isinstance(p.data, DeviceArray) for p in device.parameters())
+    handle = checkpoint.save(tmp_path / "device", device, device_opt, step=2, async_save=True)
+    train(device, device_opt, 1)  # changes the device arrays while the write is held
+    held_writes()
+    assert files(handle.wait()) == files(cpu)
