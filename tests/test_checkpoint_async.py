@@ -187,3 +187,14 @@ def test_device_arrays_are_copied_to_the_host_before_save_returns(tmp_path, monk
     train(device, device_opt, 1)  # changes the device arrays while the write is held
     held_writes()
     assert files(handle.wait()) == files(cpu)
+
+
+@pytest.mark.mpi
+def test_a_pending_save_finishes_at_exit_and_an_unwaited_failure_is_printed(tmp_path):
+    finished = run_mpi(2, "checkpoint/ckpt_async_exit.py", tmp_path / "finish", "finish", timeout=60)
+    assert finished.stdout.count("returned before the save finished") == 2
+    assert atomic.read_latest(tmp_path / "finish") == "step_000000005"  # committed after main returned
+    failed = run_mpi(1, "checkpoint/ckpt_async_exit.py", tmp_path / "fail", "fail", timeout=60)
+    assert "checkpoint.save(async_save=True) of" in failed.stderr and "nothing waited for it" in failed.stderr
+    assert "No space left on device" in failed.stderr
+    assert sorted(p.name for p in (tmp_path / "fail").iterdir()) == []  # nothing half-written is left
