@@ -128,6 +128,7 @@ parser.add_argument(
     action="store_true",
     help="continue from the newest checkpoint there (implied after a launcher restart)",
 )
+parser.add_argument("--async-checkpoint", action="store_true", help="save in the background (async_save)")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
 add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
@@ -141,6 +142,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --zero and --pp > 1 average without DDP")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    if args.async_checkpoint and not args.checkpoint_dir:
+        parser.error("--async-checkpoint needs --checkpoint-dir (the folder to save in)")
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # (else the first save, after --eval-interval steps of training, would be the first to notice)
         parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
@@ -358,10 +361,11 @@ def main() -> None:
                 checkpoint.save(
                     args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,
                     extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
-                           "losses": losses},
+                           "losses": losses}, async_save=args.async_checkpoint,
                 )  # fmt: skip
             logged_at, seconds = step, 0.0  # evaluating and saving are not training time
     bar.close()
+    checkpoint.wait_pending()  # --async-checkpoint: the last save is committed (or its error raised) now
 
     # --- the result: the validation loss and a sample from the model.
     if evaluated_at != step:  # resumed a finished run: nothing was trained or evaluated

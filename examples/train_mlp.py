@@ -26,6 +26,9 @@ a job with a time limit would (a killed job resumes from its last periodic check
 Under ``python -m minidist.launch -n 4 --max-restarts 3 -- python examples/train_mlp.py --checkpoint-dir
 ckpt --checkpoint-every 40`` a failed rank or node restarts the job, which then resumes by itself (a
 restart counts as ``--resume``: train_mlp_args.py).
+
+``--async-checkpoint`` saves in the background (``checkpoint.save(..., async_save=True)``): the loop
+waits only while the state is copied to memory; the files are the same.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> float:
     bar.close()
     if args.checkpoint_dir and saved_at != step:
         save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
+    checkpoint.wait_pending()  # --async-checkpoint: the last save is committed (or its error raised) now
     if step < total and rank == 0:  # --resume needs a checkpoint: without --checkpoint-dir none was saved
         then = "continue with --resume" if args.checkpoint_dir else "nothing saved (no --checkpoint-dir)"
         print(f"stopped at step {step} of {total} (--max-steps); {then}")
@@ -290,7 +294,7 @@ def save_checkpoint(
     dist.all_reduce(running, op="sum", group=mesh.dp_group)
     checkpoint.save(
         args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=sampler, keep_last=3,
-        extra={"epoch": sampler.epoch, "loss_sum": running.tolist()},
+        extra={"epoch": sampler.epoch, "loss_sum": running.tolist()}, async_save=args.async_checkpoint,
     )  # fmt: skip
     return step
 

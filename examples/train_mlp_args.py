@@ -103,6 +103,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument(
         "--max-steps", type=int, default=None, help="stop after this many steps in all (resume later)"
     )
+    p.add_argument(
+        "--async-checkpoint", action="store_true",
+        help="save in the background: training waits only for a copy of the state in memory",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
@@ -130,8 +134,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error("--tp, --pp, --dp and --microbatches must be >= 1")
     if args.checkpoint_every < 0 or (args.max_steps is not None and args.max_steps < 1):
         p.error("--checkpoint-every must be >= 0 and --max-steps >= 1")
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
-        p.error("--resume and --checkpoint-every need --checkpoint-dir DIR")
+    if (args.resume or args.checkpoint_every or args.async_checkpoint) and not args.checkpoint_dir:
+        p.error("--resume, --checkpoint-every and --async-checkpoint need --checkpoint-dir DIR")
     # Restarted by `python -m minidist.launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume had
     # been given, so the script needs no change to survive a failure. A first run never resumes by itself.
     args.resume = resume_requested(args.resume, args.checkpoint_dir)

@@ -277,13 +277,14 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
 
 # -- issue 14 item 4: every failure inside a save is a CheckpointError on every rank ---------------------
 @pytest.mark.mpi
-def test_a_loop_that_catches_save_errors_carries_on(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])  # async: the failures happen on the save's thread
+def test_a_loop_that_catches_save_errors_carries_on(tmp_path, mode):
     """File-size limits (shard on rank 1, manifest on rank 0), a full disk writing 'latest', an fsync
     error after the rename, a sampler state that is not JSON, a failing keep_last deletion, an
     optimizer over another model on one rank: each is
     the same CheckpointError on both ranks, naming the rank, the file and the cause; nothing
     half-written is left; the loop's next DDP step and save work (no rank waits forever)."""
-    run_mpi(2, "checkpoint/ckpt_save_failures.py", tmp_path, timeout=120)
+    run_mpi(2, "checkpoint/ckpt_save_failures.py", tmp_path, mode, timeout=120)
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     expected = {
         "2": ("rank 1 of the world", "rank00001.safetensors", "writing this rank's shard failed"),

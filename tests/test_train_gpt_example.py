@@ -96,15 +96,22 @@ def test_dropout_masks_differ_per_rank_so_layouts_differ_only_with_dropout(train
 @pytest.mark.mpi
 def test_resume_is_bit_exact_on_the_same_layout_with_dropout(trained, tmp_path):
     """2 steps, checkpoint, 2 more == 4 uninterrupted, to the last bit: the weights, AdamW's moments,
-    the data position, the scheduler and each rank's dropout stream all come back."""
+    the data position, the scheduler and each rank's dropout stream all come back. The resumed run
+    saves in the background (--async-checkpoint, issue 20): its step-4 shards are the very bytes the
+    uninterrupted run's synchronous save wrote."""
     flags = ("--dropout", "0.2")
     _, full, ckpt = trained(2, *flags)
     root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
     out = tmp_path / "resumed.npz"
-    result = launch(2, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out))
+    result = launch(2, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out),
+                    "--async-checkpoint")  # fmt: skip
     assert "at step 2" in result.stdout
     with np.load(out) as resumed:
         assert_same_training(dict(resumed), full, exact=True)
+    shards = sorted(p.name for p in (ckpt / "step_000000004").glob("*.safetensors"))
+    assert shards and shards == sorted(p.name for p in (root / "step_000000004").glob("*.safetensors"))
+    for name in shards:
+        assert (root / "step_000000004" / name).read_bytes() == (ckpt / "step_000000004" / name).read_bytes()
 
 
 @pytest.mark.mpi
@@ -221,6 +228,7 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
         (["--sample-tokens", "-1"], "argument --sample-tokens: must be an integer >= 0, got -1"),
         (["--max-iters", "-1"], "argument --max-iters: must be an integer >= 0, got -1"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
         (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
     ],
 )

@@ -53,7 +53,7 @@ def ckpt(folder: str, *flags: str) -> tuple[str, ...]:
 
 
 SAME_LAYOUTS = {"dp2": (2, ()), "dp2-zero2-grad-accum2": (2, ("--zero", "2", "--grad-accum", "2")),
-                "dp2xpp2": (4, ("--pp", "2"))}  # fmt: skip
+                "dp2xpp2": (4, ("--pp", "2")), "dp2-async": (2, ("--async-checkpoint",))}  # fmt: skip
 PIPELINE_LAYOUTS = {
     "dp2 x pp2, gpipe, m=2": (4, "--pp", "2", "--schedule", "gpipe", "--microbatches", "2"),
     "dp2 x tp2 x pp2, 1f1b, m=4": (8, "--dp", "2", "--tp", "2", "--pp", "2"),
@@ -372,6 +372,24 @@ def test_resume_on_the_same_layout_continues_bit_exactly(runs, layout):
     assert sorted(p.name for p in full_dir.glob("step_*")) == [
         "step_000000028", "step_000000032", "step_000000033"
     ]  # fmt: skip
+
+
+@pytest.mark.mpi
+def test_async_checkpoints_hold_the_same_files_as_sync_ones(runs):
+    """--async-checkpoint (issue 20): the background save writes the bytes a synchronous one writes (the
+    manifest differs only in its creation time) and training computes the same (equal accuracy)."""
+    sync, background = runs.folder("dp2 uninterrupted"), runs.folder("dp2-async uninterrupted")
+    folders = sorted(p.name for p in sync.glob("step_*"))
+    assert folders == sorted(p.name for p in background.glob("step_*")) and folders
+    for name in folders:
+        for file in sorted((sync / name).iterdir()):
+            a, b = file.read_bytes(), (background / name / file.name).read_bytes()
+            if file.name == "manifest.json":
+                a, b = ({k: v for k, v in json.loads(x).items() if k != "created"} for x in (a, b))
+            assert a == b, (name, file.name)
+    assert final_accuracy(runs.stdout("dp2-async uninterrupted")) == final_accuracy(
+        runs.stdout("dp2 uninterrupted")
+    )
 
 
 @pytest.mark.mpi

@@ -10,8 +10,9 @@ Reading order (``save`` and ``load`` each begin with their numbered steps, one c
    pieces are cut and put back by ``parallel/tensor_parallel/split.py``'s rule: uneven, strided);
 5. ``optim_state.py``: optimizer state by global name, ZeRO included; ``collect.py``: what a rank
    saves (tied copies are not saved);
-6. ``save.py`` -> ``load.py`` -> ``latest.py`` (resume, stepping back past damage) -> ``cli.py``
-   (``python -m minidist checkpoint info``).
+6. ``stage.py`` (what a save copies when it is called) -> ``save.py`` -> ``background.py`` (the
+   asynchronous save: ``SaveHandle``, ``wait_pending``) -> ``load.py`` -> ``latest.py`` (resume,
+   stepping back past damage) -> ``cli.py`` (``python -m minidist checkpoint info``).
 
 On disk::
 
@@ -20,12 +21,14 @@ On disk::
     DIR/step_000000123/rank00000.safetensors ...   one file per rank that wrote something
 
 ``save``/``load``/``load_latest`` are collective (every rank calls them); importing this package
-does not initialise MPI (that happens on the first collective call).
+does not initialise MPI (that happens on the first collective call). ``save(..., async_save=True)``
+returns once the state is copied to host memory and writes on a background thread.
 """
 
+from minidist.checkpoint.background import SaveHandle, wait_pending
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.latest import load_latest
 from minidist.checkpoint.load import load
 from minidist.checkpoint.save import save
 
-__all__ = ["CheckpointError", "load", "load_latest", "save"]
+__all__ = ["CheckpointError", "SaveHandle", "load", "load_latest", "save", "wait_pending"]

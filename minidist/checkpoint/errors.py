@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -77,6 +78,22 @@ def on_every_rank(comm: Any, *kinds: type[Exception]) -> Iterator[None]:
     import minidist.distributed as dist  # noqa: PLC0415  (MPI only when a collective checkpoint call is made)
 
     dist.raise_if_any(error, comm, label=LABEL, kinds=KINDS)
+
+
+@contextlib.contextmanager
+def any_failure(comm: Any, what: str, path: Path | None) -> Iterator[None]:
+    """Collective: whatever the block raises on any rank (an ``OSError`` of a full disk, safetensors' own
+    error, a ``TypeError`` from a user's sampler) becomes the same ``CheckpointError`` on every rank,
+    naming the rank (``on_every_rank`` prefixes it), ``path`` and the cause. A rank that raised alone
+    would leave the others waiting forever in the next collective."""
+    with on_every_rank(comm):
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001  (any failure: every rank must learn of it)
+            where = getattr(err, "filename", None) or path  # an OSError knows its file
+            raise CheckpointError(f"{what} failed ({type(err).__name__}: {err})", where) from None
 
 
 def agree(values: dict[str, Any], comm: Any, *, what: str, fix: str) -> None:

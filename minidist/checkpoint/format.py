@@ -43,7 +43,9 @@ import hashlib
 import json
 import mmap
 import os
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -247,11 +249,36 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
             raise TypeError(f"checkpoint: cannot store {key!r} of dtype {a.dtype} in safetensors")
     safetensors.numpy.save_file({key: np.ascontiguousarray(a) for key, a in arrays.items()}, str(path))
     os.chmod(path, new_file_mode())  # the library's temporary file is 0o600: give the manifest's mode
-    with open(path, "rb+") as f, ThreadPoolExecutor(max_workers=1) as pool:
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
-            digest = pool.submit(lambda: hashlib.sha256(pages).hexdigest())
-            os.fsync(f.fileno())  # on disk before the manifest that vouches for it is written
-            return digest.result(), len(pages)
+    with open(path, "rb+") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        # fsync: on disk before the manifest that vouches for it is written
+        return _sha256_while(pages, lambda: os.fsync(f.fileno())), len(pages)
+
+
+def _sha256_while(pages: mmap.mmap, work: Callable[[], None]) -> str:
+    """The sha256 hex digest of ``pages``, computed on a helper thread (hashlib releases the GIL) while
+    this thread runs ``work``.
+
+    A plain thread rather than a ``ThreadPoolExecutor``: an asynchronous save (``background.py``) may
+    still be writing while the interpreter shuts down, and executors then refuse new work ("cannot
+    schedule new futures after interpreter shutdown"); a thread may still be started then.
+    """
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(hashlib.sha256(pages).hexdigest())
+        except BaseException as err:  # noqa: BLE001  (raised on the calling thread below)
+            result.append(err)
+
+    helper = threading.Thread(target=run, name="minidist-sha256")
+    helper.start()
+    try:
+        work()
+    finally:
+        helper.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def read_shard(path: Path, sha256: str, nbytes: int, keep: bool = True) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minidist.checkpoint import atomic
+from minidist.checkpoint import atomic, background
 from minidist.checkpoint.errors import CheckpointError, agree, all_gather_json, on_every_rank, world_comm
 from minidist.checkpoint.load import load
 
@@ -47,6 +47,7 @@ def load_latest(
     Raises ``CheckpointError`` on every rank if nothing loads (listing each checkpoint's problem), and
     ``ValueError`` on every rank if the ranks pass different directories.
     """
+    background.wait_pending()  # a save still being written in the background is committed first
     comm = world_comm(mesh)
     root = Path(directory)
     agree({"directory": os.path.abspath(root)}, comm, what="checkpoint.load_latest",

@@ -27,7 +27,7 @@ import numpy as np
 
 from minidist import backend
 from minidist import random as md_random
-from minidist.checkpoint import atomic, optim_state
+from minidist.checkpoint import atomic, background, optim_state
 from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import (
     CheckpointError,
@@ -76,10 +76,12 @@ def load(
             names or dtypes differ or whose piece on some rank is not split.py's piece of the saved
             tensor (another full shape, tp_dim or stride), a different optimizer class, a sampler state
             that does not fit ``sampler`` (another seed or data set), or ranks that resolved
-            different folders. Nothing has been changed when it is raised.
+            different folders. Nothing has been changed when it is raised. Also a pending
+            asynchronous save's error (it is waited for first, ``background.wait_pending``).
         TypeError / ValueError: on every rank, for a model that is not a Module or a mesh that does
             not match the world.
     """
+    background.wait_pending()  # a save still being written in the background is committed first
     comm = world_comm(mesh)
     with on_every_rank(comm, TypeError, ValueError):  # a bad argument on one rank stops every rank
         layout, module = layout_of(mesh, comm), unwrap(model)

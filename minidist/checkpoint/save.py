@@ -1,19 +1,20 @@
 """``save``: every rank writes its shard, rank 0 writes the manifest and commits atomically.
 
-``save`` reads as its four steps (see ``atomic.py`` for why each fsync and rename is there):
+``save`` reads as its steps (see ``atomic.py`` for why each fsync and rename is there):
 
 1. ``_prepare``: rank 0 checks the target, creates ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on
    its name;
-2. ``_write_shard``: each rank writes the tensors it was assigned (``collect.py`` says what a rank
-   saves, ``layout.assign_writers`` who writes it: every distinct shard once, bytes balanced over
-   the ranks that hold a copy) as one safetensors file and fsyncs it;
-3. ``_gather_records``: the ranks all-gather what they wrote (keys, shapes, sha256 of their file) and
-   their RNG and sampler states;
-4. ``_commit``: rank 0 writes ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces
-   ``DIR/latest``; only then ``_prune`` deletes checkpoints beyond ``keep_last``.
+2. ``stage.stage``: what this rank writes (``collect.py`` says what a rank saves,
+   ``layout.assign_writers`` who writes it: every distinct shard once, bytes balanced over the ranks
+   that hold a copy), its RNG and sampler states; copied to fresh host memory for an asynchronous save;
+3. ``_persist``, which an asynchronous save runs on a background thread (``background.py``):
+   ``_write_shard`` writes this rank's tensors as one safetensors file and fsyncs it; the ranks
+   all-gather what they wrote (keys, shapes, sha256 of their file); ``_commit``: rank 0 writes
+   ``manifest.json``, renames the folder to ``DIR/step_<n>``, replaces ``DIR/latest``; only then
+   ``_prune`` deletes checkpoints beyond ``keep_last``.
 
 Any failure on any rank, at any step (an ``OSError``, safetensors' own error, a user's sampler
-raising), is raised as the same ``CheckpointError`` on every rank (``_any_failure``, built on
+raising), is raised as the same ``CheckpointError`` on every rank (``errors.any_failure``, built on
 ``errors.on_every_rank``), naming the rank, the file and the cause. It deletes the temporary folder
 and undoes a half-done commit, leaving every existing checkpoint and ``latest`` untouched.
 
@@ -36,20 +37,19 @@ from typing import Any
 
 import numpy as np
 
-from minidist import backend
-from minidist import random as md_random
-from minidist.checkpoint import atomic, optim_state
+from minidist.checkpoint import atomic, background
 from minidist.checkpoint import format as fmt
-from minidist.checkpoint.collect import collect, writer_items
 from minidist.checkpoint.errors import (
     CheckpointError,
     NewerFormatError,
     agree,
     all_gather_json,
+    any_failure,
     on_every_rank,
     world_comm,
 )
-from minidist.checkpoint.layout import Layout, assign_writers, layout_of, unwrap
+from minidist.checkpoint.layout import layout_of, unwrap
+from minidist.checkpoint.stage import Staged, stage
 
 
 def save(
@@ -62,7 +62,8 @@ def save(
     extra: Any = None,
     sampler: Any = None,
     keep_last: int | None = None,
-) -> Path:
+    async_save: bool = False,
+) -> Path | background.SaveHandle:
     """Collective: write ``model``, ``optimizer`` and ``sampler`` state as ``directory/step_<step>``.
 
     Args:
@@ -77,9 +78,13 @@ def save(
             JSON-serialisable ``state_dict()`` and a ``load_state_dict()`` (``data.RandomWindows``); if it
             has ``resume_point(state)``, ``load`` calls it first to check the state fits.
         keep_last: after committing, delete all but the newest ``keep_last`` checkpoints (None: keep all).
+        async_save: return as soon as this rank's state is copied to host memory, and write and commit
+            on a background thread (``background.py``: the same steps, files and rules); training may
+            change the parameters at once. Must be the same on every rank.
 
     Returns:
-        the committed folder, on every rank.
+        the committed folder, on every rank; with ``async_save`` a ``SaveHandle`` whose ``wait()``
+        returns it once committed (``done()`` says whether it has finished).
 
     Raises:
         CheckpointError: on every rank, if ``step_<step>`` already exists and verifies (nothing is
@@ -92,31 +97,52 @@ def save(
             (never deleted; a ``UserWarning`` on every rank says so) and the step is saved anew.
             Also if the tp ranks' pieces of a sharded tensor are not split.py's pieces of their sum,
             or a tied copy (``is_tied_copy``, never saved itself) has no original on any rank.
+            With ``async_save`` the errors of the background steps are raised by the handle's
+            ``wait()``, or else by the next ``save``/``load``/``checkpoint.wait_pending()``; a
+            pending save's error is raised here before anything else is done.
         TypeError / ValueError: on every rank, if any rank passes a non-int or negative ``step``, a
             ``keep_last`` that is not None or an int >= 1, an ``extra`` that is not JSON-serialisable,
-            a mesh that does not match the world, or if the ranks pass different steps or ``keep_last``.
+            a mesh that does not match the world, or if the ranks pass different steps, ``keep_last``
+            or ``async_save``.
     """
+    background.wait_pending()  # one save at a time: the previous asynchronous one finishes first
     comm = world_comm(mesh)
-    layout, module = _check_arguments(comm, mesh, model, step, keep_last, extra)
+    layout, module = _check_arguments(comm, mesh, model, step, keep_last, extra, async_save)
     root = Path(directory)
     final = root / atomic.step_dirname(int(step))
 
     tmp = _prepare(comm, root, final)  # 1. rank 0 makes a temporary folder; every rank learns its name
     with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
-        with _any_failure(comm, "collecting this rank's model and optimizer state", tmp):
-            tensors, scalars, tied = collect(module, optimizer)  # (collective for ZeRO)
-        written = _write_shard(comm, tmp, tensors, layout)  # 2. this rank's shard file, fsynced
-        records = _gather_records(comm, layout, written, scalars, sampler, tied)  # 3. every rank's
-        with _any_failure(comm, "building the manifest", tmp / atomic.MANIFEST):
-            header = optim_state.header(optimizer)
-            manifest = fmt.build_manifest(records, layout.describe(), int(step), extra, header)
-            _check_tied(records, manifest)
-        _commit(comm, root, tmp, final, manifest)  # 4. rank 0: manifest, rename into place, latest
-    _prune(comm, root, final, keep_last)  # only once the new checkpoint is committed
+        staged = stage(comm, tmp, module, optimizer, layout, sampler, extra, copy=bool(async_save))  # 2.
+    mesh_description = layout.describe()
+
+    def persist(comm: Any) -> None:  # 3. over the world, or on the background thread over its duplicate
+        _persist(comm, root, tmp, final, staged, mesh_description, int(step), keep_last)
+
+    if async_save:
+        return background.start(comm, persist, final)
+    persist(comm)
     return final
 
 
-def _check_arguments(comm: Any, mesh: Any, model: Any, step: Any, keep_last: Any, extra: Any) -> tuple:
+def _persist(
+    comm: Any, root: Path, tmp: Path, final: Path, staged: Staged, mesh: dict, step: int, keep: int | None
+) -> None:
+    """Step 3, collective over ``comm``: write this rank's shard, gather every rank's record, build the
+    manifest, commit, prune. Reads nothing but ``staged``: it may run while training goes on."""
+    with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
+        written = _write_shard(comm, tmp, staged)  # this rank's shard file, fsynced
+        records = all_gather_json(staged.record | {"written": written}, comm)  # every rank's, in order
+        with any_failure(comm, "building the manifest", tmp / atomic.MANIFEST):
+            manifest = fmt.build_manifest(records, mesh, step, staged.extra, staged.header)
+            _check_tied(records, manifest)
+        _commit(comm, root, tmp, final, manifest)  # rank 0: manifest, rename into place, latest
+    _prune(comm, root, final, keep)  # only once the new checkpoint is committed
+
+
+def _check_arguments(
+    comm: Any, mesh: Any, model: Any, step: Any, keep_last: Any, extra: Any, async_save: Any
+) -> tuple:
     """This rank's ``Layout`` and model, once every rank has passed valid and equal arguments.
 
     A bad argument on one rank only (``step=-1`` there) raises on every rank: the others must not be
@@ -136,8 +162,9 @@ def _check_arguments(comm: Any, mesh: Any, model: Any, step: Any, keep_last: Any
         layout = layout_of(mesh, comm)
         module = unwrap(model)
     keep = None if keep_last is None else int(keep_last)
-    agree({"step": int(step), "keep_last": keep}, comm, what="checkpoint.save",
-          fix="pass the same step and keep_last on every rank")  # fmt: skip
+    # async_save too: ranks that disagree would run the remaining collectives on different communicators
+    same = {"step": int(step), "keep_last": keep, "async_save": bool(async_save)}
+    agree(same, comm, what="checkpoint.save", fix="pass the same step, keep_last, async_save on every rank")
     return layout, module
 
 
@@ -149,7 +176,7 @@ def _prepare(comm: Any, root: Path, final: Path) -> Path:
     moved aside, so that a resumed run is not stuck on it forever; every rank warns about it.
     """
     name, moved = None, None
-    with _any_failure(comm, "preparing the checkpoint folder", root):
+    with any_failure(comm, "preparing the checkpoint folder", root):
         if comm.rank == 0:
             name, moved = _make_tmp(root, final)
     name, moved = all_gather_json([name, moved], comm)[0]
@@ -199,22 +226,6 @@ def _make_tmp(root: Path, final: Path) -> tuple[str, dict | None]:
 
 
 @contextlib.contextmanager
-def _any_failure(comm: Any, what: str, path: Path) -> Iterator[None]:
-    """Collective: whatever the block raises on any rank (an ``OSError`` of a full disk, safetensors' own
-    error, a ``TypeError`` from a user's sampler) becomes the same ``CheckpointError`` on every rank,
-    naming the rank (``on_every_rank`` prefixes it), ``path`` and the cause. A rank that raised alone
-    would leave the others waiting forever in the next collective."""
-    with on_every_rank(comm):
-        try:
-            yield
-        except CheckpointError:
-            raise
-        except Exception as err:  # noqa: BLE001  (any failure: every rank must learn of it)
-            where = getattr(err, "filename", None) or path  # an OSError knows its file
-            raise CheckpointError(f"{what} failed ({type(err).__name__}: {err})", where) from None
-
-
-@contextlib.contextmanager
 def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
     """If the block raises ``CheckpointError``, rank 0 deletes ``tmp``: our own unfinished folder."""
     try:
@@ -225,59 +236,21 @@ def _removed_on_error(comm: Any, tmp: Path) -> Iterator[None]:
         raise
 
 
-def _write_shard(comm: Any, tmp: Path, tensors: dict, layout: Layout) -> dict[str, Any] | None:
-    """Step 2: write the tensors assigned to this rank as one safetensors file; describe what was written.
+def _write_shard(comm: Any, tmp: Path, staged: Staged) -> dict[str, Any] | None:
+    """Write the arrays staged for this rank as one safetensors file, fsynced; describe what was written.
 
     Returns None if this rank was assigned nothing (another replica writes its tensors). The full
     shape of a sharded tensor is not known here: ``format.build_manifest`` sums the pieces.
     """
-    writers = assign_writers(writer_items(comm, tensors, layout), layout)
-    mine = {
-        k: t
-        for k, t in tensors.items()
-        if writers[(k, None if t.tp_dim is None else layout.tp_rank)] == layout.rank
-    }
-    file = f"rank{layout.rank:05d}.safetensors"
     checksum, nbytes = None, 0
     # A rank that cannot write stops every rank: an OSError; a TypeError for a dtype safetensors cannot
     # store; safetensors' own SafetensorError for a full disk or a file-size limit (no OSError).
-    with _any_failure(comm, "writing this rank's shard", tmp / file):
-        arrays = {k: np.ascontiguousarray(backend.to_numpy(t.array)) for k, t in mine.items()}
-        if mine:
-            checksum, nbytes = atomic.write_shard(tmp / file, arrays)
-    if not mine:
+    with any_failure(comm, "writing this rank's shard", tmp / staged.file):
+        if staged.arrays:
+            checksum, nbytes = atomic.write_shard(tmp / staged.file, staged.arrays)
+    if not staged.arrays:
         return None
-    entries = {
-        k: {
-            "name": t.name, "kind": t.kind, "state": t.state, "shape": list(arrays[k].shape),
-            "dtype": str(arrays[k].dtype), "tp_dim": t.tp_dim, "tp_stride": t.tp_stride,
-            "tp_rank": None if t.tp_dim is None else layout.tp_rank,
-        }
-        for k, t in mine.items()
-    }  # fmt: skip
-    return {"file": file, "sha256": checksum, "bytes": nbytes, "entries": entries}
-
-
-def _gather_records(
-    comm: Any, layout: Layout, written: Any, scalars: dict, sampler: Any, tied: list[str]
-) -> list[dict]:
-    """Step 3: every rank's record (what it wrote, its optimizer counters, generator and sampler states),
-    in rank order, on every rank."""
-    with _any_failure(comm, "recording this rank's generator and sampler states", None):
-        generators = md_random.get_all_rng_states()
-        state = sampler.state_dict() if sampler is not None else None
-        json.dumps(state)  # strict: all_gather_json would store a NumPy int silently as a string
-        mine = {
-            "rank": layout.rank,
-            "coords": [layout.dp_rank, layout.tp_rank, layout.pp_rank, layout.cp_rank],
-            "rng": generators["rng"],
-            "tp_rng": generators.get("tp_rng"),  # None: tensor parallelism was never imported
-            "sampler": state,
-            "written": written,
-            "scalars": scalars,
-            "tied": tied,  # names of tied copies here: checked, not stored
-        }
-    return all_gather_json(mine, comm)
+    return {"file": staged.file, "sha256": checksum, "bytes": nbytes, "entries": staged.entries}
 
 
 def _check_tied(records: list[dict], manifest: dict) -> None:
@@ -314,7 +287,7 @@ def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict) -> No
 
 def _prune(comm: Any, root: Path, final: Path, keep_last: int | None) -> None:
     """Rank 0 deletes checkpoints beyond ``keep_last`` (collective: a failure is raised on every rank)."""
-    with _any_failure(
+    with any_failure(
         comm, f"deleting old checkpoints (keep_last={keep_last}) after committing {final.name}", root
     ):
         if comm.rank == 0 and keep_last is not None:

@@ -1,7 +1,9 @@
 """MPI worker (2 ranks): a training loop that catches ``CheckpointError`` from ``save`` and carries on.
 
-Usage: ``mpiexec -n 2 python ckpt_save_failures.py OUT``. Every step trains (DDP: a collective) and
-saves; at some steps one rank's save fails somewhere along the save path:
+Usage: ``mpiexec -n 2 python ckpt_save_failures.py OUT [async]``. Every step trains (DDP: a collective)
+and saves (with ``async``: ``save(..., async_save=True).wait()``, so the failures below happen on the
+background thread, and its errors come from ``wait()``); at some steps one rank's save fails
+somewhere along the save path:
 
 * step 2: a file-size limit (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored) on rank 1: its shard;
 * step 3: a file-size limit on rank 0 that its shard fits under but ``manifest.json`` does not;
@@ -55,7 +57,7 @@ def epoch_of(sampler, loader, epoch):
     yield from loader
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, mode: str = "sync") -> None:
     world = dist.init()
     r = world.rank
     out = Path(out_dir)
@@ -118,9 +120,12 @@ def main(out_dir: str) -> None:
         if step == 9 and r == 1:
             optimizer = optim.SGD(nn.Linear(4, 8, dtype=np.float64).parameters(), lr=0.1)
         try:
-            checkpoint.save(
-                root, ddp, optimizer, step=step, sampler=state, keep_last=2 if step >= 7 else None
-            )
+            saved = checkpoint.save(
+                root, ddp, optimizer, step=step, sampler=state, keep_last=2 if step >= 7 else None,
+                async_save=mode == "async",
+            )  # fmt: skip
+            if mode == "async":
+                saved.wait()  # the background write's error, on every rank
             outcome = ["ok", ""]
         except CheckpointError as err:  # the loop carries on: the next step's all-reduce must not hang
             outcome = [type(err).__name__, str(err)]
@@ -142,4 +147,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    run_worker(main, sys.argv[1])
+    run_worker(main, *sys.argv[1:])

@@ -1,7 +1,8 @@
 """Train a small MLP on any dp x tp x pp mesh with checkpoints; optionally kill a rank on purpose.
 
 Usage: ckpt_train.py OUT CKPT --mesh dp,tp,pp --steps N [--every K] [--resume | --resume-from PATH]
-       [--optims sgd,adamw] [--dropout P] [--zero] [--expect-error] [--then OUT CKPT --mesh ... ...]
+       [--optims sgd,adamw] [--dropout P] [--zero] [--async-save] [--expect-error]
+       [--then OUT CKPT --mesh ... ...]
 
 ``--then`` starts another run in the same launch, after the previous one ended (each on its own mesh of
 the same world size): starting 4 or 8 Python ranks costs more than training this model, so a test
@@ -19,8 +20,10 @@ For each optimizer, rank 0 writes ``OUT/<optim>.npz`` with the *global* paramete
 
 ``CKPT_KILL="rank:step:phase"`` makes that rank SIGKILL itself: phase ``train`` before training
 step ``step + 1``; ``save`` right after writing its shard of checkpoint ``step`` (before the commit);
-``commit`` (rank 0) after writing the manifest, just before the rename. ``--expect-error``: the load
-must raise CheckpointError; each rank writes ``OUT/error_<rank>.json`` with the message.
+``commit`` (rank 0) after writing the manifest, just before the rename. ``--async-save`` saves with
+``async_save=True`` (the ``save`` kill then hits the background thread while training goes on).
+``--expect-error``: the load must raise CheckpointError; each rank writes ``OUT/error_<rank>.json``
+with the message.
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--optims", default="sgd,adamw")
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--zero", action="store_true")
+    ap.add_argument("--async-save", action="store_true")
     ap.add_argument("--expect-error", action="store_true")
     return ap.parse_args(argv)
 
@@ -181,11 +185,13 @@ def train(args, mesh: ProcessMesh, opt_name: str, kill) -> None:
             opt.step()
             step += 1
             if args.every and step % args.every == 0:
-                checkpoint.save(ckpt, runner, opt, step=step, mesh=mesh, sampler=sampler, keep_last=2)
+                checkpoint.save(ckpt, runner, opt, step=step, mesh=mesh, sampler=sampler, keep_last=2,
+                                async_save=args.async_save)  # fmt: skip
             if step == args.steps:
                 break
         else:
             sampler.set_epoch(sampler.epoch + 1)
+    checkpoint.wait_pending()  # --async-save: the last save is committed before the run ends
     write_global_params(args.out, opt_name, runner, mesh, step)
 
 
