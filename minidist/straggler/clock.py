@@ -56,7 +56,8 @@ def clock_offsets(group: Communicator | None = None, exchanges: int = 8) -> list
 
     Rank 0 answers each other rank in turn, ``exchanges`` times (2 small messages each), on a duplicated
     communicator so nothing else in flight can match them; the ranks not yet served sleep. Every rank
-    gets the whole list; rank 0's entry is (0, 0). Cost: ``2 * exchanges * (size - 1)`` latencies, milliseconds; call it outside the timed loop.
+    gets the whole list; rank 0's entry is (0, 0). Cost: ``2 * exchanges * (size - 1)`` latencies
+    (milliseconds): call it outside the timed loop. Raises what MPI raises on a broken group.
     """
     comm = group_or_world(group).mpi.Dup()
     try:
