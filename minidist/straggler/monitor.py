@@ -90,6 +90,8 @@ class StragglerMonitor:
         start, end = self._start, trace.now()
         trace.record(f"step {self.steps}", trace.STEP, start, end)
         self.steps += 1
+        if trace.event_count() < self._seen:  # someone re-enabled tracing (which clears it): start over
+            self._seen = 0
         new = trace.events(self._seen)
         self._seen += len(new)
         # This thread's time blocked in communication or waiting (the breakdown's rule for compute,
