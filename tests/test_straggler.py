@@ -248,3 +248,29 @@ def test_slow_rank_variable_is_checked_on_every_rank():
     proc = run_mpi(2, REPO / "examples" / "train_mlp.py", "--epochs", "1", check=False,
                    env={"MINIDIST_SLOW_RANK": "rank2"}, timeout=60)  # fmt: skip
     assert proc.returncode != 0 and "RANK:SECONDS" in proc.stdout + proc.stderr
+
+
+def test_monitor_warns_only_for_a_rank_named_in_consecutive_windows(monkeypatch):
+    # The windows' medians of 4 ranks are made up (the all-gather is replaced); one process runs it.
+    import minidist.distributed as dist  # noqa: PLC0415
+    from minidist.straggler import StragglerMonitor, StragglerWarning, monitor  # noqa: PLC0415
+
+    dist.init()
+    # Rank 1, then rank 2 (scheduler noise moving from rank to rank), then rank 1 twice (a straggler).
+    medians = [
+        [1e-3, 9e-3, 1e-3, 1e-3],
+        [1e-3, 1e-3, 9e-3, 1e-3],
+        [1e-3, 9e-3, 1e-3, 1e-3],
+        [1e-3, 9e-3, 1e-3, 1e-3],
+    ]
+    windows = iter(medians)
+    monkeypatch.setattr(monitor.dist, "all_gather", lambda mine, group: next(windows))
+    m = StragglerMonitor(every=2)
+    try:
+        with pytest.warns(StragglerWarning, match=r"rank 1 is a straggler: 9\.0 ms .* steps 6-7") as caught:
+            for _ in range(8):
+                with m.step():
+                    pass
+        assert len(caught) == 1 and [s.rank for s in m.stragglers] == [1]
+    finally:
+        trace.disable()
