@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> float:
         world.barrier()  # every rank's timeline starts at (nearly) the same instant
         trace.enable(collectives=args.straggler_report)  # a span per collective: waits vs transfers
     # --straggler-report: StragglerWarning during training, a table at the end. Off: no monitor, no cost.
-    monitor = StragglerMonitor(every=args.straggler_every) if args.straggler_report else None
+    # Compared within the dp group: its ranks do the same work (pipeline stages or tp shards need not).
+    monitor = (
+        StragglerMonitor(every=args.straggler_every, group=mesh.dp_group) if args.straggler_report else None
+    )
     delay = injected_delay(world.rank)  # MINIDIST_SLOW_RANK=RANK:SECONDS makes that rank slow (teaching aid)
 
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> float:
     if evaluated_at != step:  # stopped inside an epoch, or resumed a finished run
         accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace or args.straggler_report:
-        save_trace(args, world, overlap=mesh.pp == 1)
+        save_trace(args, world, mesh)
     if rank == 0:  # after --max-steps the model is not the final one: say what was measured
         done = "final test accuracy" if step >= total else f"test accuracy after {step} steps"
         print(f"{done}: {accuracy:.4f}")
@@ -291,7 +294,7 @@ def save_checkpoint(
     return step
 
 
-def save_trace(args: argparse.Namespace, world: dist.Communicator, overlap: bool = True) -> None:
+def save_trace(args: argparse.Namespace, world: dist.Communicator, mesh: ProcessMesh) -> None:
     """Gather every rank's spans on rank 0 and put them on rank 0's clock (Cristian's algorithm, a few
     ping-pongs); print the straggler report (--straggler-report); write one Chrome-trace JSON, one track
     per rank (--trace), and print the overlap fraction (DDP's all-reduce hidden behind backward; a pipeline
@@ -299,15 +302,16 @@ def save_trace(args: argparse.Namespace, world: dist.Communicator, overlap: bool
     trace.disable()
     offsets = clock_offsets(world)
     everyone = world.mpi.gather(trace.events(), root=0)  # a pickled Python list per rank
+    groups = world.mpi.gather(tuple(mesh.dp_group.collective_channel.calls.world_ranks), root=0)
     if world.rank != 0:
         return
     if args.straggler_report:
-        print(straggler_report(everyone, offsets))
+        print(straggler_report(everyone, offsets, groups=sorted(set(groups))))  # within each dp group
     if not args.trace:
         return
     everyone = align(everyone, offsets)
     trace.save_chrome_trace(args.trace, everyone)
-    if not overlap:
+    if mesh.pp > 1:
         print(f"trace written to {args.trace}")
         return
     hidden = [trace.overlap_fraction(events) for events in everyone]

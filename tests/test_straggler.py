@@ -266,6 +266,7 @@ def test_monitor_warns_only_for_a_rank_named_in_consecutive_windows(monkeypatch)
     windows = iter(medians)
     monkeypatch.setattr(monitor.dist, "all_gather", lambda mine, group: next(windows))
     m = StragglerMonitor(every=2)
+    monkeypatch.setattr(m.group.collective_channel.calls, "world_ranks", [0, 1, 2, 3])  # as 4 ranks
     try:
         with pytest.warns(StragglerWarning, match=r"rank 1 is a straggler: 9\.0 ms .* steps 6-7") as caught:
             for _ in range(8):
@@ -274,3 +275,13 @@ def test_monitor_warns_only_for_a_rank_named_in_consecutive_windows(monkeypatch)
         assert len(caught) == 1 and [s.rank for s in m.stragglers] == [1]
     finally:
         trace.disable()
+
+
+def test_report_compares_only_ranks_that_do_the_same_work():
+    # A pipeline: ranks 2 and 3 hold the last stage (it also computes the loss: 5 ms against 1 ms).
+    events = []
+    for compute in [0.001, 0.001, 0.005, 0.005]:
+        steps = [span(f"step {i}", trace.STEP, i * 0.1, i * 0.1 + 0.01) for i in range(3)]
+        events.append(steps + [all_reduce(i * 0.1 + compute, i * 0.1 + 0.01, ranks=2) for i in range(3)])
+    assert straggler_report(events).count("STRAGGLER") == 2  # stages compared with each other: wrong
+    assert "no straggler" in straggler_report(events, groups=[[0, 1], [2, 3]])  # within each stage

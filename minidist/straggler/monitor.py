@@ -47,8 +47,9 @@ class StragglerMonitor:
     its end); ``threshold`` and ``min_excess`` (seconds): see
     :func:`~minidist.straggler.verdict.find_stragglers`; ``patience``: a rank is reported once the rule
     has named it in this many consecutive windows ("consistently slower"); ``group``: the ranks compared
-    (default: the world). Raises ``ValueError`` for ``every`` or ``patience`` < 1 or a bad threshold.
-    Ranks named are ranks of ``group``.
+    (default: the world), ranks that do the same work per step (a pipeline: its data-parallel group, as
+    stages differ). Raises ``ValueError`` for ``every`` or ``patience`` < 1 or a bad threshold. Ranks
+    named (in the warning and :attr:`stragglers`) are world ranks.
 
     Why ``patience=2``: with more ranks than cores, ranks that wait in MPI spin on a core, and whichever
     rank the scheduler happens to squeeze computes 2-4x slower for a while (measured: a 20-step window
@@ -113,7 +114,9 @@ class StragglerMonitor:
         self._seen = trace.event_count()  # the all-gather's own span belongs to no step
         named = find_stragglers([float(c) for c in everyone], self.threshold, self.min_excess)
         self._named = {s.rank: self._named.get(s.rank, 0) + 1 for s in named}  # others start again at 0
-        self.stragglers = [s for s in named if self._named[s.rank] >= self.patience]
+        world_ranks = self.group.collective_channel.calls.world_ranks  # name world ranks, not group ranks
+        self.stragglers = [Straggler(world_ranks[s.rank], s.compute, s.others)
+                           for s in named if self._named[s.rank] >= self.patience]  # fmt: skip
         if self.stragglers and self.group.rank == 0:
             for s in self.stragglers:
                 warnings.warn(f"{s.describe()}, median over steps {self.steps - self.every}-{self.steps - 1}",

@@ -51,6 +51,7 @@ def straggler_report(
     offsets: Sequence[ClockOffset] | None = None,
     threshold: float = 1.2,
     min_excess: float = 0.002,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> str:
     """A table (one line per rank, times in ms, medians over the steps) and the verdict, as text.
 
@@ -58,7 +59,10 @@ def straggler_report(
     them) and, to separate waiting from transfer, ``COLLECTIVE`` spans (``trace.enable(collectives=True)``).
     ``offsets``: from :func:`~minidist.straggler.clock.clock_offsets`, applied first (None: the events are
     on one clock already). ``threshold``/``min_excess``: :func:`~minidist.straggler.verdict.find_stragglers`.
-    Raises ``ValueError`` when no rank recorded a step.
+    ``groups``: lists of ranks that do the same work per step, each compared only within itself (a
+    pipeline's last stage also computes the loss and is not slower for it: pass the data-parallel groups,
+    ``mesh.dp_group``'s ranks); None: all ranks form one group. Raises ``ValueError`` when no rank
+    recorded a step.
     """
     if offsets is not None:
         events_per_rank = align(events_per_rank, offsets)
@@ -67,8 +71,12 @@ def straggler_report(
         raise ValueError(
             "no trace.STEP spans in any rank's events: run the loop under StragglerMonitor.step()"
         )
-    found = find_stragglers([s.compute for s in summaries], threshold, min_excess)  # ranks = list positions
-    verdicts = {summaries[v.rank].rank: Straggler(summaries[v.rank].rank, v.compute, v.others) for v in found}
+    by_rank = {s.rank: s for s in summaries}
+    verdicts: dict[int, Straggler] = {}
+    for group in [list(by_rank)] if groups is None else groups:
+        members = [r for r in group if r in by_rank]
+        for v in find_stragglers([by_rank[r].compute for r in members], threshold, min_excess):
+            verdicts[members[v.rank]] = Straggler(members[v.rank], v.compute, v.others)  # a world rank
     lines = [
         f"straggler report: {len(summaries)} ranks, median over {summaries[0].steps} steps (compute: "
         "training thread busy; comm: collectives moving data; wait: for the last peer to arrive)",
