@@ -29,6 +29,9 @@ flag check. ``list.append`` is atomic under the GIL, so threads may record concu
 this rank sent, the array's ``dtype`` and, for a collective, its ``payload`` (the array's bytes) and the
 ``algorithm`` it ran.
 Off by default: a span per message costs microseconds, which a timeline of compute does not want.
+``enable(collectives=True)`` records the collective spans without the per-message ones: what
+``minidist.straggler`` needs to match one call across ranks and tell waiting for a late rank from moving
+data (its ``StragglerMonitor`` also records one :data:`STEP` span per training step with :func:`record`).
 
 Output format: the "Trace Event Format" (complete events, ``"ph": "X"``, times in microseconds), with
 ranks as processes (``pid``) and threads as ``tid``, as described in Google's "Trace Event Format"
