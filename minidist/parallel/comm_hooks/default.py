@@ -26,13 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from minidist import backend
 from minidist.parallel.comm_hooks.bucket import GradBucket, all_reduce
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+def bfloat16() -> np.dtype:
+    """``ml_dtypes.bfloat16``, imported on first use: the import costs about 1 s of CPU per process
+    here, which every rank of every launch would pay at ``import minidist``, compressing or not."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
@@ -65,12 +70,12 @@ def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
     (ml_dtypes' ufuncs). CuPy has no bfloat16 either: a GPU bucket is compressed on the host, where it
     is staged for MPI anyway.
     """
-    return _low_precision_average(bucket, BFLOAT16)
+    return _low_precision_average(bucket, bfloat16())
 
 
 def _low_precision_average(bucket: GradBucket, dtype: np.dtype) -> Any:
     buffer = bucket.buffer()
-    source = backend.to_numpy(buffer) if dtype == BFLOAT16 and backend.is_gpu_array(buffer) else buffer
+    source = backend.to_numpy(buffer) if dtype.name == "bfloat16" and backend.is_gpu_array(buffer) else buffer
     compressed = (source / bucket.group.size).astype(dtype)
     all_reduce(compressed, bucket, op="sum")
     buffer[...] = backend.array_module(buffer).asarray(compressed.astype(buffer.dtype))

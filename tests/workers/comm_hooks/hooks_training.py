@@ -25,7 +25,7 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 from minidist.parallel.comm_hooks import HOOKS, PowerSGDState, register_by_name  # noqa: E402
-from minidist.parallel.comm_hooks.default import BFLOAT16  # noqa: E402
+from minidist.parallel.comm_hooks.default import bfloat16  # noqa: E402
 
 SEED, BATCH = 0, 16
 
@@ -77,7 +77,7 @@ def train(args: argparse.Namespace, world: dist.Communicator) -> None:
 def collectives(out_dir: str, world: dist.Communicator) -> None:
     """float16 and bfloat16 all-reduces (sum and avg) with each algorithm; results and errors saved."""
     results, errors = {}, {}
-    for dtype in (np.dtype(np.float16), BFLOAT16):
+    for dtype in (np.dtype(np.float16), bfloat16()):
         for algorithm in ("auto", "ring", "recursive_doubling", "rabenseifner", "mpi"):
             for op in ("sum", "avg"):
                 key = f"{dtype.name}_{algorithm}_{op}"
