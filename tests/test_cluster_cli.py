@@ -116,9 +116,14 @@ def test_up_run_status_down_trains_mlp_to_the_one_node_accuracy(state_dir):
     assert down.returncode == 0, down.stderr
     assert leftovers(name) == []
     one_node = run_mpi(4, mlp_example.EXAMPLE, *mlp_example.SHORT_ARGS, timeout=120)
-    # Same ranks, same data, same algorithms; between nodes only the transport differs (TCP, not
-    # shared memory), which moves the same bytes: the accuracy printed (4 decimals) must be equal.
-    assert mlp_example.final_accuracy(trained.stdout) == mlp_example.final_accuracy(one_node.stdout)
+    # Same ranks, data and seeds; between nodes the bytes travel over TCP instead of shared memory, which
+    # changes nothing in them: today the printed accuracies are equal (0.9697 with the default flags
+    # too). Allowed: one of the 297 test digits, because all_reduce(algorithm="auto") may choose another
+    # algorithm when the ranks span nodes (hierarchical), which sums in another order, and float32
+    # rounding can then move one borderline digit. A real error (a lost gradient, a wrong average)
+    # costs far more after 4 epochs.
+    cluster_accuracy = mlp_example.final_accuracy(trained.stdout)
+    assert abs(cluster_accuracy - mlp_example.final_accuracy(one_node.stdout)) <= 1 / 297 + 1e-4
 
 
 # ---- bad input ---------------------------------------------------------------------------------------
@@ -163,9 +168,7 @@ def test_without_privileges_or_programs_it_says_why(monkeypatch, capsys):
         Cluster.up(nodes=1, ranks_per_node=1)
     assert main(["up", "--nodes", "1"]) == 2
     assert "needs root (CAP_NET_ADMIN)" in capsys.readouterr().err
-    import cluster_utils
-
-    assert "needs root" in cluster_utils.skip_reason()
+    assert "needs root" in skip_reason()
 
 
 # ---- nothing is left behind --------------------------------------------------------------------------

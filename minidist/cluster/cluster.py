@@ -33,7 +33,7 @@ class Cluster:
 
     def __init__(self, record: dict[str, Any]) -> None:
         self._state = record
-        self._exit_stack: Any = None
+        self._sigterm: Any = None  # launch.sigterm_raises() while inside a with-block
 
     # ---- making, finding and removing -------------------------------------------------------------
     @classmethod
@@ -70,7 +70,10 @@ class Cluster:
         # Under the lock from choosing the subnet until the bridge carries its address: another process
         # (with this or another state folder) then sees the subnet taken either way.
         with state.locked():
-            k = state.choose_subnet(subnet)
+            # A default name md<K> whose namespaces or links exist (left by hand or by a crash that
+            # lost the state file) makes that K unusable, not the whole call.
+            clash = None if name is not None else (lambda k: bool(_taken(_plan(f"md{k}", k, nodes, 1, None))))
+            k = state.choose_subnet(subnet, clash)
             name = name if name is not None else f"md{k}"
             record = _plan(name, k, nodes, ranks_per_node, rate)
             _check_free(record)
@@ -129,8 +132,8 @@ class Cluster:
         # down() also when the interpreter exits without leaving the block (sys.exit in a thread, ...)
         # and when SIGTERM arrives (it then raises SystemExit, which leaves the block).
         atexit.register(self.down)
-        self._exit_stack = launch.sigterm_raises()
-        self._exit_stack.__enter__()
+        self._sigterm = launch.sigterm_raises()
+        self._sigterm.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,7 +141,7 @@ class Cluster:
             self.down()
         finally:
             atexit.unregister(self.down)
-            self._exit_stack.__exit__(None, None, None)
+            self._sigterm.__exit__(None, None, None)
 
     # ---- what it is -------------------------------------------------------------------------------
     @property
@@ -170,7 +173,8 @@ class Cluster:
 
     @property
     def launcher(self) -> Path:
-        return state.STATE_DIR / f"{self.name}.launch"
+        """The launcher script mpiexec calls (launch.py), beside the state file."""
+        return Path(self._state.get("launcher") or state.STATE_DIR / f"{self.name}.launch")
 
     # ---- using it ---------------------------------------------------------------------------------
     def mpiexec_command(self, n: int | None = None) -> list[str]:
@@ -232,10 +236,10 @@ class Cluster:
 
     def status(self) -> str:
         """A human-readable report: nodes, addresses, ranks per node, shaping, link byte counters."""
-        rate = self.bandwidth
+        rate, ranks = self.bandwidth, f"{self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}"
         lines = [
-            f"cluster {self.name}: {len(self.nodes)} nodes x {self.ranks_per_node} ranks = "
-            f"{self.world_size} ranks, {'up' if self._alive() else 'BROKEN (namespaces missing)'}",
+            f"cluster {self.name}: {len(self.nodes)} nodes x {ranks} = {self.world_size} ranks, "
+            f"{'up' if self._alive() else 'BROKEN (namespaces missing)'}",
             f"  bridge {self._state['bridge']} {self._state['bridge_ip']}/24 (mpiexec's side)",
             f"  links  {'unshaped' if rate is None else f'{rate / 1e6:g} Mbit/s each way (tc tbf)'}",
         ]
@@ -245,7 +249,7 @@ class Cluster:
                 counters = f"sent {rx:,} B, received {tx:,} B"
             except ClusterError:
                 counters = "link missing"
-            lines.append(f"  node   {node} {address} ({self.ranks_per_node} ranks): {counters}")
+            lines.append(f"  node   {node} {address} ({ranks}): {counters}")
         return "\n".join(lines)
 
     def _alive(self) -> bool:
@@ -268,8 +272,15 @@ def _plan(name: str, k: int, nodes: int, ranks_per_node: int, rate: int | None) 
         "bridge_ip": f"198.18.{k}.1",
         "ranks_per_node": ranks_per_node,
         "bandwidth_bps": rate,
-        "python": sys.executable,
+        "python": sys.executable,  # which environment made it (for people reading the file)
+        "launcher": str(state.STATE_DIR / f"{name}.launch"),
     }
+
+
+def _taken(record: dict[str, Any]) -> list[str]:
+    """The namespaces and interfaces of ``record`` that exist already."""
+    taken = [n for n in record["nodes"] if n in netns.namespaces()]
+    return taken + [i for i in [record["bridge"], *record["veths"]] if netns.link_exists(i)]
 
 
 def _check_free(record: dict[str, Any]) -> None:
@@ -278,7 +289,6 @@ def _check_free(record: dict[str, Any]) -> None:
             f"a cluster named {record['name']!r} exists: choose another name, or remove it with "
             f"`python -m minidist.cluster down --name {record['name']}`"
         )
-    taken = [n for n in record["nodes"] if n in netns.namespaces()]
-    taken += [i for i in [record["bridge"], *record["veths"]] if netns.link_exists(i)]
+    taken = _taken(record)
     if taken:
         raise ClusterError(f"names of cluster {record['name']!r} are taken by {taken}: choose another name")

@@ -117,5 +117,5 @@ def link_counters(veth: str) -> tuple[int, int]:
     stats = Path("/sys/class/net", veth, "statistics")
     try:
         return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
-    except FileNotFoundError:
-        raise ClusterError(f"link {veth} is gone: the cluster was taken down") from None
+    except OSError:  # gone (FileNotFoundError), or being deleted right now (EINVAL)
+        raise ClusterError(f"link {veth} is gone: its node or the cluster was taken down") from None

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,9 @@ def subnets_in_use() -> set[int]:
     return used
 
 
-def choose_subnet(pinned: int | None) -> int:
-    """``pinned`` if it is free, else the first free K; ``ClusterError`` if none is.
+def choose_subnet(pinned: int | None, clash: Callable[[int], bool] | None = None) -> int:
+    """``pinned`` if it is free, else the first free K for which ``clash(K)`` is false; ``ClusterError``
+    if none is.
 
     Call under :func:`locked`: the answer holds only until another process claims a subnet."""
     used = subnets_in_use()
@@ -111,6 +112,6 @@ def choose_subnet(pinned: int | None) -> int:
             )
         return pinned
     for k in SUBNETS:
-        if k not in used:
+        if k not in used and not (clash is not None and clash(k)):
             return k
     raise ClusterError("every subnet 198.18.0-255.0/24 is in use: remove clusters with `down --all`")
