@@ -12,7 +12,8 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
   :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
   on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`, payload: how many
   collectives it called on the group). A rank waiting in collective #k on a group that receives a
-  notice saying "I called k-1" knows #k can never finish. Detected within a tick.
+  notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
+  finalizes, every rank also receives its peers' notices: none is left unmatched in MPI's queue.
 * **A message of another call.** Every message of a collective carries the call's sequence number and
   identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
   queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
@@ -92,6 +93,7 @@ def watch(channel: Any) -> None:
     channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
     channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
+    channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
     channel.use_tags = tags_supported()
     _channels.append(weakref.ref(channel))
 
@@ -147,10 +149,8 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
     for peer in range(channel.size):
         if peer == channel.rank:
             continue
-        note, status = np.zeros(1, dtype=np.int64), MPI.Status()
-        while channel.mpi.Iprobe(source=peer, tag=DEPARTURE_TAG):
-            channel.mpi.Recv([note, MPI.INT64_T], source=peer, tag=DEPARTURE_TAG)
-            channel.departed[peer] = int(note[0])
+        status = MPI.Status()
+        _receive_notices(channel, peer)
         if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
             problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
             if problem:
@@ -178,6 +178,16 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
             f"(rank 0 writing a large checkpoint), set {WATCHDOG_ENV} to more seconds, or to off."
         )
     return None
+
+
+def _receive_notices(channel: Any, peer: int) -> None:
+    """Receive every departure notice ``peer`` has sent on ``channel`` so far into ``channel.departed``."""
+    note = np.zeros(2, dtype=np.int64)
+    while channel.mpi.Iprobe(source=peer, tag=DEPARTURE_TAG):
+        channel.mpi.Recv([note, MPI.INT64_T], source=peer, tag=DEPARTURE_TAG)
+        channel.departed[peer] = int(note[0])
+        if note[1]:
+            channel.dropped.add(peer)
 
 
 def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
@@ -230,7 +240,8 @@ def _them(channel: Any, peer: int) -> str:
 
 @atexit.register
 def announce_departure() -> None:
-    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left.
+    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
+    and receive every peer's notice (:func:`_await_departures`).
 
     Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
     collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
@@ -249,6 +260,32 @@ def announce_departure() -> None:
             abort_job(MPI.COMM_WORLD, problem + "\n")
     requests = [request for channel in channels for request in _departure_notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
+    _await_departures(channels, deadline_seconds() or DEFAULT_DEADLINE)
+
+
+def _await_departures(channels: list[Any], limit: float) -> None:
+    """Receive the departure notice of every peer of ``channels`` (at most ``limit`` seconds).
+
+    Every notice must be received by someone: one that is still in MPI's queue at ``MPI_Finalize`` is
+    an unmatched message, which UCX over TCP reports as ``unexpected tag-receive descriptor ... was not
+    matched`` (one warning per notice, on every rank, at the end of every run across nodes). Waiting
+    here costs nothing: MPICH's ``MPI_Finalize`` waits for every rank anyway, and each rank sends its
+    notices on its way out, before it finalizes. A peer that is still working when this rank leaves
+    learns of it from this rank's notice (and its watchdog ends the job if it then waits for this
+    rank); after ``limit`` seconds this rank stops waiting and finalizes as before.
+    """
+    end, pause = time.monotonic() + limit, 1e-4
+    while True:
+        missing = False
+        for channel in channels:
+            for peer in range(channel.size):
+                if peer != channel.rank and peer not in channel.departed:
+                    _receive_notices(channel, peer)
+                    missing = missing or peer not in channel.departed
+        if not missing or time.monotonic() > end:
+            return
+        time.sleep(pause)
+        pause = min(2 * pause, TICK / 10)
 
 
 def announce_drop(channel: Any) -> None:
@@ -262,16 +299,18 @@ def announce_drop(channel: Any) -> None:
     if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
         return
     try:
-        MPI.Request.Waitall(_departure_notices(channel))
+        MPI.Request.Waitall(_departure_notices(channel, dropped=True))
     except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
         pass
 
 
-def _departure_notices(channel: Any) -> list[Any]:
-    """Start sending every peer of ``channel`` how many collectives this rank called on it."""
-    note = np.array([channel.calls_started], dtype=np.int64)
+def _departure_notices(channel: Any, dropped: bool = False) -> list[Any]:
+    """Start sending every peer of ``channel`` how many collectives this rank called on it, and whether
+    it left by dropping the group (``dropped``: it will never receive on the group again) or is exiting."""
+    note = np.array([channel.calls_started, dropped], dtype=np.int64)
     return [
         channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG)
         for peer in range(channel.size)
-        if peer != channel.rank
+        # A peer that dropped the group would never receive the notice: nobody waits for it there.
+        if peer != channel.rank and peer not in channel.dropped
     ]
