@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import backend
-from minidist.distributed import liveness
+from minidist.distributed import heartbeat, liveness
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
 from minidist.distributed.traffic import message_span
@@ -309,7 +309,7 @@ def init() -> Communicator:
     (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
     uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
     watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
-    ``MINIDIST_ABORT_GRACE`` or ``MINIDIST_WATCHDOG``.
+    ``MINIDIST_ABORT_GRACE``, ``MINIDIST_WATCHDOG`` or ``MINIDIST_PEER_TIMEOUT``.
     """
     global _world, _local_rank, _node_count
     if _world is None:
@@ -317,8 +317,12 @@ def init() -> Communicator:
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         _local_rank = node.Get_rank()
         node.Free()
-        if world.Get_size() > 1:  # one leader per node: tells "auto" whether any group can span nodes
-            _node_count = world.allreduce(1 if _local_rank == 0 else 0)
+        if world.Get_size() > 1:
+            # Each rank's host, and whether it leads its node (local rank 0): the number of nodes tells
+            # "auto" whether any group can span nodes; the hosts name an unreachable rank's node.
+            ranks = world.allgather((MPI.Get_processor_name(), _local_rank == 0))
+            _node_count = sum(leader for _, leader in ranks)
+            heartbeat.hosts = tuple(host for host, _ in ranks)
         backend.use_local_rank(_local_rank)
         _world = Communicator(world, name="world")
         if world.Get_size() > 1:

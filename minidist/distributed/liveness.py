@@ -22,7 +22,10 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
 * **A call that takes too long** (``MINIDIST_WATCHDOG`` seconds, default :data:`DEFAULT_DEADLINE`):
   some rank is stuck in a computation, in a collective on another group, or in a loop that will not
   end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
-  ``0``) stops the thread, and with it these three checks; tags stay on.
+  ``0``) stops the thread, and with it these four checks; tags stay on.
+* **A rank that cannot be reached** (``heartbeat.py``): while a collective runs longer than a second,
+  the thread pings the group's peers; one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default
+  30) late has lost its node or its link, or is frozen. The message names it and its host.
 
 Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
 every wait costs latency on every message; the thread costs nothing per message: the collectives keep
@@ -47,6 +50,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minidist.distributed import heartbeat
 from minidist.distributed.tags import (
     DEPARTURE_TAG,
     NAME_BITS,
@@ -95,6 +99,7 @@ def watch(channel: Any) -> None:
     channel.departed = {}  # group rank -> number of collectives it called before it left
     channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
     channel.use_tags = tags_supported()
+    heartbeat.setup(channel)
     _channels.append(weakref.ref(channel))
 
 
@@ -126,6 +131,7 @@ def leave(channel: Any, previous: tuple) -> None:
 def start() -> None:
     """Start the watchdog thread (``dist.init()``, more than one rank); idempotent, off if disabled."""
     global _thread
+    heartbeat.peer_timeout()  # a malformed MINIDIST_PEER_TIMEOUT raises now, at start-up
     if _thread is None and deadline_seconds() is not None:
         _thread = threading.Thread(target=_run, name="minidist-watchdog", daemon=True)
         _thread.start()
@@ -143,9 +149,14 @@ def _live_channels() -> list[Any]:
     return [c for c in (ref() for ref in _channels) if c is not None and c.size > 1]
 
 
-def inspect_channel(channel: Any, deadline: float | None) -> str | None:
-    """One look at ``channel``: the text of the problem found (see the module doc), or None."""
+def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = True) -> str | None:
+    """One look at ``channel``: the text of the problem found (see the module doc), or None.
+
+    ``heartbeats=False`` (the last look at exit): answer pings, but send none.
+    """
     seq, outer, tag = channel.phase  # read first: every later message is judged against it
+    if channel.use_tags:
+        heartbeat.answer(channel)
     for peer in range(channel.size):
         if peer == channel.rank:
             continue
@@ -156,6 +167,8 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
             if problem:
                 return problem
     if outer is None:
+        if heartbeats and channel.use_tags:
+            heartbeat.overdue(channel, None, 0.0)  # forget unanswered pings of the finished call
         return None
     for peer, called in channel.departed.items():
         if called < seq:
@@ -165,8 +178,13 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
                 f"it never called. Every rank must make the same collective calls: look for a `return`, "
                 f"`break` or `sys.exit` that only some ranks take, or a loop that is shorter on rank {peer}."
             )
+    now = time.monotonic()
     if channel.seen[0] != seq:
-        channel.seen = (seq, time.monotonic())
+        channel.seen = (seq, now)
+    if heartbeats and channel.use_tags:
+        late, waited = heartbeat.overdue(channel, now - channel.seen[1], now)
+        if late:
+            return _unreachable(channel, late, waited, describe(tag, seq))
     if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
         peer = channel.peer
         last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
@@ -218,6 +236,23 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
     return None
 
 
+def host_of(channel: Any, peer: int) -> str:
+    """The host name of group rank ``peer`` of ``channel`` (from ``dist.init()``), or "?" before init."""
+    world_rank = channel.calls.world_ranks[peer]
+    return heartbeat.hosts[world_rank] if world_rank < len(heartbeat.hosts) else "?"
+
+
+def _unreachable(channel: Any, late: list[int], waited: float, call: str) -> str:
+    names = ", ".join(f"{_them(channel, p)} (host {host_of(channel, p)})" for p in late)
+    return (
+        f"{_me(channel)}: {names} did not answer the watchdog's heartbeat for {waited:.0f} s "
+        f"({heartbeat.PEER_TIMEOUT_ENV}={heartbeat.peer_timeout():g}) while this rank waits in {call}: "
+        f"{'these ranks' if len(late) > 1 else 'that rank'} cannot be reached (a node is down or its network "
+        "link is cut) or the process is frozen. "
+        "A job launched by `python -m minidist.launch` restarts from the newest checkpoint."
+    )
+
+
 _ADVICE = (
     "Every rank of a group must call the same collectives in the same order, with the same src/dst, op "
     "and dtype; MINIDIST_DEBUG=1 shows where each rank made its call."
@@ -255,7 +290,7 @@ def announce_departure() -> None:
     _thread = None
     channels = _live_channels()
     for channel in channels:  # a stale message that arrived since the last tick
-        problem = inspect_channel(channel, None)
+        problem = inspect_channel(channel, None, heartbeats=False)
         if problem:
             abort_job(MPI.COMM_WORLD, problem + "\n")
     requests = [request for channel in channels for request in _departure_notices(channel)]
@@ -280,6 +315,8 @@ def _await_departures(channels: list[Any], limit: float) -> None:
         for channel in channels:
             for peer in range(channel.size):
                 if peer != channel.rank and peer not in channel.departed:
+                    if channel.use_tags:
+                        heartbeat.answer(channel)  # (late pings and pongs must be received too)
                     _receive_notices(channel, peer)
                     missing = missing or peer not in channel.departed
         if not missing or time.monotonic() > end:
