@@ -126,6 +126,18 @@ def test_up_run_status_down_trains_mlp_to_the_one_node_accuracy(state_dir):
     assert abs(cluster_accuracy - mlp_example.final_accuracy(one_node.stdout)) <= 1 / 297 + 1e-4
 
 
+def test_run_finds_this_python_and_folder_even_with_another_path(cluster, tmp_path):
+    # one write per rank (print writes its pieces separately, and two ranks' pieces can interleave)
+    script = (
+        "import os, socket, sys\n"
+        "sys.stdout.write(f'{socket.gethostname()} {sys.executable} {os.getcwd()}\\n')"
+    )
+    proc = cluster.run(["python", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.split("\n")[:-1])
+    assert lines == [f"{node} {sys.executable} {tmp_path}" for node in cluster.nodes], proc.stdout
+
+
 # ---- bad input ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "args, message",

@@ -6,9 +6,13 @@ tests/test_cluster_training.py, skipped without root).
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
-from minidist.cluster import Cluster, ClusterError, shaping, state
+from minidist.cluster import Cluster, ClusterError, launch, shaping, state
 from minidist.cluster.cluster import _plan
 
 
@@ -76,3 +80,11 @@ def test_ranks_fill_the_nodes_in_blocks():
     assert command[command.index("-launcher-exec") + 1] == str(cluster.launcher)
     assert command[-2:] == ["-n", "6"] and cluster.mpiexec_command(3)[-2:] == ["-n", "3"]
     assert cluster.env()["UCX_TLS"] == "tcp,self"
+
+
+def test_python_means_this_environments_python(monkeypatch):
+    here = str(Path(sys.executable).parent)
+    assert launch.python_first(f"/usr/bin{os.pathsep}{here}") == f"{here}{os.pathsep}/usr/bin"
+    assert launch.python_first("") == here
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert Cluster(_plan("ca", 10, 1, 1, None)).env()["PATH"].split(os.pathsep) == [here, "/usr/bin"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 from minidist.notebook import mpiexec_path  # the one mpiexec finder; imports no MPI
 
@@ -51,7 +52,7 @@ def cluster_available() -> tuple[bool, str]:
         if not caps >> bit & 1:
             return False, (
                 f"needs root ({name}) to make network namespaces: run as root, e.g. `sudo "
-                f"{shutil.which('python3') or 'python3'} -m minidist.cluster ...`, or in a container started "
-                "with --cap-add NET_ADMIN --cap-add SYS_ADMIN"
+                f"{sys.executable} -m minidist.cluster ...` (this environment's Python), or in a container "
+                "started with --cap-add NET_ADMIN --cap-add SYS_ADMIN"
             )
     return True, ""

@@ -60,8 +60,15 @@ def run_env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PATH": python_first(os.environ.get("PATH", "")),
     }
+
+
+def python_first(path: str) -> str:
+    """``path`` (a ``PATH`` value) with this Python's directory in front, where ``python`` is found first."""
+    here = str(Path(sys.executable).parent)
+    entries = path.split(os.pathsep) if path else []
+    return os.pathsep.join([here, *(e for e in entries if e != here)])
 
 
 @contextmanager
