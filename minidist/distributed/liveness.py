@@ -69,6 +69,7 @@ STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stra
 _channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
 _thread: threading.Thread | None = None
 _stop = threading.Event()
+_departing: list[Any] = []  # channels whose peers' notices are still to receive at exit
 
 
 @functools.cache
@@ -274,13 +275,14 @@ def _them(channel: Any, peer: int) -> str:
 
 
 @atexit.register
-def announce_departure() -> None:
+def announce_departure(wait: bool = True) -> None:
     """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
-    and receive every peer's notice (:func:`_await_departures`).
+    and (``wait``) receive every peer's notice (:func:`receive_departures`).
 
     Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
     collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
-    first, before its own exchange on the world. Runs once (the second call returns at once).
+    first with ``wait=False``, then its own exchange on the world (which a rank stuck in a collective
+    must be able to join), then :func:`receive_departures`. Runs once (the second call returns at once).
     """
     global _thread
     if _thread is None or MPI.Is_finalized():
@@ -295,7 +297,16 @@ def announce_departure() -> None:
             abort_job(MPI.COMM_WORLD, problem + "\n")
     requests = [request for channel in channels for request in _departure_notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
-    _await_departures(channels, deadline_seconds() or DEFAULT_DEADLINE)
+    _departing[:] = channels
+    if wait:
+        receive_departures()
+
+
+def receive_departures() -> None:
+    """Receive the peers' departure notices on the channels :func:`announce_departure` announced on."""
+    channels, _departing[:] = list(_departing), []
+    if channels:
+        _await_departures(channels, deadline_seconds() or DEFAULT_DEADLINE)
 
 
 def _await_departures(channels: list[Any], limit: float) -> None:
