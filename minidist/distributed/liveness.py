@@ -13,7 +13,7 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
   on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`, payload: how many
   collectives it called on the group). A rank waiting in collective #k on a group that receives a
   notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
-  finalizes, every rank also receives its peers' notices: none is left unmatched in MPI's queue.
+  finalizes, every rank also receives its peers' notices (``departures.py``).
 * **A message of another call.** Every message of a collective carries the call's sequence number and
   identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
   queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
@@ -47,10 +47,9 @@ import time
 import weakref
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed import heartbeat
+from minidist.distributed import departures, heartbeat
 from minidist.distributed.tags import (
     DEPARTURE_TAG,
     NAME_BITS,
@@ -162,7 +161,7 @@ def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = Tru
         if peer == channel.rank:
             continue
         status = MPI.Status()
-        _receive_notices(channel, peer)
+        departures.receive(channel, peer)
         if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
             problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
             if problem:
@@ -197,16 +196,6 @@ def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = Tru
             f"(rank 0 writing a large checkpoint), set {WATCHDOG_ENV} to more seconds, or to off."
         )
     return None
-
-
-def _receive_notices(channel: Any, peer: int) -> None:
-    """Receive every departure notice ``peer`` has sent on ``channel`` so far into ``channel.departed``."""
-    note = np.zeros(2, dtype=np.int64)
-    while channel.mpi.Iprobe(source=peer, tag=DEPARTURE_TAG):
-        channel.mpi.Recv([note, MPI.INT64_T], source=peer, tag=DEPARTURE_TAG)
-        channel.departed[peer] = int(note[0])
-        if note[1]:
-            channel.dropped.add(peer)
 
 
 def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
@@ -295,7 +284,7 @@ def announce_departure(wait: bool = True) -> None:
         problem = inspect_channel(channel, None, heartbeats=False)
         if problem:
             abort_job(MPI.COMM_WORLD, problem + "\n")
-    requests = [request for channel in channels for request in _departure_notices(channel)]
+    requests = [request for channel in channels for request in departures.notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
     _departing[:] = channels
     if wait:
@@ -306,34 +295,7 @@ def receive_departures() -> None:
     """Receive the peers' departure notices on the channels :func:`announce_departure` announced on."""
     channels, _departing[:] = list(_departing), []
     if channels:
-        _await_departures(channels, deadline_seconds() or DEFAULT_DEADLINE)
-
-
-def _await_departures(channels: list[Any], limit: float) -> None:
-    """Receive the departure notice of every peer of ``channels`` (at most ``limit`` seconds).
-
-    Every notice must be received by someone: one that is still in MPI's queue at ``MPI_Finalize`` is
-    an unmatched message, which UCX over TCP reports as ``unexpected tag-receive descriptor ... was not
-    matched`` (one warning per notice, on every rank, at the end of every run across nodes). Waiting
-    here costs nothing: MPICH's ``MPI_Finalize`` waits for every rank anyway, and each rank sends its
-    notices on its way out, before it finalizes. A peer that is still working when this rank leaves
-    learns of it from this rank's notice (and its watchdog ends the job if it then waits for this
-    rank); after ``limit`` seconds this rank stops waiting and finalizes as before.
-    """
-    end, pause = time.monotonic() + limit, 1e-4
-    while True:
-        missing = False
-        for channel in channels:
-            for peer in range(channel.size):
-                if peer != channel.rank and peer not in channel.departed:
-                    if channel.use_tags:
-                        heartbeat.answer(channel)  # (late pings and pongs must be received too)
-                    _receive_notices(channel, peer)
-                    missing = missing or peer not in channel.departed
-        if not missing or time.monotonic() > end:
-            return
-        time.sleep(pause)
-        pause = min(2 * pause, TICK / 10)
+        departures.await_all(channels, deadline_seconds() or DEFAULT_DEADLINE)
 
 
 def announce_drop(channel: Any) -> None:
@@ -347,18 +309,6 @@ def announce_drop(channel: Any) -> None:
     if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
         return
     try:
-        MPI.Request.Waitall(_departure_notices(channel, dropped=True))
+        MPI.Request.Waitall(departures.notices(channel, dropped=True))
     except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
         pass
-
-
-def _departure_notices(channel: Any, dropped: bool = False) -> list[Any]:
-    """Start sending every peer of ``channel`` how many collectives this rank called on it, and whether
-    it left by dropping the group (``dropped``: it will never receive on the group again) or is exiting."""
-    note = np.array([channel.calls_started, dropped], dtype=np.int64)
-    return [
-        channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG)
-        for peer in range(channel.size)
-        # A peer that dropped the group would never receive the notice: nobody waits for it there.
-        if peer != channel.rank and peer not in channel.dropped
-    ]
