@@ -23,12 +23,12 @@ from launch_utils import EXAMPLE, Launcher, assert_identical, final_checkpoint, 
 from mpi_utils import REPO, mpi_env
 
 from minidist.cluster import netns
-from minidist.launch import launch
+from minidist.launch import launch, nodes
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 cluster = cluster_fixture(nodes=2, ranks_per_node=1)
 
-TRAIN = ["--epochs", "2", "--hidden", "32", "32", "--checkpoint-every", "4"]  # 22 steps
+TRAIN = ["--epochs", "3", "--hidden", "32", "32", "--checkpoint-every", "4"]  # 33 steps: a kill lands mid-run
 
 
 def test_a_dead_node_shrinks_the_world_and_training_goes_on(cluster, tmp_path):
@@ -72,7 +72,7 @@ def test_a_dead_node_shrinks_the_world_and_training_goes_on(cluster, tmp_path):
     )  # fmt: skip
     assert reference.returncode == 0, reference.stderr
     step, got = final_checkpoint(ckpt)
-    assert step == 22
+    assert step == 33
     assert_identical(got, final_checkpoint(copy)[1])
     accuracy = [line for line in reference.stdout.splitlines() if line.startswith("final test accuracy")]
     assert accuracy and accuracy[-1] in out
@@ -96,3 +96,16 @@ def test_node_counts_that_do_not_fit_are_refused(cluster, tmp_path):
     with pytest.raises(ValueError, match="outside --nodes 2:2"):
         launch(["python", EXAMPLE], 1, cluster=cluster, nodes=(2, 2), log=log)
     assert not log.exists()  # refused before anything started
+
+
+def test_the_probe_finds_a_node_that_cannot_be_reached_over_a_link_that_is_up(cluster):
+    node, address = cluster.nodes[0], cluster.addresses[0]
+    assert nodes.probe(cluster, [node]) == {}
+    # Its eth0 loses its address: the link stays "up", but no TCP connection can leave the node.
+    subprocess.run(["ip", "-n", node, "addr", "flush", "dev", "eth0"], check=True)
+    try:
+        assert nodes.link_problems(cluster, [node]) == {}
+        assert "TCP probe failed" in nodes.probe(cluster, [node], timeout=5)[node]
+    finally:
+        subprocess.run(["ip", "-n", node, "addr", "add", f"{address}/24", "dev", "eth0"], check=True)
+    assert nodes.probe(cluster, [node]) == {}

@@ -151,9 +151,15 @@ class _Supervisor:
                 self.events.write(
                     "nodes", "left out: " + "; ".join(f"{k}: {v}" for k, v in problems.items()), dead=problems
                 )
+        note = ""
+        if restart == 0 and self.newest_step is not None:  # an earlier run's: a restart would resume it
+            note = (
+                f" (note: {self.ckpt} already holds step {self.newest_step[0]}; if this run fails before "
+                "its first save, the restart resumes from that checkpoint: use a fresh folder for a new run)"
+            )
         self.events.write(
             "start",
-            f"attempt {restart}: {n} ranks on {where}: {' '.join(self.cmd)}",
+            f"attempt {restart}: {n} ranks on {where}: {' '.join(self.cmd)}{note}",
             restart=restart,
             n=n,
             nodes=self.used or None,
