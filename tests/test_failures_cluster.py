@@ -43,11 +43,12 @@ def reference(cluster, tmp_path_factory) -> Path:
     return root
 
 
-def launched(cluster, tmp_path: Path, fault: str | None) -> Launcher:
-    """train_mlp.py (with ``FAULT`` injected in the first attempt) under the launcher, on 2 nodes."""
-    command = ["python", FAULT if fault else EXAMPLE, *TRAIN, "--checkpoint-dir", str(tmp_path / "ckpt")]
+def launched(cluster, tmp_path: Path, fault: str) -> Launcher:
+    """train_mlp.py with ``FAULT`` injected in the first attempt, under the launcher, on 2 nodes."""
+    command = ["python", FAULT, *TRAIN, "--checkpoint-dir", str(tmp_path / "ckpt")]
     args = ["--cluster", cluster.name, "-n", "2", "--max-restarts", "1", "--monitor-interval", "0.2"]
-    return Launcher(args, command, tmp_path / "launch.log", env={"FAULT": fault} if fault else None)
+    env = {"FAULT": fault, "FAULT_MARK": str(tmp_path / "holding")}
+    return Launcher(args, command, tmp_path / "launch.log", env=env)
 
 
 def assert_finished_like(run: Launcher, tmp_path: Path, reference: Path) -> None:
@@ -155,9 +156,12 @@ def test_a_rank_killed_during_a_save_is_restarted_from_the_newest_verified_check
 
 def test_a_cut_link_moves_the_job_to_the_spare_node_bit_identical(cluster, tmp_path, reference):
     cut = cluster.nodes[1]
-    run = launched(cluster, tmp_path, None)
+    run = launched(cluster, tmp_path, "hold:0:9")  # rank 0 pauses in step 10: rank 1 waits for it
     try:
-        run.wait_for(lambda e: e["event"] == "checkpoint" and e["step"] >= 4, 120)
+        deadline = time.monotonic() + 120  # rank 1 is then waiting in step 10's all-reduce
+        while not (tmp_path / "holding").exists():
+            assert time.monotonic() < deadline and run.proc.poll() is None, run.output()
+            time.sleep(0.05)
         subprocess.run(["ip", "link", "set", cluster.links[cut], "down"], check=True)
         assert run.wait(240) == 0, run.output()
     finally:
