@@ -33,8 +33,10 @@ MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a 
 The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
 the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
 
-Not covered: a point-to-point ``recv`` from a rank that left (only collectives are tracked; use
-``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
+Not covered: a point-to-point ``recv`` from a rank that left or cannot be reached (only collectives
+are tracked, and pinged: pipeline stages' sends and receives are point-to-point; use
+``MINIDIST_TIMEOUT``, or ``python -m minidist.launch``, which also watches the cluster's links and
+can end a silent job), and a rank that leaves while no other rank ever calls a collective again.
 """
 
 from __future__ import annotations
