@@ -196,6 +196,17 @@ def test_a_frozen_rank_is_named_with_its_host_after_the_peer_timeout(tmp_path):
     assert "while this rank waits in #3 all_reduce(op=sum, float32): that rank cannot be reached" in output
 
 
+@pytest.mark.mpi
+def test_a_rank_that_is_only_slow_still_answers_the_heartbeat(tmp_path):
+    # Rank 1 sleeps 5 s in a step while ranks 0 and 2 wait in the all-reduce with a 2 s peer timeout:
+    # its watchdog thread answers their pings, so the job finishes with the right sum.
+    result, output, _ = run(3, "slow", tmp_path, env={"MINIDIST_PEER_TIMEOUT": "2"})
+    assert result.returncode == 0, output
+    for rank in range(3):
+        # x starts at rank + 1; four in-place sums over 3 ranks: 6, 18, 54, 162.
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text())["x"] == [162.0] * 8
+
+
 def test_peer_timeout_setting_is_parsed_strictly():
     from minidist.distributed import heartbeat
 

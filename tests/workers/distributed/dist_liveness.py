@@ -20,6 +20,8 @@ only where the test sets it). MODE is one of
   and rank 0 reads ``op`` from a NumPy string array (its messages used to carry another tag: abort);
 * ``stop`` (3 ranks): rank 1 freezes (``SIGSTOP``, as a node whose link is cut looks to the others)
   in the middle of a loop of ``all_reduce``;
+* ``slow`` (3 ranks, a correct program): rank 1 sleeps 5 s before its third ``all_reduce`` (a slow
+  step, not a failure: its watchdog thread still answers the others' heartbeats);
 * ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
   different lines (wrong numbers, exit 0, even in debug mode, before call sites were compared).
 
@@ -62,6 +64,11 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
         for step in range(4):
             if rank == 1 and step == 2:
                 os.kill(os.getpid(), signal.SIGSTOP)
+            dist.all_reduce(x)
+    elif mode == "slow":
+        for step in range(4):
+            if rank == 1 and step == 2:
+                time.sleep(5)
             dist.all_reduce(x)
     elif mode == "return-subgroup":
         dp = world.split(rank % 2)  # {0, 2} and {1, 3}
