@@ -197,6 +197,18 @@ def test_a_frozen_rank_is_named_with_its_host_after_the_peer_timeout(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_frozen_rank_is_named_while_another_waits_for_its_message(tmp_path):
+    # A point-to-point wait (a pipeline stage's) gets heartbeats too.
+    result, output, seconds = run(2, "stop-p2p", tmp_path, env={"MINIDIST_PEER_TIMEOUT": "2"})
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    assert (
+        f"[rank 0] rank 0: rank 1 (host {socket.gethostname()}) did not answer the watchdog's heartbeat for "
+    ) in output, output
+    assert "while this rank waits in a send or receive with rank 1: that rank cannot be reached" in output
+
+
+@pytest.mark.mpi
 def test_a_rank_that_is_only_slow_still_answers_the_heartbeat(tmp_path):
     # Rank 1 sleeps 5 s in a step while ranks 0 and 2 wait in the all-reduce with a 2 s peer timeout:
     # its watchdog thread answers their pings, so the job finishes with the right sum.

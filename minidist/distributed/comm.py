@@ -128,8 +128,13 @@ class Communicator:
         self._check_peer(dst, "dst")
         check_array(a)
         check_tag(tag)
-        with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
-            self.host_send(host, dst, tag)
+        channel = self.collective_channel
+        channel.p2p_wait = (dst,)  # heartbeats for this wait (liveness.py): dst could become unreachable
+        try:
+            with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
+                self.host_send(host, dst, tag)
+        finally:
+            channel.p2p_wait = None
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
         """Receive a message from rank ``src`` into the preallocated array ``a``; return ``a``.
@@ -144,8 +149,13 @@ class Communicator:
         self._check_peer(src, "src")
         check_array(a, writable=True)
         check_tag(tag)
-        with host_view(a, copy_in=False, copy_out=True) as host:
-            self.host_recv(host, src, tag)
+        channel = self.collective_channel
+        channel.p2p_wait = (src,)
+        try:
+            with host_view(a, copy_in=False, copy_out=True) as host:
+                self.host_recv(host, src, tag)
+        finally:
+            channel.p2p_wait = None
         return a
 
     def sendrecv(
@@ -164,9 +174,17 @@ class Communicator:
         check_array(recv_a, "recv_a", writable=True)
         check_tag(sendtag)
         check_tag(recvtag)
-        with host_view(send_a, copy_in=True) as out, host_view(recv_a, copy_in=False, copy_out=True) as into:
-            with message_span(self, "sendrecv", out, dst):
-                self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+        channel = self.collective_channel
+        channel.p2p_wait = (dst, src)
+        try:
+            with (
+                host_view(send_a, copy_in=True) as out,
+                host_view(recv_a, copy_in=False, copy_out=True) as into,
+            ):
+                with message_span(self, "sendrecv", out, dst):
+                    self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+        finally:
+            channel.p2p_wait = None
         return recv_a
 
     # --- the fast path the hand-written collectives use ------------------------------------------------

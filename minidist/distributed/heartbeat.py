@@ -82,12 +82,14 @@ def answer(channel: Any) -> None:
     channel.heartbeat_sends = [r for r in channel.heartbeat_sends if not r.Test()]
 
 
-def overdue(channel: Any, running_for: float | None, now: float) -> tuple[list[int], float]:
-    """Ping the peers of ``channel`` as the module doc says; return the peers whose ping is overdue and
-    how long the oldest has waited (``[]`` and 0 if none).
+def overdue(
+    channel: Any, running_for: float | None, now: float, peers: tuple[int, ...] | None = None
+) -> tuple[list[int], float]:
+    """Ping the peers of ``channel`` (all, or ``peers``) as the module doc says; return the peers whose
+    ping is overdue and how long the oldest has waited (``[]`` and 0 if none).
 
-    ``running_for``: seconds the current collective has been running, or None when none runs (then
-    pings still unanswered are forgotten: their pongs are taken in and ignored).
+    ``running_for``: seconds the current collective (or point-to-point wait) has been running, or None
+    when none runs (then pings still unanswered are forgotten: their pongs are taken in and ignored).
     """
     timeout = peer_timeout()
     if timeout is None or running_for is None or running_for < PING_AFTER:
@@ -95,7 +97,7 @@ def overdue(channel: Any, running_for: float | None, now: float) -> tuple[list[i
             channel.pinged.clear()
         return [], 0.0
     late, waited = [], 0.0
-    for peer in range(channel.size):
+    for peer in range(channel.size) if peers is None else peers:
         if peer == channel.rank or peer in channel.departed:
             continue
         sent = channel.pinged.get(peer)

@@ -100,6 +100,8 @@ def watch(channel: Any) -> None:
     channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
     channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
+    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (comm.py), or None
+    channel.p2p_seen = (None, 0.0)  # (that p2p_wait, time.monotonic() when the thread first saw it)
     channel.use_tags = tags_supported()
     heartbeat.setup(channel)
     _channels.append(weakref.ref(channel))
@@ -170,7 +172,7 @@ def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = Tru
                 return problem
     if outer is None:
         if heartbeats and channel.use_tags:
-            heartbeat.overdue(channel, None, 0.0)  # forget unanswered pings of the finished call
+            return _p2p_heartbeat(channel, channel.p2p_wait)
         return None
     for peer, called in channel.departed.items():
         if called < seq:
@@ -226,6 +228,20 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
             f"{describe(tag, seq)} on the same group. " + _ADVICE
         )
     return None
+
+
+def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
+    """Heartbeats while no collective runs: for the peers of a waiting send/recv (a pipeline stage's), or
+    none (unanswered pings of a finished call are forgotten)."""
+    if waiting is None:
+        heartbeat.overdue(channel, None, 0.0)
+        return None
+    now = time.monotonic()
+    if channel.p2p_seen[0] is not waiting:
+        channel.p2p_seen = (waiting, now)
+    late, waited = heartbeat.overdue(channel, now - channel.p2p_seen[1], now, waiting)
+    ranks = " and ".join(f"rank {p}" for p in waiting)
+    return _unreachable(channel, late, waited, f"a send or receive with {ranks}") if late else None
 
 
 def host_of(channel: Any, peer: int) -> str:

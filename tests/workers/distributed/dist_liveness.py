@@ -20,6 +20,8 @@ only where the test sets it). MODE is one of
   and rank 0 reads ``op`` from a NumPy string array (its messages used to carry another tag: abort);
 * ``stop`` (3 ranks): rank 1 freezes (``SIGSTOP``, as a node whose link is cut looks to the others)
   in the middle of a loop of ``all_reduce``;
+* ``stop-p2p`` (2 ranks): rank 1 freezes while rank 0 waits to receive a message from it
+  (``recv``, as a pipeline stage waits for the previous stage's activations);
 * ``slow`` (3 ranks, a correct program): rank 1 sleeps 5 s before its third ``all_reduce`` (a slow
   step, not a failure: its watchdog thread still answers the others' heartbeats);
 * ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
@@ -65,6 +67,10 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
             if rank == 1 and step == 2:
                 os.kill(os.getpid(), signal.SIGSTOP)
             dist.all_reduce(x)
+    elif mode == "stop-p2p":
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        world.recv(x, src=1, tag=7)
     elif mode == "slow":
         for step in range(4):
             if rank == 1 and step == 2:
