@@ -10,14 +10,15 @@ watchdog's deadline (``MINIDIST_WATCHDOG``, 300 s by default), whose message cou
 
 So, while a collective has been running on a group for :data:`PING_AFTER` seconds, the watchdog thread
 sends each peer of the group a *ping* (tag ``tags.PING_TAG``), one at a time per peer, again
-:data:`PING_AFTER` seconds after each answer. Every rank's watchdog thread answers every ping it finds
-with a *pong*, on each tick, whatever its main thread is doing (mpi4py releases the GIL inside MPI
-calls, and NumPy inside large operations). A ping unanswered for ``MINIDIST_PEER_TIMEOUT`` seconds
-(default :data:`DEFAULT_PEER_TIMEOUT`; ``off`` or ``0`` turns heartbeats off) means the peer cannot be
-reached: its node is down or cut off, or the process is frozen (``SIGSTOP``, swapped out). The
-watchdog (``liveness.py``) then ends the job naming that rank and its host. The bound, from the moment
-of the cut: :data:`PING_AFTER` + ``MINIDIST_PEER_TIMEOUT`` + one tick + the abort grace
-(``MINIDIST_ABORT_GRACE``, 1 s).
+:data:`PING_AFTER` seconds after each answer; while a public ``send``/``recv``/``sendrecv`` or
+``p2p_batch.wait_all`` waits (as pipeline stages do), each peer it waits for. Every rank's watchdog
+thread answers every ping it finds with a *pong*, on each tick, whatever its main thread is doing
+(mpi4py releases the GIL inside MPI calls, and NumPy inside large operations). A ping unanswered for
+``MINIDIST_PEER_TIMEOUT`` seconds (default :data:`DEFAULT_PEER_TIMEOUT`; ``off`` or ``0`` turns
+heartbeats off) means the peer cannot be reached: its node is down or cut off, or the process is frozen
+(``SIGSTOP``, swapped out). The watchdog (``liveness.py``) then ends the job naming that rank and its
+host. The bound, from the moment of the cut: :data:`PING_AFTER` + ``MINIDIST_PEER_TIMEOUT`` + one tick +
+the abort grace (``MINIDIST_ABORT_GRACE``, 1 s).
 
 Costs: nothing while collectives finish within :data:`PING_AFTER` seconds (no message is sent); per
 tick, two ``MPI_Iprobe`` calls per group; during a long collective, one 8-byte message each way per

@@ -23,9 +23,10 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
   some rank is stuck in a computation, in a collective on another group, or in a loop that will not
   end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
   ``0``) stops the thread, and with it these four checks; tags stay on.
-* **A rank that cannot be reached** (``heartbeat.py``): while a collective runs longer than a second,
-  the thread pings the group's peers; one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default
-  30) late has lost its node or its link, or is frozen. The message names it and its host.
+* **A rank that cannot be reached** (``heartbeat.py``): while a collective (or a send or receive of
+  the group's own, ``p2p_wait``) runs longer than a second, the thread pings the peers it waits for;
+  one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default 30) late has lost its node or its
+  link, or is frozen. The message names it and its host.
 
 Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
 every wait costs latency on every message; the thread costs nothing per message: the collectives keep
@@ -33,10 +34,9 @@ MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a 
 The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
 the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
 
-Not covered: a point-to-point ``recv`` from a rank that left or cannot be reached (only collectives
-are tracked, and pinged: pipeline stages' sends and receives are point-to-point; use
-``MINIDIST_TIMEOUT``, or ``python -m minidist.launch``, which also watches the cluster's links and
-can end a silent job), and a rank that leaves while no other rank ever calls a collective again.
+Not covered: a point-to-point ``recv`` from a rank that *left* (only collectives are numbered; a
+waiting send or receive gets heartbeats, so a rank that cannot be reached is found; use
+``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
 """
 
 from __future__ import annotations
