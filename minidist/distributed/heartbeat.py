@@ -22,8 +22,8 @@ the abort grace (``MINIDIST_ABORT_GRACE``, 1 s).
 
 Costs: nothing while collectives finish within :data:`PING_AFTER` seconds (no message is sent); per
 tick, two ``MPI_Iprobe`` calls per group; during a long collective, one 8-byte message each way per
-peer per second. This is the heartbeat of PyTorch's elastic agent and of Horovod's elastic driver, kept
-inside the ranks because here the ranks themselves must stop waiting.
+peer per second. The idea is the keep-alive of TorchElastic's rendezvous (a node that stops renewing its
+heartbeat is declared dead), kept inside the ranks because here the ranks themselves must stop waiting.
 """
 
 from __future__ import annotations
