@@ -42,7 +42,6 @@ def test_a_rank_killed_while_writing_its_shard_is_restarted_from_the_newest_veri
     verify = run.events("verify")[0]
     assert verify["step"] == 8 and verify["skipped"] == []  # the half-written step 12 was never a candidate
     assert f"resumed from {verify['path']}" in run.out_path.read_text()
-    assert [e["step"] for e in run.events("checkpoint")][:2] == [4, 8]  # committed before the kill
     assert leftovers(run.run_id) == []
 
     step, got = final_checkpoint(ckpt)
