@@ -67,13 +67,19 @@ def setup(channel: Any) -> None:
     channel.heartbeat_sends = []  # requests of pings and pongs not yet complete
 
 
-def answer(channel: Any) -> None:
-    """Answer every ping waiting on ``channel``, and take in every pong (each tick, and at exit)."""
+def answer(channel: Any, reply: bool = True) -> None:
+    """Answer every ping waiting on ``channel``, and take in every pong (each tick, and at exit).
+
+    ``reply=False`` (after this rank sent its departure notices): receive pings without answering. The
+    pinging peer has this rank's notice by then and pings it no more; a pong sent now could arrive after
+    that peer's last look and stay unreceived at ``MPI_Finalize``.
+    """
     status = MPI.Status()
     while channel.mpi.Iprobe(source=MPI.ANY_SOURCE, tag=PING_TAG, status=status):
         peer = status.Get_source()
         channel.mpi.Recv([np.empty(1, dtype=np.int64), MPI.INT64_T], source=peer, tag=PING_TAG)
-        channel.heartbeat_sends.append(channel.mpi.Isend([_EMPTY, MPI.INT64_T], dest=peer, tag=PONG_TAG))
+        if reply:
+            channel.heartbeat_sends.append(channel.mpi.Isend([_EMPTY, MPI.INT64_T], dest=peer, tag=PONG_TAG))
     while channel.mpi.Iprobe(source=MPI.ANY_SOURCE, tag=PONG_TAG, status=status):
         peer = status.Get_source()
         channel.mpi.Recv([np.empty(1, dtype=np.int64), MPI.INT64_T], source=peer, tag=PONG_TAG)
