@@ -11,6 +11,7 @@ all-reduces made in a different order raise ``CollectiveMismatchError`` on every
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -177,6 +178,64 @@ def test_a_rank_stuck_in_a_computation_is_named_after_the_watchdog_deadline(tmp_
         "[rank 0] rank 0: #2 all_reduce(op=sum, float32) has not finished after MINIDIST_WATCHDOG=2 s; "
         "it was last waiting for rank 3."
     ) in output, output
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_is_named_with_its_host_after_the_peer_timeout(tmp_path):
+    # Rank 1 SIGSTOPs itself: no exit, no departure notice, its watchdog thread stops too, as when its
+    # node's link is cut (tests/test_failures_cluster.py cuts a real link). Its peers' heartbeats go
+    # unanswered; after MINIDIST_PEER_TIMEOUT (+ the 1 s before the first ping) they end the job.
+    result, output, seconds = run(3, "stop", tmp_path, env={"MINIDIST_PEER_TIMEOUT": "2"})
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    host = socket.gethostname()
+    for rank in (0, 2):
+        assert (
+            f"[rank {rank}] rank {rank}: rank 1 (host {host}) did not answer the watchdog's heartbeat for "
+        ) in output, output
+    assert "while this rank waits in #3 all_reduce(op=sum, float32): that rank cannot be reached" in output
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_is_named_while_another_waits_for_its_message(tmp_path):
+    # A point-to-point wait (a pipeline stage's) gets heartbeats too.
+    result, output, seconds = run(2, "stop-p2p", tmp_path, env={"MINIDIST_PEER_TIMEOUT": "2"})
+    assert result.returncode != 0, output
+    assert seconds < BOUND, f"the job took {seconds:.0f} s"
+    assert (
+        f"[rank 0] rank 0: rank 1 (host {socket.gethostname()}) did not answer the watchdog's heartbeat for "
+    ) in output, output
+    assert "while this rank waits in a send or receive with rank 1: that rank cannot be reached" in output
+
+
+@pytest.mark.mpi
+def test_a_rank_that_is_only_slow_still_answers_the_heartbeat(tmp_path):
+    # Rank 1 sleeps 5 s in a step while ranks 0 and 2 wait in the all-reduce with a 2 s peer timeout:
+    # its watchdog thread answers their pings, so the job finishes with the right sum.
+    result, output, _ = run(3, "slow", tmp_path, env={"MINIDIST_PEER_TIMEOUT": "2"})
+    assert result.returncode == 0, output
+    for rank in range(3):
+        # x starts at rank + 1; four in-place sums over 3 ranks: 6, 18, 54, 162.
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text())["x"] == [162.0] * 8
+
+
+def test_peer_timeout_setting_is_parsed_strictly():
+    from minidist.distributed import heartbeat
+
+    cases = {"": 30.0, "off": None, "0": None, "4.5": 4.5}
+    try:
+        for value, expected in cases.items():
+            heartbeat.peer_timeout.cache_clear()
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("MINIDIST_PEER_TIMEOUT", value)
+                assert heartbeat.peer_timeout() == expected, value
+        for bad in ("soon", "-1", "nan"):
+            heartbeat.peer_timeout.cache_clear()
+            with pytest.MonkeyPatch.context() as patch, pytest.raises(ValueError, match="PEER_TIMEOUT"):
+                patch.setenv("MINIDIST_PEER_TIMEOUT", bad)
+                heartbeat.peer_timeout()
+    finally:
+        heartbeat.peer_timeout.cache_clear()
 
 
 def test_watchdog_setting_is_parsed_strictly():

@@ -53,14 +53,10 @@ def run_env() -> dict[str, str]:
     ``UCX_TLS=tcp,self``: UCX (MPICH's network layer) would otherwise use shared memory between the
     nodes, which share one kernel; TCP makes the bytes cross the links. One BLAS/OpenMP thread per rank, as
     every launch in minidist. This Python's directory first on ``PATH``: ``run -- python ...`` then means
-    this environment's Python on every node. ``UCX_LOG_LEVEL=error``: at exit every rank sends departure
-    notices that, by design, nobody receives (minidist/distributed/liveness.py); over TCP, UCX prints a
-    warning for each unmatched message at ``MPI_Finalize``. Give ``env={"UCX_LOG_LEVEL": "warn"}`` to see
-    UCX's warnings.
+    this environment's Python on every node.
     """
     return {
         "UCX_TLS": "tcp,self",
-        "UCX_LOG_LEVEL": "error",
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",

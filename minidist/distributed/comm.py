@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import backend
-from minidist.distributed import liveness
+from minidist.distributed import heartbeat, liveness
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
 from minidist.distributed.traffic import message_span
@@ -128,8 +128,13 @@ class Communicator:
         self._check_peer(dst, "dst")
         check_array(a)
         check_tag(tag)
-        with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
-            self.host_send(host, dst, tag)
+        channel = self.collective_channel
+        channel.p2p_wait = (dst,)  # heartbeats for this wait (liveness.py): dst could become unreachable
+        try:
+            with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
+                self.host_send(host, dst, tag)
+        finally:
+            channel.p2p_wait = None
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
         """Receive a message from rank ``src`` into the preallocated array ``a``; return ``a``.
@@ -144,8 +149,13 @@ class Communicator:
         self._check_peer(src, "src")
         check_array(a, writable=True)
         check_tag(tag)
-        with host_view(a, copy_in=False, copy_out=True) as host:
-            self.host_recv(host, src, tag)
+        channel = self.collective_channel
+        channel.p2p_wait = (src,)
+        try:
+            with host_view(a, copy_in=False, copy_out=True) as host:
+                self.host_recv(host, src, tag)
+        finally:
+            channel.p2p_wait = None
         return a
 
     def sendrecv(
@@ -164,9 +174,17 @@ class Communicator:
         check_array(recv_a, "recv_a", writable=True)
         check_tag(sendtag)
         check_tag(recvtag)
-        with host_view(send_a, copy_in=True) as out, host_view(recv_a, copy_in=False, copy_out=True) as into:
-            with message_span(self, "sendrecv", out, dst):
-                self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+        channel = self.collective_channel
+        channel.p2p_wait = (dst, src)
+        try:
+            with (
+                host_view(send_a, copy_in=True) as out,
+                host_view(recv_a, copy_in=False, copy_out=True) as into,
+            ):
+                with message_span(self, "sendrecv", out, dst):
+                    self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+        finally:
+            channel.p2p_wait = None
         return recv_a
 
     # --- the fast path the hand-written collectives use ------------------------------------------------
@@ -311,7 +329,7 @@ def init() -> Communicator:
     (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
     uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
     watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
-    ``MINIDIST_ABORT_GRACE`` or ``MINIDIST_WATCHDOG``.
+    ``MINIDIST_ABORT_GRACE``, ``MINIDIST_WATCHDOG`` or ``MINIDIST_PEER_TIMEOUT``.
     """
     global _world, _local_rank, _node_count
     if _world is None:
@@ -319,8 +337,12 @@ def init() -> Communicator:
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         _local_rank = node.Get_rank()
         node.Free()
-        if world.Get_size() > 1:  # one leader per node: tells "auto" whether any group can span nodes
-            _node_count = world.allreduce(1 if _local_rank == 0 else 0)
+        if world.Get_size() > 1:
+            # Each rank's host, and whether it leads its node (local rank 0): the number of nodes tells
+            # "auto" whether any group can span nodes; the hosts name an unreachable rank's node.
+            ranks = world.allgather((MPI.Get_processor_name(), _local_rank == 0))
+            _node_count = sum(leader for _, leader in ranks)
+            heartbeat.hosts = tuple(host for host, _ in ranks)
         backend.use_local_rank(_local_rank)
         _world = Communicator(world, name="world")
         if world.Get_size() > 1:

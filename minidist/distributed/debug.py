@@ -303,9 +303,10 @@ def check_at_exit() -> None:
         return
     # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
     # below on the world, and without the notice both would wait forever.
-    liveness.announce_departure()
+    liveness.announce_departure(wait=False)
     try:
         with world.calls.call(EXIT, timed=False) as info:
             check_fingerprints(world, info, describe_call(EXIT))
     except DistributedError as error:
         abort_job(world.mpi, f"{type(error).__name__}: {error}\n")
+    liveness.receive_departures()  # after the exchange: ranks waiting in a collective could join it

@@ -12,7 +12,8 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
   :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
   on the group's channel (tag :data:`~minidist.distributed.tags.DEPARTURE_TAG`, payload: how many
   collectives it called on the group). A rank waiting in collective #k on a group that receives a
-  notice saying "I called k-1" knows #k can never finish. Detected within a tick.
+  notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
+  finalizes, every rank also receives its peers' notices (``departures.py``).
 * **A message of another call.** Every message of a collective carries the call's sequence number and
   identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
   queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
@@ -21,7 +22,11 @@ message prefixed ``[rank r]``, after the grace period) when it sees one of:
 * **A call that takes too long** (``MINIDIST_WATCHDOG`` seconds, default :data:`DEFAULT_DEADLINE`):
   some rank is stuck in a computation, in a collective on another group, or in a loop that will not
   end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
-  ``0``) stops the thread, and with it these three checks; tags stay on.
+  ``0``) stops the thread, and with it these four checks; tags stay on.
+* **A rank that cannot be reached** (``heartbeat.py``): while a collective (or a send or receive of
+  the group's own, ``p2p_wait``) runs longer than a second, the thread pings the peers it waits for;
+  one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default 30) late has lost its node or its
+  link, or is frozen. The message names it and its host.
 
 Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
 every wait costs latency on every message; the thread costs nothing per message: the collectives keep
@@ -29,7 +34,8 @@ MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a 
 The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
 the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
 
-Not covered: a point-to-point ``recv`` from a rank that left (only collectives are tracked; use
+Not covered: a point-to-point ``recv`` from a rank that *left* (only collectives are numbered; a
+waiting send or receive gets heartbeats, so a rank that cannot be reached is found; use
 ``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
 """
 
@@ -43,9 +49,9 @@ import time
 import weakref
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
+from minidist.distributed import departures, heartbeat
 from minidist.distributed.tags import (
     DEPARTURE_TAG,
     NAME_BITS,
@@ -64,6 +70,7 @@ STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stra
 _channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
 _thread: threading.Thread | None = None
 _stop = threading.Event()
+_departing: list[Any] = []  # channels whose peers' notices are still to receive at exit
 
 
 @functools.cache
@@ -92,7 +99,11 @@ def watch(channel: Any) -> None:
     channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
     channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
+    channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
+    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (comm.py), or None
+    channel.p2p_seen = (None, 0.0)  # (that p2p_wait, time.monotonic() when the thread first saw it)
     channel.use_tags = tags_supported()
+    heartbeat.setup(channel)
     _channels.append(weakref.ref(channel))
 
 
@@ -124,6 +135,7 @@ def leave(channel: Any, previous: tuple) -> None:
 def start() -> None:
     """Start the watchdog thread (``dist.init()``, more than one rank); idempotent, off if disabled."""
     global _thread
+    heartbeat.peer_timeout()  # a malformed MINIDIST_PEER_TIMEOUT raises now, at start-up
     if _thread is None and deadline_seconds() is not None:
         _thread = threading.Thread(target=_run, name="minidist-watchdog", daemon=True)
         _thread.start()
@@ -141,21 +153,26 @@ def _live_channels() -> list[Any]:
     return [c for c in (ref() for ref in _channels) if c is not None and c.size > 1]
 
 
-def inspect_channel(channel: Any, deadline: float | None) -> str | None:
-    """One look at ``channel``: the text of the problem found (see the module doc), or None."""
+def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = True) -> str | None:
+    """One look at ``channel``: the text of the problem found (see the module doc), or None.
+
+    ``heartbeats=False`` (the last look at exit): answer pings, but send none.
+    """
     seq, outer, tag = channel.phase  # read first: every later message is judged against it
+    if channel.use_tags:
+        heartbeat.answer(channel)
     for peer in range(channel.size):
         if peer == channel.rank:
             continue
-        note, status = np.zeros(1, dtype=np.int64), MPI.Status()
-        while channel.mpi.Iprobe(source=peer, tag=DEPARTURE_TAG):
-            channel.mpi.Recv([note, MPI.INT64_T], source=peer, tag=DEPARTURE_TAG)
-            channel.departed[peer] = int(note[0])
+        status = MPI.Status()
+        departures.receive(channel, peer)
         if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
             problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
             if problem:
                 return problem
     if outer is None:
+        if heartbeats and channel.use_tags:
+            return _p2p_heartbeat(channel, channel.p2p_wait)
         return None
     for peer, called in channel.departed.items():
         if called < seq:
@@ -165,8 +182,13 @@ def inspect_channel(channel: Any, deadline: float | None) -> str | None:
                 f"it never called. Every rank must make the same collective calls: look for a `return`, "
                 f"`break` or `sys.exit` that only some ranks take, or a loop that is shorter on rank {peer}."
             )
+    now = time.monotonic()
     if channel.seen[0] != seq:
-        channel.seen = (seq, time.monotonic())
+        channel.seen = (seq, now)
+    if heartbeats and channel.use_tags:
+        late, waited = heartbeat.overdue(channel, now - channel.seen[1], now)
+        if late:
+            return _unreachable(channel, late, waited, describe(tag, seq))
     if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
         peer = channel.peer
         last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
@@ -208,6 +230,37 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
     return None
 
 
+def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
+    """Heartbeats while no collective runs: for the peers of a waiting send/recv (a pipeline stage's), or
+    none (unanswered pings of a finished call are forgotten)."""
+    if waiting is None:
+        heartbeat.overdue(channel, None, 0.0)
+        return None
+    now = time.monotonic()
+    if channel.p2p_seen[0] is not waiting:
+        channel.p2p_seen = (waiting, now)
+    late, waited = heartbeat.overdue(channel, now - channel.p2p_seen[1], now, waiting)
+    ranks = " and ".join(f"rank {p}" for p in waiting)
+    return _unreachable(channel, late, waited, f"a send or receive with {ranks}") if late else None
+
+
+def host_of(channel: Any, peer: int) -> str:
+    """The host name of group rank ``peer`` of ``channel`` (from ``dist.init()``), or "?" before init."""
+    world_rank = channel.calls.world_ranks[peer]
+    return heartbeat.hosts[world_rank] if world_rank < len(heartbeat.hosts) else "?"
+
+
+def _unreachable(channel: Any, late: list[int], waited: float, call: str) -> str:
+    names = ", ".join(f"{_them(channel, p)} (host {host_of(channel, p)})" for p in late)
+    return (
+        f"{_me(channel)}: {names} did not answer the watchdog's heartbeat for {waited:.0f} s "
+        f"({heartbeat.PEER_TIMEOUT_ENV}={heartbeat.peer_timeout():g}) while this rank waits in {call}: "
+        f"{'these ranks' if len(late) > 1 else 'that rank'} cannot be reached (a node is down or its network "
+        "link is cut) or the process is frozen. "
+        "A job launched by `python -m minidist.launch` restarts from the newest checkpoint."
+    )
+
+
 _ADVICE = (
     "Every rank of a group must call the same collectives in the same order, with the same src/dst, op "
     "and dtype; MINIDIST_DEBUG=1 shows where each rank made its call."
@@ -229,12 +282,14 @@ def _them(channel: Any, peer: int) -> str:
 
 
 @atexit.register
-def announce_departure() -> None:
-    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left.
+def announce_departure(wait: bool = True) -> None:
+    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
+    and (``wait``) receive every peer's notice (:func:`receive_departures`).
 
     Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
     collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
-    first, before its own exchange on the world. Runs once (the second call returns at once).
+    first with ``wait=False``, then its own exchange on the world (which a rank stuck in a collective
+    must be able to join), then :func:`receive_departures`. Runs once (the second call returns at once).
     """
     global _thread
     if _thread is None or MPI.Is_finalized():
@@ -244,11 +299,21 @@ def announce_departure() -> None:
     _thread = None
     channels = _live_channels()
     for channel in channels:  # a stale message that arrived since the last tick
-        problem = inspect_channel(channel, None)
+        problem = inspect_channel(channel, None, heartbeats=False)
         if problem:
             abort_job(MPI.COMM_WORLD, problem + "\n")
-    requests = [request for channel in channels for request in _departure_notices(channel)]
+    requests = [request for channel in channels for request in departures.notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
+    _departing[:] = channels
+    if wait:
+        receive_departures()
+
+
+def receive_departures() -> None:
+    """Receive the peers' departure notices on the channels :func:`announce_departure` announced on."""
+    channels, _departing[:] = list(_departing), []
+    if channels:
+        departures.await_all(channels, deadline_seconds() or DEFAULT_DEADLINE)
 
 
 def announce_drop(channel: Any) -> None:
@@ -262,16 +327,6 @@ def announce_drop(channel: Any) -> None:
     if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
         return
     try:
-        MPI.Request.Waitall(_departure_notices(channel))
+        MPI.Request.Waitall(departures.notices(channel, dropped=True))
     except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
         pass
-
-
-def _departure_notices(channel: Any) -> list[Any]:
-    """Start sending every peer of ``channel`` how many collectives this rank called on it."""
-    note = np.array([channel.calls_started], dtype=np.int64)
-    return [
-        channel.mpi.Isend([note, MPI.INT64_T], dest=peer, tag=DEPARTURE_TAG)
-        for peer in range(channel.size)
-        if peer != channel.rank
-    ]

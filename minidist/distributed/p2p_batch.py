@@ -101,6 +101,8 @@ def wait_all(group: Communicator, requests: Sequence[P2PRequest]) -> None:
     pending = [r for r in requests if not r.done]
     if not pending:
         return
+    channel = group.collective_channel
+    channel.p2p_wait = tuple(sorted({r.peer for r in pending}))  # heartbeats for these peers (liveness.py)
     try:
         # Without a timeout this is one MPI_Waitall; with one, a test-and-sleep loop with a deadline.
         waiting_for = [r.describe() for r in pending]
@@ -108,6 +110,8 @@ def wait_all(group: Communicator, requests: Sequence[P2PRequest]) -> None:
     except MPI.Exception as error:
         _explain_truncation(group, error, [r for r in pending if r.is_recv])
         raise
+    finally:
+        channel.p2p_wait = None
     for r in pending:
         r.done = True
         if r.is_recv:  # a shorter message would leave a stale tail in the buffer

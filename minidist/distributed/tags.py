@@ -28,7 +28,7 @@ Debug mode (``MINIDIST_DEBUG=1``) compares full fingerprints, call sites include
 collectives (``algorithm="mpi"``) carry no tags of ours.
 
 MPI guarantees tags only up to 32767; MPICH allows 2^29 - 1. On an MPI whose ``MPI_TAG_UB`` is below
-:data:`DEPARTURE_TAG`, tags are not used (``tags_supported`` is False) and these checks are off.
+:data:`PONG_TAG`, tags are not used (``tags_supported`` is False) and these checks are off.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ SEQ_BITS = 12
 SEQ_WINDOW = 1 << SEQ_BITS  # sequence numbers are compared modulo this
 NAME_BITS = 7 << 13  # the collective's code in a tag; 0 = a message of no numbered collective
 DEPARTURE_TAG = 1 << 28  # above every collective tag: "this rank has left the program" (liveness.py)
+PING_TAG = DEPARTURE_TAG + 1  # "are you there?" from a waiting rank (heartbeat.py)
+PONG_TAG = DEPARTURE_TAG + 2  # "yes": the answer of a peer's watchdog thread
 
 
 def tags_supported() -> bool:
-    """True if this MPI allows tags up to :data:`DEPARTURE_TAG` (MPICH and Open MPI do)."""
+    """True if this MPI allows tags up to :data:`PONG_TAG` (MPICH and Open MPI do)."""
     upper = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-    return upper is not None and upper >= DEPARTURE_TAG
+    return upper is not None and upper >= PONG_TAG
 
 
 def name_code(name: str) -> int:

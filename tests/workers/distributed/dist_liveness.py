@@ -18,6 +18,12 @@ only where the test sets it). MODE is one of
 * ``numpy-src`` (3 ranks, a correct program): the ranks pick the broadcast's ``src`` and the reduce's
   ``dst`` with ``np.argmin`` (a NumPy integer); rank 0 passes it on as it is, the others as ``int``,
   and rank 0 reads ``op`` from a NumPy string array (its messages used to carry another tag: abort);
+* ``stop`` (3 ranks): rank 1 freezes (``SIGSTOP``, as a node whose link is cut looks to the others)
+  in the middle of a loop of ``all_reduce``;
+* ``stop-p2p`` (2 ranks): rank 1 freezes while rank 0 waits to receive a message from it
+  (``recv``, as a pipeline stage waits for the previous stage's activations);
+* ``slow`` (3 ranks, a correct program): rank 1 sleeps 5 s before its third ``all_reduce`` (a slow
+  step, not a failure: its watchdog thread still answers the others' heartbeats);
 * ``order`` (2 ranks): the ranks all-reduce two metrics of the same shape in a different order, from
   different lines (wrong numbers, exit 0, even in debug mode, before call sites were compared).
 
@@ -28,6 +34,8 @@ writes it with the error, then re-raises it (the abort hook ends the job).
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import sys
 import time
 
@@ -53,6 +61,20 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
         for step in range(4):
             if rank == 1 and step == 2:
                 sys.exit(0)
+            dist.all_reduce(x)
+    elif mode == "stop":
+        for step in range(4):
+            if rank == 1 and step == 2:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            dist.all_reduce(x)
+    elif mode == "stop-p2p":
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        world.recv(x, src=1, tag=7)
+    elif mode == "slow":
+        for step in range(4):
+            if rank == 1 and step == 2:
+                time.sleep(5)
             dist.all_reduce(x)
     elif mode == "return-subgroup":
         dp = world.split(rank % 2)  # {0, 2} and {1, 3}
