@@ -73,6 +73,7 @@ from minidist.models import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.optim.lr_scheduler import cosine_with_warmup
 from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_
+from minidist.parallel.comm_hooks import register_by_name
 
 
 def positive(text: str) -> int:
@@ -115,6 +116,9 @@ parser.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 (0.99
 parser.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
 parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
 parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
+HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidist.parallel.comm_hooks)
+parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
+parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
 parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
 parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
@@ -127,6 +131,9 @@ add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microb
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags (``sys.argv`` by default); a bad value or combination exits with argparse's code 2."""
     args = parser.parse_args(argv)
+    args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
+    if args.comm_hook != "none" and (args.zero or args.pp > 1):  # (no DDP: nothing to hook into)
+        parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --zero and --pp > 1 average without DDP")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
@@ -236,6 +243,8 @@ def main() -> None:
     else:
         model = DistributedDataParallel(gpt)  # averages the gradients over the ranks during backward
         optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    if isinstance(model, DistributedDataParallel):  # --comm-hook: compress what DDP sends (PowerSGD's
+        register_by_name(model, args.comm_hook, powersgd_rank=args.powersgd_rank)  # state is not saved)
     # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
     # A run shorter than the warmup (a quick look) warms up over its first half instead.
     warmup = max(1, min(args.warmup_iters, args.max_iters // 2))
@@ -352,6 +361,10 @@ def main() -> None:
         estimate = evaluate(batches, val_batches)
     if mesh_run:  # the pieces put back together into one GPT on rank 0 (collective), for the sample
         gpt = mesh_run.gathered()
+    if rank == 0 and args.report_bytes and isinstance(model, DistributedDataParallel):
+        sent = model.comm_stats.per_step()
+        print(f"--comm-hook {args.comm_hook}: {sent['bytes_sent'] / 1024:.1f} KiB sent per step by rank 0, "
+              f"{sent['compression_ratio']:.1f}x less payload than a plain all-reduce")  # fmt: skip
     if rank == 0:
         print(f"val loss: {estimate['val']:.4f}")
         # (1, 1): start from a newline, or from the text's first character if it has none

@@ -50,6 +50,7 @@ from minidist import backend, checkpoint, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
+from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> float:
         model = DistributedDataParallel(
             mlp, group=mesh.dp_group, bucket_cap_mb=args.bucket_cap_mb, overlap=not args.no_overlap
         )
+        # --comm-hook: how each bucket is averaged (fp16/bf16 casts, PowerSGD's low-rank factors)
+        register_by_name(model, args.comm_hook, powersgd_rank=args.powersgd_rank)
         optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     # For evaluation. A pipeline's predict runs forward only, down the stages; every stage gets the logits.
     predict = model.predict if mesh.pp > 1 else functools.partial(predict_dense, model)
@@ -201,6 +204,13 @@ def main(argv: list[str] | None = None) -> float:
         accuracy = evaluate(predict, x_test, y_test, mesh)
     if args.trace:
         save_trace(args.trace, world, overlap=mesh.pp == 1)
+    if args.report_bytes and isinstance(model, DistributedDataParallel) and rank == 0:  # (others: alike)
+        per_step = model.comm_stats.per_step()
+        print(
+            f"gradient all-reduce with --comm-hook {args.comm_hook}: {per_step['bytes_sent'] / 1024:.1f} KiB "
+            f"sent per step by rank 0, payload {per_step['payload_bytes'] / 1024:.1f} KiB instead of "
+            f"{per_step['uncompressed_bytes'] / 1024:.1f} KiB ({per_step['compression_ratio']:.1f}x smaller)"
+        )
     if rank == 0:  # after --max-steps the model is not the final one: say what was measured
         done = "final test accuracy" if step >= total else f"test accuracy after {step} steps"
         print(f"{done}: {accuracy:.4f}")

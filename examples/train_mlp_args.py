@@ -72,6 +72,16 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="all-reduce after backward, not during it")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per global batch (no_sync)")
+    p.add_argument(
+        "--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default=None,
+        help="DDP communication hook: average the gradients in float16/bfloat16 (half the bytes) or as "
+        "rank-R PowerSGD factors (minidist.parallel.comm_hooks); changes the result (benchmarks/README.md). "
+        "Given (none too): print the bytes sent per step (default: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--powersgd-rank", type=int, default=None, metavar="R",
+        help="with --comm-hook powersgd: rank of the approximation (default: 1)",
+    )  # fmt: skip
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Perfetto/Chrome timeline")
     p.add_argument(
         "--zero", type=int, choices=[0, 1, 2], default=0,
@@ -94,6 +104,14 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")
     if args.bucket_cap_mb <= 0:
         p.error("--bucket-cap-mb must be > 0")
+    args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
+    if args.powersgd_rank is not None and args.comm_hook != "powersgd":
+        p.error("--powersgd-rank only means something with --comm-hook powersgd: add that, or drop it")
+    args.powersgd_rank = 1 if args.powersgd_rank is None else args.powersgd_rank
+    if args.powersgd_rank < 1:
+        p.error("--powersgd-rank must be >= 1")
+    if args.zero and args.comm_hook != "none":
+        p.error(f"--comm-hook {args.comm_hook} is a DDP hook, and --zero replaces DDP; drop one of them")
     if args.data_dir is not None and args.dataset != "mnist":
         p.error("--data-dir is only read with --dataset mnist (the digits are bundled); add --dataset mnist")
     pipeline_flags = {"--microbatches": args.microbatches, "--schedule": args.schedule,
@@ -151,6 +169,7 @@ def check_pipeline_args(args: argparse.Namespace, dp: int) -> None:
             ("grad-accum", args.grad_accum, 1),  # a pipeline already accumulates over its microbatches
             ("no-overlap", args.no_overlap, False),  # DDP options: a pipeline does not use DDP
             ("bucket-cap-mb", args.bucket_cap_mb, 25),
+            ("comm-hook", args.comm_hook, "none"),
             # the stages run their layers themselves, so MLP's block-by-block recomputation never runs
             ("recompute", args.recompute, False),
         ]

@@ -13,12 +13,17 @@ op          combines two arrays with     MPI operator  dtypes
 ``"min"``   ``numpy.minimum``            ``MPI.MIN``   ints, unsigned ints, floats
 ==========  ===========================  ============  ======================================
 
+"floats" includes ``float16`` and ``bfloat16``. NumPy has no bfloat16 of its own; the dtype comes from
+``ml_dtypes`` (``ml_dtypes.bfloat16``, 8 exponent bits and 7 mantissa bits: float32's range with 3 decimal
+digits), whose NumPy ufuncs add, compare and divide it, so the hand-written algorithms reduce it like any
+float. MPI has no bfloat16 datatype: ``algorithm="mpi"`` raises ``TypeError`` for it (``mpi_builtin.py``).
 ``"avg"`` is not an MPI operator: it is a sum followed by one division by the group size ``n``, done by
 :func:`finish` once, on the final result, rather than at every step.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -28,6 +33,8 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 
 _COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
 _MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+# Floats that NumPy knows only through ml_dtypes: their dtype.kind is "V" (void), not "f".
+_EXTRA_FLOATS = (np.dtype(ml_dtypes.bfloat16),)
 # (op, dtype) pairs that passed check_op. It runs before every reduction, and a training loop passes
 # the same pair every step: a set look-up (~0.1 us) instead of the checks (~0.6 us). Only pairs that
 # passed are added, so a wrong pair is checked, and rejected, on every call.
@@ -47,12 +54,13 @@ def check_op(op: str, dtype: np.dtype) -> None:
         pass
     check_choice(op, REDUCE_OPS, "reduction op")
     given, dtype = dtype, np.dtype(dtype)
-    if dtype.kind not in "iuf":
+    is_float = dtype.kind == "f" or dtype in _EXTRA_FLOATS
+    if dtype.kind not in "iu" and not is_float:
         raise TypeError(
             f"cannot reduce arrays of dtype {dtype}; reductions support integer and float dtypes "
-            "(e.g. int32, int64, float16, float32, float64)"
+            "(e.g. int32, int64, float16, bfloat16, float32, float64)"
         )
-    if op == "avg" and dtype.kind != "f":
+    if op == "avg" and not is_float:
         raise TypeError(
             f"op='avg' needs a float dtype, got {dtype}: an integer mean would be silently truncated; "
             "convert to float (a.astype(np.float64)) or use op='sum' and divide yourself"

@@ -59,6 +59,10 @@ remaining buckets anyway at the end of backward (its own gradient, or zeros if i
 collectives complete first. A rank with no batches left calls :meth:`join`, which takes part in the
 same bucket all-reduces with zeros and a "not training" flag: if another rank was still training, both
 sides learn it from the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
+
+**Communication hooks** (``comm_hooks/``, PyTorch's ``register_comm_hook``). A registered hook replaces
+the bucket's all-reduce, wherever it runs (the thread or the lean path), and may compress: float16,
+bfloat16, PowerSGD. ``ddp.comm_stats`` counts the bytes every bucket sent, with or without a hook.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ from minidist import autograd, backend, trace
 from minidist.nn.module import Module, Parameter
 from minidist.parallel import ddp_checks as checks
 from minidist.parallel.buckets import Bucket, flatten, plan_buckets, unflatten_into
+from minidist.parallel.comm_hooks.bucket import CommStats
+from minidist.parallel.comm_hooks.registration import CommHook, register
 from minidist.parallel.comm_thread import CommThread, Job
 
 
@@ -183,6 +189,9 @@ class DistributedDataParallel(Module):
         if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
             weakref.finalize(self, self._thread.close, False)
 
+        self._comm_hook: CommHook | None = None
+        self._backward_ran = False  # register_comm_hook is refused after the first backward
+        self.comm_stats = CommStats()  # bytes sent per bucket (comm_hooks/bucket.py)
         self._sync_enabled = True
         self._reset_pass()
         for p in params:
@@ -207,6 +216,26 @@ class DistributedDataParallel(Module):
         finally:
             self._sync_enabled = previous
 
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Average each bucket with ``hook(state, bucket)`` instead of a plain all-reduce (PyTorch's name).
+
+        ``hook`` gets ``state`` and a :class:`~minidist.parallel.comm_hooks.GradBucket` (the bucket's
+        flat local gradient, its parameters, ``bucket.group`` to communicate on) and returns the averaged
+        flat gradient, an array of the bucket's shape and dtype. Ours are *synchronous*: a hook returns
+        the array, not a Future (PyTorch's return a ``torch.futures.Future``). Built-in hooks in
+        ``minidist.parallel.comm_hooks``: ``allreduce_hook``, ``fp16_compress_hook``,
+        ``bf16_compress_hook`` (state: None) and ``powerSGD_hook`` (state: a ``PowerSGDState``). On a
+        group of one rank DDP communicates nothing, so the hook never runs.
+
+        Collective over the group: call it on every rank, once, before the first backward pass.
+        Raises on every rank: ``RuntimeError`` (a hook is registered already, or a backward pass ran),
+        ``TypeError`` (``hook`` not callable), ``ValueError`` (the ranks' hooks or PowerSGD arguments
+        differ, or ``state``'s process group is not DDP's group) (``comm_hooks/registration.py``).
+        """
+        self._comm_hook = register(
+            self.group, state, hook, registered=self._comm_hook is not None, backward_ran=self._backward_ran
+        )
+
     def join(self) -> None:
         """Declare that this rank has no batches left; call it on every rank after its last batch.
 
@@ -224,7 +253,10 @@ class DistributedDataParallel(Module):
             checks.write_flags(last.extra, None, training=False)  # no gradients, not training
             for bucket in self._order:  # the order of the training ranks' all-reduces
                 bucket.pack_zeros()
-                dist.all_reduce(bucket.flat, op="avg", group=self._comm)
+                if self._comm_hook is not None:  # the same collectives as the training ranks' hook
+                    self._comm_hook.run(bucket, self._comm, bucket is self._order[-1], CommStats())
+                else:
+                    dist.all_reduce(bucket.flat, op="avg", group=self._comm)
         _, training = checks.read_counts(last.extra, self._comm.size)
         if training > 0:
             raise checks.uneven_batches_error(training, self._comm.size)
@@ -244,7 +276,7 @@ class DistributedDataParallel(Module):
         if self._pass_active and self._pass_number != autograd.backward_pass_count():
             self._abandon_failed_pass()  # an earlier backward raised: its end-of-pass callback never ran
         if not self._pass_active:  # the first gradient of this backward pass
-            self._pass_active = True
+            self._pass_active = self._backward_ran = True
             self._pass_number = autograd.backward_pass_count()
             autograd.queue_callback(self._finish_pass)
         # BEGIN SOLUTION A3.3: mark the gradient ready; start every full bucket, strictly in index order
@@ -278,7 +310,7 @@ class DistributedDataParallel(Module):
             # Final now: if this runs during backward, every gradient is ready (all earlier buckets
             # started and this one is full), so the flags cannot change any more.
             checks.write_flags(bucket.extra, self._ready, training=True)
-        job = Job(functools.partial(self._all_reduce_bucket, bucket))
+        job = Job(functools.partial(self._communicate, bucket))
         self._jobs.append(job)
         if bucket.index in self._threaded:
             self._queued.append(job)
@@ -288,6 +320,20 @@ class DistributedDataParallel(Module):
                 self._thread.submit(job)
         else:  # the lean path: _finish_pass runs it
             self._here.append(job)
+
+    def _communicate(self, bucket: Bucket) -> None:
+        """Average one bucket (on either thread): plainly or with the hook, counting the bytes sent."""
+        channel, is_last = self._comm.collective_channel, bucket is self._order[-1]
+        sent = channel.bytes_sent  # (the thread and the lean path never run at the same time)
+        if self._comm_hook is None:
+            self._all_reduce_bucket(bucket)
+        else:
+            with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
+                bucket.pack()
+                self._comm_hook.run(bucket, self._comm, is_last, self.comm_stats)
+                bucket.unpack()
+        gradient_bytes = bucket.numel * bucket.flat.itemsize
+        self.comm_stats.record(gradient_bytes, channel.bytes_sent - sent, is_last, self._comm_hook is None)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
         """Rule 2 for one bucket: average its gradients over the group, in place (on either thread)."""

@@ -31,6 +31,7 @@ from minidist.notebook.checks.lesson11_transformer_parallelism import (
     tp_bytes_per_layer,
     vocab_parallel_loss,
 )
+from minidist.notebook.checks.lesson12_network_bottleneck import inter_node_bytes, powersgd_values
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "count_parameters",
     "dp_speedup",
     "f_and_g",
+    "inter_node_bytes",
     "files_before_latest",
     "layer_norm_backward",
     "mesh_rank",
@@ -47,6 +49,7 @@ __all__ = [
     "numerical_grad",
     "online_attention",
     "peak_activations_1f1b",
+    "powersgd_values",
     "reduce_scatter_send_chunk",
     "reset_hints",
     "ring_neighbors",

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from minidist import perfmodel_network
+
 
 def _numerical_grad(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     # Central differences, one coordinate at a time; x is restored after each, as the exercise asks.
@@ -41,6 +43,8 @@ def _numeric_tanh_backward(out: float, out_grad: float) -> float:
 _STAND_INS: dict[str, Callable[..., Any]] = {
     "numerical_grad": _numerical_grad,  # lesson 01, section 4
     "tanh_backward": _numeric_tanh_backward,  # lesson 01, section 3
+    "inter_node_bytes": perfmodel_network.inter_node_bytes,  # lesson 12, section 5
+    "powersgd_values": perfmodel_network.powersgd_values,  # lesson 12, section 6
 }
 
 
@@ -49,7 +53,10 @@ def stand_in(name: str) -> Callable[..., Any]:
 
     ``"numerical_grad"``: ``(f, x, eps=1e-6) -> ndarray`` of ``x``'s shape (central differences; ``x``
     is left as it was). ``"tanh_backward"``: ``(out, out_grad) -> float``, the slope of tanh measured
-    numerically (accurate to about 1e-10), times ``out_grad``.
+    numerically (accurate to about 1e-10), times ``out_grad``. ``"inter_node_bytes"``: ``(nbytes, nodes,
+    ranks_per_node, algorithm) -> float`` bytes one node sends to the others in one all-reduce.
+    ``"powersgd_values"``: ``(shapes, rank, min_compression_rate) -> int`` values PowerSGD all-reduces
+    per step.
 
     Raises ``ValueError`` for a name that has no stand-in, listing those that do.
     """
