@@ -69,6 +69,7 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import checkpoint, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
+from minidist.launch.env import resume_requested
 from minidist.models import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.optim.lr_scheduler import cosine_with_warmup
@@ -122,7 +123,11 @@ parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --co
 parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
 parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
-parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint there")
+parser.add_argument(
+    "--resume",
+    action="store_true",
+    help="continue from the newest checkpoint there (implied after a launcher restart)",
+)
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
 add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
@@ -139,6 +144,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # (else the first save, after --eval-interval steps of training, would be the first to notice)
         parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
+    # Restarted by `python -m minidist.launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume was given.
+    args.resume = resume_requested(args.resume, args.checkpoint_dir)
     return args
 
 
@@ -264,8 +271,8 @@ def main() -> None:
     step, losses = 0, []
     if args.resume:
         info = checkpoint.load_latest(
-            args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, missing_ok=True
-        )  # (saved on another layout: resharded, by GPT's parameter names)
+            args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, fallback=True, missing_ok=True
+        )  # (saved on another layout: resharded, by GPT's parameter names; a damaged one is skipped)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
             # The rate is a function of the step and of THIS run's flags: step the schedule to where the run

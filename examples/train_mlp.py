@@ -22,6 +22,10 @@ a job with a time limit would (a killed job resumes from its last periodic check
 
     mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --checkpoint-every 50 --max-steps 120
     mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --resume --tp 2  # steps 121-330
+
+Under ``python -m minidist.launch -n 4 --max-restarts 3 -- python examples/train_mlp.py --checkpoint-dir
+ckpt --checkpoint-every 40`` a failed rank or node restarts the job, which then resumes by itself (a
+restart counts as ``--resume``: train_mlp_args.py).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 import minidist.distributed as dist
 from minidist.data import load_dataset
+from minidist.launch.env import resume_requested
 from minidist.parallel import ProcessMesh
 
 
@@ -94,7 +95,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         "--checkpoint-every", type=int, default=0, metavar="N", help="save every N steps (0: at the end)"
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --checkpoint-dir (implied after a restart by "
+        "python -m minidist.launch)",
     )
     p.add_argument(
         "--max-steps", type=int, default=None, help="stop after this many steps in all (resume later)"
@@ -128,6 +132,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error("--checkpoint-every must be >= 0 and --max-steps >= 1")
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         p.error("--resume and --checkpoint-every need --checkpoint-dir DIR")
+    # Restarted by `python -m minidist.launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume had
+    # been given, so the script needs no change to survive a failure. A first run never resumes by itself.
+    args.resume = resume_requested(args.resume, args.checkpoint_dir)
     return args
 
 

@@ -172,20 +172,36 @@ class Cluster:
         return self._state["bandwidth_bps"]
 
     @property
+    def bridge_ip(self) -> str:
+        """The bridge's address: mpiexec's side of every node's link."""
+        return self._state["bridge_ip"]
+
+    @property
+    def links(self) -> dict[str, str]:
+        """``{node: name of the host side of its veth link}`` (``/sys/class/net/<name>`` on the host)."""
+        return dict(zip(self._state["nodes"], self._state["veths"]))
+
+    @property
     def launcher(self) -> Path:
         """The launcher script mpiexec calls (launch.py), beside the state file."""
         return Path(self._state.get("launcher") or state.STATE_DIR / f"{self.name}.launch")
 
     # ---- using it ---------------------------------------------------------------------------------
-    def mpiexec_command(self, n: int | None = None) -> list[str]:
+    def mpiexec_command(self, n: int | None = None, nodes: list[str] | None = None) -> list[str]:
         """The ``mpiexec ... -n n`` prefix of a command run on the cluster (``n`` defaults to world_size);
-        ranks fill the nodes in blocks of ``ranks_per_node``."""
-        n = self.world_size if n is None else n
+        ranks fill the nodes in blocks of ``ranks_per_node``. ``nodes``: only these of the cluster's
+        nodes, in this order (``minidist.launch`` leaves out a dead one); ``n`` then defaults to
+        ``len(nodes) * ranks_per_node``."""
+        nodes = self.nodes if nodes is None else list(nodes)
+        unknown = sorted(set(nodes) - set(self.nodes))
+        if unknown or not nodes:
+            raise ClusterError(
+                f"nodes {unknown or nodes} are not nodes of cluster {self.name!r}: {self.nodes}"
+            )
+        n = len(nodes) * self.ranks_per_node if n is None else n
         if n < 1:
             raise ClusterError(f"n must be at least 1, got {n}")
-        return launch.mpiexec_command(
-            self.launcher, self.nodes, self.ranks_per_node, self._state["bridge_ip"], n
-        )
+        return launch.mpiexec_command(self.launcher, nodes, self.ranks_per_node, self._state["bridge_ip"], n)
 
     def env(self) -> dict[str, str]:
         """Environment additions for a run (see ``launch.run_env``: UCX_TLS=tcp,self, one thread, PATH)."""

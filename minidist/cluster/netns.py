@@ -39,7 +39,13 @@ def command(argv: list[str], netns: str | None = None, missing_ok: bool = False)
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         message = proc.stderr.strip()
-        gone = ("Cannot find device", "No such file", "does not exist", "Cannot open network namespace")
+        gone = (
+            "Cannot find device",
+            "No such device",
+            "No such file",
+            "does not exist",
+            "Cannot open network namespace",
+        )
         if missing_ok and any(text in message for text in gone):
             return ""
         raise ClusterError(f"`{' '.join(argv)}` failed: {message}")
