@@ -14,6 +14,7 @@ layout trains the same model as one process, from the same seed.
     mpirun -n 4 python examples/train_mlp.py --tp 2              # 2 replicas x 2 tensor-parallel shards
     mpirun -n 8 python examples/train_mlp.py --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b  # 3D
     mpirun -n 4 python examples/train_mlp.py --recompute         # recompute activations in backward
+    MINIDIST_SLOW_RANK=2:0.05 mpirun -n 4 python examples/train_mlp.py --straggler-report  # find rank 2
 
 Checkpoints: ``--checkpoint-dir`` saves every ``--checkpoint-every`` steps and when the run ends;
 ``--resume`` continues from the newest checkpoint there (skipping a damaged one), at the same epoch
@@ -35,6 +36,7 @@ import contextlib
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +59,7 @@ from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundan
 from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
+from minidist.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
 
 def predict_dense(model: nn.Module, x: np.ndarray) -> np.ndarray:
@@ -144,9 +147,12 @@ def main(argv: list[str] | None = None) -> float:
         optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     # For evaluation. A pipeline's predict runs forward only, down the stages; every stage gets the logits.
     predict = model.predict if mesh.pp > 1 else functools.partial(predict_dense, model)
-    if args.trace:
+    if args.trace or args.straggler_report:
         world.barrier()  # every rank's timeline starts at (nearly) the same instant
-        trace.enable()
+        trace.enable(collectives=args.straggler_report)  # a span per collective: waits vs transfers
+    # --straggler-report: StragglerWarning during training, a table at the end. Off: no monitor, no cost.
+    monitor = StragglerMonitor(every=args.straggler_every) if args.straggler_report else None
+    delay = injected_delay(world.rank)  # MINIDIST_SLOW_RANK=RANK:SECONDS makes that rank slow (teaching aid)
 
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
     # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
@@ -172,10 +178,14 @@ def main(argv: list[str] | None = None) -> float:
         # so a checkpoint saved inside the loop records exactly the batches done.
         sampler.set_epoch(epoch)
         for xb, yb in loader:
-            optimizer.zero_grad()
-            loss_sum += train_step(model, xb, yb, args, mesh)  # [sum of per-sample losses, samples]
-            with trace.span("optimizer step", "optimizer"):
-                optimizer.step()
+            with monitor.step() if monitor else contextlib.nullcontext():  # a trace.STEP span
+                if delay:
+                    with trace.span("MINIDIST_SLOW_RANK sleep", "injected"):
+                        time.sleep(delay)
+                optimizer.zero_grad()
+                loss_sum += train_step(model, xb, yb, args, mesh)  # [sum of per-sample losses, samples]
+                with trace.span("optimizer step", "optimizer"):
+                    optimizer.step()
             step += 1
             bar.update()
             if args.checkpoint_every and step % args.checkpoint_every == 0:
@@ -206,8 +216,8 @@ def main(argv: list[str] | None = None) -> float:
         print(f"stopped at step {step} of {total} (--max-steps); {then}")
     if evaluated_at != step:  # stopped inside an epoch, or resumed a finished run
         accuracy = evaluate(predict, x_test, y_test, mesh)
-    if args.trace:
-        save_trace(args.trace, world, overlap=mesh.pp == 1)
+    if args.trace or args.straggler_report:
+        save_trace(args, world, overlap=mesh.pp == 1)
     if args.report_bytes and isinstance(model, DistributedDataParallel) and rank == 0:  # (others: alike)
         per_step = model.comm_stats.per_step()
         print(
@@ -295,21 +305,30 @@ def save_checkpoint(
     return step
 
 
-def save_trace(path: str, world: dist.Communicator, overlap: bool = True) -> None:
-    """Gather every rank's spans on rank 0, write one Chrome-trace JSON and print the overlap fraction
-    (DDP's all-reduce hidden behind backward; a pipeline has no such overlap: its waits are the bubble)."""
+def save_trace(args: argparse.Namespace, world: dist.Communicator, overlap: bool = True) -> None:
+    """Gather every rank's spans on rank 0 and put them on rank 0's clock (Cristian's algorithm, a few
+    ping-pongs); print the straggler report (--straggler-report); write one Chrome-trace JSON, one track
+    per rank (--trace), and print the overlap fraction (DDP's all-reduce hidden behind backward; a pipeline
+    has no such overlap: its waits are the bubble). Collective."""
     trace.disable()
+    offsets = clock_offsets(world)
     everyone = world.mpi.gather(trace.events(), root=0)  # a pickled Python list per rank
-    if world.rank == 0:
-        trace.save_chrome_trace(path, everyone)
-        if not overlap:
-            print(f"trace written to {path}")
-            return
-        hidden = [trace.overlap_fraction(events) for events in everyone]
-        print(
-            f"trace written to {path}; communication hidden behind backward: "
-            f"{np.mean(hidden):.1%} (mean over ranks, min {min(hidden):.1%})"
-        )
+    if world.rank != 0:
+        return
+    if args.straggler_report:
+        print(straggler_report(everyone, offsets))
+    if not args.trace:
+        return
+    everyone = align(everyone, offsets)
+    trace.save_chrome_trace(args.trace, everyone)
+    if not overlap:
+        print(f"trace written to {args.trace}")
+        return
+    hidden = [trace.overlap_fraction(events) for events in everyone]
+    print(
+        f"trace written to {args.trace}; communication hidden behind backward: "
+        f"{np.mean(hidden):.1%} (mean over ranks, min {min(hidden):.1%})"
+    )
 
 
 if __name__ == "__main__":

@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     )  # fmt: skip
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Perfetto/Chrome timeline")
     p.add_argument(
+        "--straggler-report", action="store_true",
+        help="watch for a slow rank (a StragglerWarning during training), print a per-rank report at the end",
+    )  # fmt: skip
+    p.add_argument("--straggler-every", type=int, default=10, help="steps per straggler-monitor window")
+    p.add_argument(
         "--zero", type=int, choices=[0, 1, 2], default=0,
         help="ZeRO stage: 1 shards optimizer state, 2 also gradients (replaces DDP's gradient averaging)",
     )  # fmt: skip

@@ -53,32 +53,36 @@ WAIT = "wait"  # time a thread spent blocked waiting for communication (inside a
 LAUNCH = "launch"  # the moment a collective was handed to a communication thread (a very short span)
 COLLECTIVE = "collective"  # one call of a collective, with its bytes (only with enable(messages=True))
 MESSAGE = "message"  # one point-to-point send, with its bytes (only with enable(messages=True))
+STEP = "step"  # one training step, as minidist.straggler.StragglerMonitor.step() delimits it
 
 Event = dict[str, Any]  # {"name", "cat", "start", "end" (seconds since enable), "tid", "thread"[, "args"]}
 
 _enabled = False
 _messages = False  # also record collectives and point-to-point sends (enable(messages=True))
+_collectives = False  # also record collectives (enable(collectives=True), or messages=True)
 _t0 = 0.0
 _events: list[Event] = []
 
 
-def enable(messages: bool = False) -> None:
+def enable(messages: bool = False, collectives: bool = False) -> None:
     """Start recording; clear earlier spans and set this rank's time zero to now.
 
     Call it on every rank right after a barrier, so the ranks' time zeros coincide. ``messages=True``
     also records every collective call and point-to-point send with its group and bytes (module
-    docstring, "Bytes").
+    docstring, "Bytes"); ``collectives=True`` records the collective calls only (one span per call, no
+    span per message: what ``minidist.straggler`` needs to tell waiting for peers from transferring).
     """
-    global _enabled, _messages, _t0
+    global _enabled, _messages, _collectives, _t0
     _events.clear()
     _t0 = time.perf_counter()
     _enabled, _messages = True, bool(messages)
+    _collectives = bool(messages or collectives)
 
 
 def disable() -> None:
     """Stop recording (spans already recorded are kept until the next :func:`enable`)."""
-    global _enabled, _messages
-    _enabled = _messages = False
+    global _enabled, _messages, _collectives
+    _enabled = _messages = _collectives = False
 
 
 def is_enabled() -> bool:
@@ -90,6 +94,33 @@ def messages_enabled() -> bool:
     """True between :func:`enable` ``(messages=True)`` and :func:`disable`: collectives and sends then
     record spans with their bytes (``minidist.distributed`` asks before each one)."""
     return _messages
+
+
+def collectives_enabled() -> bool:
+    """True while collective calls record :data:`COLLECTIVE` spans: after :func:`enable` with
+    ``collectives=True`` or ``messages=True``, until :func:`disable`."""
+    return _collectives
+
+
+def now() -> float:
+    """This rank's trace clock: seconds since :func:`enable` (``time.perf_counter`` based)."""
+    return time.perf_counter() - _t0
+
+
+def record(name: str, category: str, start: float, end: float, args: dict[str, Any] | None = None) -> None:
+    """Add one span on the calling thread from ``start`` to ``end`` (seconds on the :func:`now` clock).
+
+    For intervals that are not one ``with`` block (a training step measured by its caller); does
+    nothing while tracing is off.
+    """
+    if not _enabled:
+        return
+    thread = threading.current_thread()
+    event = {"name": name, "cat": category, "start": start, "end": end, "tid": thread.ident,
+             "thread": thread.name}  # fmt: skip
+    if args is not None:
+        event["args"] = dict(args)
+    _events.append(event)
 
 
 # What span() returns while tracing is off: one shared do-nothing (also for callers that decide themselves
@@ -132,9 +163,18 @@ def _recorded(name: str, category: str, args: dict[str, Any] | None) -> Iterator
         _events.append(event)
 
 
-def events() -> list[Event]:
-    """A copy of this rank's recorded spans, in the order they ended (times in seconds since enable)."""
-    return [dict(e, args=dict(e["args"])) if "args" in e else dict(e) for e in _events]
+def events(since: int = 0) -> list[Event]:
+    """A copy of this rank's recorded spans, in the order they ended (times in seconds since enable).
+
+    ``since``: skip the first ``since`` spans (a reader that polls, such as the straggler monitor,
+    copies only what is new; :func:`event_count` says where to continue).
+    """
+    return [dict(e, args=dict(e["args"])) if "args" in e else dict(e) for e in _events[since:]]
+
+
+def event_count() -> int:
+    """How many spans have been recorded since :func:`enable`."""
+    return len(_events)
 
 
 # --- Chrome / Perfetto JSON --------------------------------------------------------------------------

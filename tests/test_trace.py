@@ -212,5 +212,11 @@ def test_collectives_record_their_bytes_only_when_messages_are_traced():
     trace.disable()
     assert not trace.messages_enabled()
     spans = [(e["name"], e["args"]) for e in trace.events() if e["cat"] == trace.COLLECTIVE]
-    common = {"group": "world", "ranks": world.size, "dtype": "float32", "bytes": 0, "algorithm": None}
+    common = {"group": "world", "ranks": world.size, "first": 0, "dtype": "float32", "bytes": 0,
+              "algorithm": None}  # fmt: skip
     assert spans == [("all_reduce", {**common, "payload": 40}), ("all_gather", {**common, "payload": 12})]
+    # collectives=True (minidist.straggler's setting): the same collective spans, no per-message ones
+    trace.enable(collectives=True)
+    dist.all_reduce(a)
+    trace.disable()
+    assert [(e["cat"], e["name"]) for e in trace.events()] == [(trace.COLLECTIVE, "all_reduce")]

@@ -136,7 +136,7 @@ def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
             link = group.collective_channel
             previous = liveness.enter(link, ident)
             try:
-                if trace.messages_enabled():  # a span with the bytes sent (trace.enable(messages=True))
+                if trace.collectives_enabled():  # a span with its bytes (trace.enable(collectives=True))
                     with collective_span(name, group, array):
                         return run(group, args, kwargs)
                 if not checks_enabled():  # the common case, without run's extra call

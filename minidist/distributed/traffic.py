@@ -9,12 +9,13 @@ is what the algorithm ``"auto"`` chose really sent (a ring all-reduce of N bytes
 ``2 (n-1)/n N``, recursive doubling ``log2(n) N``), not the size of the array.
 
 Under ``trace.enable(messages=True)`` the calls also become trace spans (off otherwise: a span costs
-microseconds; checking costs one flag read):
+microseconds; checking costs one flag read); ``trace.enable(collectives=True)`` records the first kind only:
 
 * :func:`collective_span`: one ``trace.COLLECTIVE`` span per public collective (``debug.collective_call``
   opens it), named after the collective, with ``args`` ``group`` (the group's ``name``), ``ranks``,
-  ``payload`` (the array's bytes; ``all_gather``: this rank's chunk), ``dtype``, ``algorithm`` and
-  ``bytes``;
+  ``first`` (the world rank of the group's rank 0: with ``group`` and ``ranks`` it tells groups of the same
+  name apart, so ``minidist.straggler`` can match the same call across ranks), ``payload`` (the array's
+  bytes; ``all_gather``: this rank's chunk), ``dtype``, ``algorithm`` and ``bytes``;
 * :func:`message_span`: one ``trace.MESSAGE`` span per point-to-point send (``send``, ``sendrecv``,
   ``isend``) with ``group``, ``bytes``, ``dtype`` and ``peer``.
 
@@ -34,7 +35,7 @@ from minidist import trace
 def collective_span(name: str, group: Any, array: Any) -> Iterator[None]:
     """A ``trace.COLLECTIVE`` span around one call of collective ``name`` on ``group`` (module docstring)."""
     link = group.collective_channel
-    details: dict[str, Any] = {"group": group.name, "ranks": group.size,
+    details: dict[str, Any] = {"group": group.name, "ranks": group.size, "first": link.calls.world_ranks[0],
                                "payload": getattr(array, "nbytes", 0),
                                "dtype": str(getattr(array, "dtype", ""))}  # fmt: skip
     before, link.algorithm = link.bytes_sent, None  # collectives._resolve notes the algorithm it runs
