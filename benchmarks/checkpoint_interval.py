@@ -44,7 +44,7 @@ def row(setting: tuple, runs: int, seed: int) -> str:
     fastest = sweep[int(np.argmin(means))]
     return (
         f"| {name} | {fd(mtbf)} | {save} / {restart} | {fd(young)} | {fd(daly)} | {fd(best)} | "
-        f"{fd(expected)} ({w / expected:.1%}) | {fd(at_daly.mean_s)} +- {fd(2 * at_daly.stderr_s)} | "
+        f"{fd(expected, 4)} ({w / expected:.1%}) | {fd(at_daly.mean_s, 4)} +- {fd(2 * at_daly.stderr_s)} | "
         f"{fd(fastest)} ({fastest / young:.2f}x Young) |"
     )
 

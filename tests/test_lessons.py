@@ -299,6 +299,7 @@ FORMULAS = {
     "tpbytes": ["4*2*(tp-1)/tp", "4x2(tp-1)/tp", "8*(tp-1)/tp", "8(tp-1)/tp", "8(t-1)/t"],
     "linkbytes": ["2(g-1)/g", "2*(g-1)/g", "2(nodes-1)/nodes", "2*(nodes-1)/nodes", "2*(ring-1)/ring"],
     "powersgd": ["(m+n)*r", "(m+n)r", "m*r+n*r", "mr+nr", "(rows+cols)*rank", "(m+n)*rank"],
+    "waits": ["last-t", "max(entries)-t", "max(entries)-entry", "last-entry"],
     "mtbf": ["node_mtbf/nodes", "mtbf/nodes", "mtbf/n", "m_node/n"],
     "young": ["sqrt(2*save_cost*mtbf)", "sqrt(2cm)", "sqrt(2*c*m)", "√(2cm)", "2*save_cost*mtbf"],
 }

@@ -2,6 +2,22 @@
 # ruff: noqa: E402, F811
 
 
+# %% [solution waits]
+def waits(entries):
+    last = max(entries)  # nobody leaves before the slowest rank's data is in
+    return [last - t for t in entries]
+
+
+# %% [wrong waits]
+def waits(entries):
+    return [t - min(entries) for t in entries]  # measured from the first to enter: the straggler looks idle
+
+
+# %% [wrong waits]
+def waits(entries):
+    return [0.0 for _ in entries]  # as if a collective started when each rank called it
+
+
 # %% [solution mtbf]
 def system_mtbf(node_mtbf, nodes):
     rate = nodes / node_mtbf  # failures per second: independent nodes' rates add up

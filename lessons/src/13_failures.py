@@ -36,7 +36,7 @@ from minidist import perfmodel_failures as pf
 from minidist.cluster import Cluster, cluster_available
 from minidist.launch import read_log
 from minidist.launch.processes import kill_job, rank_pids
-from minidist.notebook import checks
+from minidist.notebook import checks, mpiexec_path
 
 python, WORK = sys.executable, Path(tempfile.mkdtemp(prefix="minidist_lesson13_"))
 REPO = Path(minidist.__file__).resolve().parent.parent  # the clone that holds examples/
@@ -53,8 +53,7 @@ print("a cluster of network namespaces:", "available" if available else f"not av
 # `examples/train_mlp.py` reads that as `--resume`. Nothing in the training script deals with failures.
 #
 # The job below trains the MLP of lesson 04 on 2 ranks for 6 epochs (66 steps), saving every 5 steps.
-# Rank 1 also sleeps 20 ms in every step (`MINIDIST_SLOW_RANK=1:0.02`, a teaching aid): section 2
-# looks at what that does. Once step 10 is saved, this notebook kills rank 1 with `SIGKILL`, as the
+# Once step 10 is saved, this notebook kills rank 1 with `SIGKILL`, as the
 # kernel's out-of-memory killer or a crashed GPU driver would. On a cluster of namespaces (lesson 12;
 # it needs root) the job runs on 2 nodes, and once the restarted job has saved again the notebook pulls
 # node 1's cable (its link goes down): the launcher sees the node is dead and goes on with the one
@@ -74,7 +73,7 @@ def start_job(name, *launcher_flags):
     train += ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", "5"]
     log, out = folder / "launch.log", folder / "output.txt"
     launcher = [python, "-m", "minidist.launch", "--max-restarts", "2", "--monitor-interval", "0.2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MINIDIST_SLOW_RANK="1:0.02")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(out, "w") as sink:
         proc = subprocess.Popen(
             [*launcher, "--log", str(log), *launcher_flags, "--", *train],
@@ -175,7 +174,70 @@ print(f"from the first failure to the next saved step: {restart_cost:.1f} s")
 #
 # ## 2. Find the straggler
 #
-# STRAGGLER SECTION: written once the straggler branch lands.
+# A rank need not die to hurt: one that is merely slower (a throttled GPU, a busy neighbour, a bad
+# cable that retransmits) slows everyone. In synchronous data parallelism every rank waits for the
+# gradients of all others in every all-reduce, so every rank's step takes as long as the slowest one's,
+# and step times alone do not say who is slow. `minidist.straggler` splits each step of each rank into
+# **compute** (the training thread busy), **comm** (collectives moving data) and **wait** (inside a
+# collective, waiting for another rank to arrive), from the trace (lesson 04), with every rank's clock
+# aligned to rank 0's (Cristian's algorithm: a few ping-pongs). `StragglerMonitor` warns during
+# training when one rank's compute is consistently (the median over a window of steps, in 2 windows
+# running) more than 1.2 times the others'.
+#
+# To make one, `MINIDIST_SLOW_RANK=1:0.02` (a teaching aid that the examples read) makes rank 1 sleep
+# 20 ms in every step. 2 ranks, 3 epochs (33 steps), with `--straggler-report`:
+
+# %%
+env = dict(os.environ, OMP_NUM_THREADS="1", MINIDIST_SLOW_RANK="1:0.02")
+train = [
+    python,
+    str(REPO / "examples" / "train_mlp.py"),
+    "--epochs",
+    "3",
+    "--hidden",
+    "32",
+    "--straggler-report",
+]
+done = subprocess.run(
+    [mpiexec_path(), "-n", "2", *train], capture_output=True, text=True, timeout=300, env=env
+)
+assert done.returncode == 0, done.stdout + done.stderr
+for line in (done.stdout + done.stderr).splitlines():
+    if "StragglerWarning" in line:
+        print(line[line.index("StragglerWarning") :])
+print(done.stdout[done.stdout.index("straggler report") :])
+
+# %% [markdown]
+# The warning came during training, after two windows of 10 steps. In the table, rank 1 has the
+# compute (its 20 ms of sleep counts as compute: the training thread was busy, as far as the trace can
+# tell) and rank 0 the matching *wait*: its step is as long, spent waiting inside the all-reduce.
+# Without the split both ranks would just look slow.
+#
+# **Your turn.** The wait is measured per collective call. Each rank enters the call at its own time
+# (seconds, all on one clock after the alignment), and no rank can finish before the data of every
+# rank has arrived. Write `waits(entries)`: how long each rank waits for the others in that call (a
+# list, one value per rank).
+
+
+# %% [exercise waits]
+def waits(entries):
+    raise NotImplementedError  # your code here: one wait per rank, in seconds
+
+
+# %% [check waits]
+checks.waits(waits)
+
+# %% [markdown reveal]
+# **The answer.** Try first; then open this cell (click it, or the bar at its left).
+#
+# Every rank waits until the last one enters: `[max(entries) - t for t in entries]`; the straggler,
+# last to arrive, waits 0. `minidist/straggler/breakdown.py` does this for every call, matching the
+# k-th call on a group across ranks (MPI's rule: the members of a communicator call its collectives in
+# the same order), and cuts each wait at the end of the rank's call.
+#
+# What to do with a straggler? Find why (its node's temperature, its GPU's clock, the neighbours
+# sharing its link); on a big cluster, drain the node and restart the job without it, which is the
+# launcher's `--nodes MIN:MAX` of section 1.
 #
 # ## 3. How often to checkpoint
 #

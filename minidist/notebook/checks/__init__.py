@@ -32,7 +32,7 @@ from minidist.notebook.checks.lesson11_transformer_parallelism import (
     vocab_parallel_loss,
 )
 from minidist.notebook.checks.lesson12_network_bottleneck import inter_node_bytes, powersgd_values
-from minidist.notebook.checks.lesson13_failures import system_mtbf, young_interval
+from minidist.notebook.checks.lesson13_failures import system_mtbf, waits, young_interval
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "tp_bytes_per_layer",
     "tp_shard_shape",
     "vocab_parallel_loss",
+    "waits",
     "young_interval",
     "zero_bytes",
 ]

@@ -1,6 +1,7 @@
-"""Checks of lesson 13 (failures at scale): how often a job on many nodes fails, and Young's checkpoint
-interval. Both compare with ``minidist.perfmodel_failures``; ``tests/test_lessons.py`` also checks the
-reference answers against that module's Monte-Carlo simulation."""
+"""Checks of lesson 13 (failures at scale): how long each rank waits for the others in one collective
+(compared with ``minidist.straggler.peer_waits`` on made-up spans), how often a job on many nodes fails,
+and Young's checkpoint interval (both compared with ``minidist.perfmodel_failures``;
+``tests/test_lessons.py`` also checks those reference answers against sampled failures)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,30 @@ from collections.abc import Callable
 from minidist.notebook.checks.harness import call, close, exercise
 
 YEAR = 365.25 * 86400.0
+
+
+@exercise(
+    "Can any rank leave the all-reduce before the data of every rank has arrived? Until which moment, "
+    "then, is each rank stuck?",
+    "Find the moment the slowest rank enters; each rank waits from its own entry until then (the last "
+    "one to enter waits for nobody).",
+)
+def waits(fn: Callable[[list[float]], list[float]]) -> None:
+    """waits(entries) is what minidist.straggler.peer_waits measures for one collective entered at those
+    times, for 1 to 8 ranks."""
+    from minidist import trace
+    from minidist.straggler import peer_waits
+
+    cases = [[0.0], [0.0, 0.0], [0.1, 0.35], [2.0, 1.0, 1.5], [0.0, 0.02, 0.021, 0.5], list(range(8, 0, -1))]
+    for entries in cases:
+        last = max(entries)
+        spans = [  # one all-reduce span per rank, from its entry until the data is through
+            [{"name": "all_reduce", "cat": trace.COLLECTIVE, "start": float(t), "end": last + 0.01, "tid": 0,
+              "args": {"group": "world", "ranks": len(entries), "first": 0}}]
+            for t in entries
+        ]  # fmt: skip
+        want = [sum(end - start for start, end in intervals) for intervals in peer_waits(spans)]
+        close(call(fn, list(entries)), want, f"waits({entries})", rtol=1e-9)
 
 
 @exercise(
