@@ -1,9 +1,10 @@
 """How often to checkpoint: failures at scale, the optimum interval, and a simulator to check it.
 
-A job on ``N`` nodes fails whenever any node does. With independent exponential failures, each node's
-with mean time between failures (MTBF) ``M_node``, the first of ``N`` comes after an exponential time
-of mean ``M = M_node / N`` (the minimum of independent exponentials adds their rates): 1,024 nodes that
-each fail once in 5 years fail, together, every 43 hours.
+A job on ``N`` nodes fails whenever any node does. If each node fails after an exponentially
+distributed time of mean ``M_node`` (its mean time between failures, MTBF), independently of the
+others, the first of ``N`` failures comes after an exponential time of mean ``M = M_node / N`` (the
+minimum of independent exponentials adds their rates): 1,024 nodes that each fail once in 5 years
+fail, together, every 43 hours.
 
 Saving a checkpoint costs ``C`` seconds; a failure loses the work since the last one and costs a
 restart ``R`` (relaunch, load). Saving often wastes time in saves; saving rarely wastes it in redone
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import lambertw
@@ -34,13 +35,13 @@ from scipy.special import lambertw
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        if isinstance(value, bool) or not (isinstance(value, Real) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 def _check_non_negative(**values: float) -> None:
     for name, value in values.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        if isinstance(value, bool) or not (isinstance(value, Real) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be zero or a positive number of seconds, got {value!r}")
 
 

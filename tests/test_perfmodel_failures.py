@@ -29,6 +29,7 @@ def test_system_mtbf_divides_by_the_nodes_and_matches_the_first_of_n_exponential
             pf.system_mtbf(1000.0, bad)
     with pytest.raises(ValueError, match="node_mtbf_s must be a positive number"):
         pf.system_mtbf(0.0, 4)
+    assert pf.system_mtbf(np.float32(100.0), np.int64(4)) == 25.0  # NumPy scalars are numbers too
 
 
 def test_young_and_daly_against_hand_values_and_dalys_figures():
