@@ -374,6 +374,8 @@ status = minidist_cli(["checkpoint", "interval", "--node-mtbf", "5y", "--nodes",
 # - At scale failures are routine: N nodes fail N times as often as one. The job must restart by
 #   itself: `python -m minidist.launch` ends every process left, resumes from the newest checkpoint
 #   that verifies, and continues on fewer nodes if one is gone.
+# - A straggler slows every rank, so step times do not name it; splitting each step into compute, comm
+#   and wait does: the straggler has the compute, the others the matching wait.
 # - Save every sqrt(2 C M) seconds of work (Young); Daly's formula is better when saves are slow;
 #   both are checked here against a simulation.
 
