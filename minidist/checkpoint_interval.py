@@ -55,15 +55,17 @@ def add_parser(actions: argparse._SubParsersAction) -> None:
     parser = actions.add_parser(
         "interval",
         help="how often to checkpoint: Young's, Daly's and the exact optimum interval",
-        description=__doc__.split("\n\n")[2].replace("``", "'"),
+        description="Print the system MTBF, Young's, Daly's and the exact optimum checkpoint interval, "
+        "and the expected runtime of --work at each (minidist.perfmodel_failures). Durations take a "
+        "unit: s, m or min, h, d, w, y (365.25 days); a bare number is seconds.",
     )
     parser.add_argument("--node-mtbf", type=_duration, required=True, help="MTBF of one node, e.g. 5y")
     parser.add_argument("--nodes", type=int, default=1, help="nodes the job runs on (default 1)")
-    parser.add_argument("--save-cost", type=_duration, required=True, help="seconds one checkpoint takes")
-    parser.add_argument("--restart-cost", type=_duration, default=0.0, help="seconds to relaunch and load")
+    parser.add_argument("--save-cost", type=_duration, required=True, help="time one save takes, e.g. 60s")
+    parser.add_argument("--restart-cost", type=_duration, default=0.0, help="time to relaunch and load (0)")
     parser.add_argument("--work", type=_duration, default=30 * 86400.0, help="failure-free run time (30d)")
     parser.add_argument("--interval", type=_duration, help="also price this interval of work between saves")
-    parser.add_argument("--simulate", type=int, default=0, metavar="RUNS", help="Monte-Carlo check: RUNS")
+    parser.add_argument("--simulate", type=int, default=0, metavar="RUNS", help="simulate RUNS jobs a row")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
 
 
