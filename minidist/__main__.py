@@ -1,4 +1,5 @@
-"""Command-line entry point: ``python -m minidist info`` and ``python -m minidist checkpoint info DIR``."""
+"""Command-line entry point: ``python -m minidist info``, ``python -m minidist checkpoint info DIR`` and
+``python -m minidist checkpoint interval ...``."""
 
 from __future__ import annotations
 
@@ -45,12 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minidist", description="minidist command-line tools")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print versions, the MPI library, the backend and CUDA-awareness")
+    from minidist import checkpoint_interval  # noqa: PLC0415  (no MPI import either)
     from minidist.checkpoint import cli as checkpoint_cli  # noqa: PLC0415  (no MPI import)
 
-    checkpoint_cli.add_parser(sub)
+    checkpoint_interval.add_parser(checkpoint_cli.add_parser(sub))
     args = parser.parse_args(argv)
     if args.command == "info":
         print(info())
+    if args.command == "checkpoint" and args.checkpoint_command == "interval":
+        return checkpoint_interval.run(args)
     if args.command == "checkpoint":
         return checkpoint_cli.run(args)
     return 0

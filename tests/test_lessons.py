@@ -299,6 +299,9 @@ FORMULAS = {
     "tpbytes": ["4*2*(tp-1)/tp", "4x2(tp-1)/tp", "8*(tp-1)/tp", "8(tp-1)/tp", "8(t-1)/t"],
     "linkbytes": ["2(g-1)/g", "2*(g-1)/g", "2(nodes-1)/nodes", "2*(nodes-1)/nodes", "2*(ring-1)/ring"],
     "powersgd": ["(m+n)*r", "(m+n)r", "m*r+n*r", "mr+nr", "(rows+cols)*rank", "(m+n)*rank"],
+    "waits": ["last-t", "max(entries)-t", "max(entries)-entry", "last-entry"],
+    "mtbf": ["node_mtbf/nodes", "mtbf/nodes", "mtbf/n", "m_node/n"],
+    "young": ["sqrt(2*save_cost*mtbf)", "sqrt(2cm)", "sqrt(2*c*m)", "√(2cm)", "2*save_cost*mtbf"],
 }
 # The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
 # turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
@@ -917,6 +920,29 @@ def test_lesson_12_link_bytes_cross_the_cluster_links(tmp_path):
     for node in after:
         sent = after[node][0] - before[node][0]
         assert want <= sent <= 1.08 * want + 1e6, f"{node} sent {sent:,} bytes, the lesson says {want:,.0f}"
+
+
+def test_lesson_13_answers_are_perfmodel_failures_and_what_the_simulation_shows():
+    """The reference answers of lesson 13 are ``minidist.perfmodel_failures``' functions, and what those
+    claim holds where it can be sampled: the first failure among N nodes comes after the answer's MTBF on
+    average (the minimum of N exponential samples), and Young's interval minimises the first-order waste
+    C / tau + tau / (2M) on a fine grid; the simulated optimum itself is tested in
+    ``tests/test_perfmodel_failures.py``. Well under a second."""
+    from minidist import perfmodel_failures as pf
+
+    system_mtbf = _reference("13_failures", "mtbf", "system_mtbf")
+    young_interval = _reference("13_failures", "young", "young_interval")
+    for node_mtbf, nodes in [(1.0, 1), (3600.0, 7), (1.6e8, 16384)]:
+        assert system_mtbf(node_mtbf, nodes) == pytest.approx(pf.system_mtbf(node_mtbf, nodes), rel=1e-12)
+    # 20,000 draws of the first of 32 failures of mean 100 s: standard error 100 / 32 / sqrt(20000).
+    first = np.random.default_rng(5).exponential(100.0, (20_000, 32)).min(axis=1)
+    assert first.mean() == pytest.approx(system_mtbf(100.0, 32), abs=4 * 100 / 32 / np.sqrt(20_000))
+    for save, mtbf in [(60.0, 9630.6), (1.0, 1e6), (300.0, 3600.0)]:
+        tau = young_interval(save, mtbf)
+        assert tau == pytest.approx(pf.young_interval(save, mtbf), rel=1e-12)
+        grid = tau * np.linspace(0.5, 2.0, 3001)
+        waste = save / grid + grid / (2 * mtbf)
+        assert grid[np.argmin(waste)] == pytest.approx(tau, rel=1e-3)  # the grid's step is 5e-4 tau
 
 
 # --- lesson figures (issue 15, item 10) ------------------------------------------------------------

@@ -11,13 +11,16 @@ from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import CheckpointError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the ``checkpoint`` subcommand on ``python -m minidist``'s parser."""
+def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Register the ``checkpoint`` subcommand on ``python -m minidist``'s parser; returns its
+    subcommands, to which ``minidist.__main__`` adds ``interval`` (that one needs the performance
+    model, a layer above this package)."""
     parser = sub.add_parser("checkpoint", help="list and inspect checkpoints")
     actions = parser.add_subparsers(dest="checkpoint_command", required=True)
     info = actions.add_parser("info", help="list a checkpoint root, or describe one checkpoint")
     info.add_argument("directory", help="a checkpoint root (holding 'latest') or one step_<n> folder")
     info.add_argument("--verify", action="store_true", help="also check every file's size and sha256")
+    return actions
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from minidist.notebook.checks.lesson11_transformer_parallelism import (
     vocab_parallel_loss,
 )
 from minidist.notebook.checks.lesson12_network_bottleneck import inter_node_bytes, powersgd_values
+from minidist.notebook.checks.lesson13_failures import system_mtbf, waits, young_interval
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
@@ -40,8 +41,8 @@ __all__ = [
     "count_parameters",
     "dp_speedup",
     "f_and_g",
-    "inter_node_bytes",
     "files_before_latest",
+    "inter_node_bytes",
     "layer_norm_backward",
     "mesh_rank",
     "mesh_rank4",
@@ -57,9 +58,12 @@ __all__ = [
     "ring_time",
     "shards_needed",
     "stand_in",
+    "system_mtbf",
     "tanh_backward",
     "tp_bytes_per_layer",
     "tp_shard_shape",
     "vocab_parallel_loss",
+    "waits",
+    "young_interval",
     "zero_bytes",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist import perfmodel_network
+from minidist import perfmodel_failures, perfmodel_network
 
 
 def _numerical_grad(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -45,6 +45,8 @@ _STAND_INS: dict[str, Callable[..., Any]] = {
     "tanh_backward": _numeric_tanh_backward,  # lesson 01, section 3
     "inter_node_bytes": perfmodel_network.inter_node_bytes,  # lesson 12, section 5
     "powersgd_values": perfmodel_network.powersgd_values,  # lesson 12, section 6
+    "system_mtbf": perfmodel_failures.system_mtbf,  # lesson 13, section 3
+    "young_interval": perfmodel_failures.young_interval,  # lesson 13, section 3
 }
 
 
@@ -56,7 +58,8 @@ def stand_in(name: str) -> Callable[..., Any]:
     numerically (accurate to about 1e-10), times ``out_grad``. ``"inter_node_bytes"``: ``(nbytes, nodes,
     ranks_per_node, algorithm) -> float`` bytes one node sends to the others in one all-reduce.
     ``"powersgd_values"``: ``(shapes, rank, min_compression_rate) -> int`` values PowerSGD all-reduces
-    per step.
+    per step. ``"system_mtbf"``: ``(node_mtbf, nodes) -> float`` seconds between the job's failures.
+    ``"young_interval"``: ``(save_cost, mtbf) -> float`` seconds of work between two checkpoints.
 
     Raises ``ValueError`` for a name that has no stand-in, listing those that do.
     """
