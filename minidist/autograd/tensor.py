@@ -173,8 +173,8 @@ class Tensor:
                     f"backward() on a non-scalar tensor of shape {self.shape} needs a gradient argument; "
                     "reduce it first (e.g. loss.mean()) or pass grad=an array of the same shape"
                 )
-            # ones(shape), not ones_like: NumPy's ones_like is Python code (empty_like + copyto),
-            # ~3x the instructions of the C-level ones for this one-element array.
+            # ones(shape), not ones_like: NumPy's ones_like is Python-level code (empty_like +
+            # copyto), ones a single C call; the array is the same.
             grad = backend.xp().ones(self._data.shape, dtype=self._data.dtype)
         else:
             grad = backend.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)

@@ -55,7 +55,7 @@ class Linear(Function):
 
 def _rows(a):
     """``a`` (..., n) as a matrix (rows, n), all leading axes as rows (a 1-D ``a`` as one row)."""
-    if a.ndim == 2:  # already one: an MLP's every call; a reshape costs ~2,000 instructions, this test ~100
+    if a.ndim == 2:  # already one (every call of an MLP): no reshape (benchmarks/README.md, "after F2")
         return a
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # not -1: a size-0 axis would be ambiguous
 
