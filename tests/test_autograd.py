@@ -149,6 +149,27 @@ def test_nested_no_grad_restores_the_outer_mode():
     assert md.is_grad_enabled()
 
 
+def test_no_grad_works_as_a_decorator_and_one_object_can_be_entered_twice():
+    # As torch.no_grad: a decorator too. The decorator enters the same object on every call, so a
+    # recursive call enters it while it is still entered: the mode must come back step by step.
+    seen = []
+
+    @md.no_grad()
+    def depth(n: int) -> None:
+        seen.append(md.is_grad_enabled())
+        if n:
+            depth(n - 1)
+
+    depth(2)
+    assert seen == [False, False, False] and md.is_grad_enabled()
+    mode = enable_grad()
+    with md.no_grad(), mode:
+        with mode:
+            assert md.is_grad_enabled()
+        assert md.is_grad_enabled()  # the outer `with mode` is still open
+    assert md.is_grad_enabled()
+
+
 def test_enable_grad_records_inside_no_grad():
     x = leaf([1.0, 2.0])
     with md.no_grad():

@@ -173,7 +173,9 @@ class Tensor:
                     f"backward() on a non-scalar tensor of shape {self.shape} needs a gradient argument; "
                     "reduce it first (e.g. loss.mean()) or pass grad=an array of the same shape"
                 )
-            grad = backend.xp().ones_like(self.data)
+            # ones(shape), not ones_like: NumPy's ones_like is Python-level code (empty_like +
+            # copyto), ones a single C call; the array is the same.
+            grad = backend.xp().ones(self._data.shape, dtype=self._data.dtype)
         else:
             grad = backend.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
             if grad.shape != self.data.shape:

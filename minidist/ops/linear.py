@@ -55,6 +55,8 @@ class Linear(Function):
 
 def _rows(a):
     """``a`` (..., n) as a matrix (rows, n), all leading axes as rows (a 1-D ``a`` as one row)."""
+    if a.ndim == 2:  # already one (every call of an MLP): no reshape (benchmarks/README.md, "after F2")
+        return a
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # not -1: a size-0 axis would be ambiguous
 
 
@@ -86,7 +88,11 @@ def _check(x, weight, bias) -> None:
             f"linear: bias of shape {tuple(bias.shape)} for a weight of shape {tuple(weight.shape)}; "
             f"the bias must be ({weight.shape[0]},), one value per output feature"
         )
-    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+    # ``is`` first: NumPy shares one dtype object per type, so the common case skips the slower ``!=``.
+    dtype = x.dtype
+    if (weight.dtype is not dtype and weight.dtype != dtype) or (
+        bias is not None and bias.dtype is not dtype and bias.dtype != dtype
+    ):
         raise _dtype_error(x, weight, bias)
 
 

@@ -47,21 +47,28 @@ class SGD(Optimizer):
     def step(self) -> None:
         """Update every parameter that has a gradient, in place, with its group's values."""
         with no_grad():
-            for d, i, p in self.indexed_groups():
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if d["weight_decay"]:
-                    g = g + d["weight_decay"] * p.data
-                if d["momentum"]:
-                    state = self.state.setdefault(i, {})
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = g.copy()
-                    else:
+            i = -1  # the parameter's index into self.state, counted over all groups
+            for group in self.param_groups:
+                # A group's values are read once per step, not per parameter (a scheduler may change
+                # them between steps, never within one).
+                lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+                weight_decay, nesterov = group["weight_decay"], group["nesterov"]
+                for p in group["params"]:
+                    i += 1
+                    if p.grad is None:
+                        continue
+                    g = p.grad
+                    if weight_decay:
+                        g = g + weight_decay * p.data
+                    if momentum:
+                        state = self.state.setdefault(i, {})
+                        if "momentum_buffer" not in state:
+                            state["momentum_buffer"] = g.copy()
+                        else:
+                            buf = state["momentum_buffer"]
+                            buf *= momentum
+                            buf += (1 - dampening) * g
                         buf = state["momentum_buffer"]
-                        buf *= d["momentum"]
-                        buf += (1 - d["dampening"]) * g
-                    buf = state["momentum_buffer"]
-                    g = g + d["momentum"] * buf if d["nesterov"] else buf
-                p.data -= d["lr"] * g
+                        g = g + momentum * buf if nesterov else buf
+                    p.data -= lr * g
         self.step_count += 1
