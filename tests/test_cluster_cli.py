@@ -259,3 +259,18 @@ def test_down_all_removes_a_broken_cluster_too(state_dir, capsys):
     removed = capsys.readouterr().out.split("\n")[:2]
     assert removed == sorted(f"removed cluster {c.name}" for c in (broken, whole))
     assert leftovers(broken.name) == leftovers(whole.name) == []
+
+
+def test_a_state_folder_that_cannot_be_written_exits_2_naming_it(tmp_path, monkeypatch, capsys):
+    """MINIDIST_CLUSTER_DIR below a file (or on a read-only file system): a message naming the folder and
+    what to do, exit 2, and nothing made (the state file is written before the first namespace)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    folder = blocker / "state"
+    monkeypatch.setattr(state, "STATE_DIR", folder)
+    made_before = netns.namespaces()
+    assert main(["up", "--nodes", "1", "--ranks-per-node", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the cluster state folder {folder}" in err and "MINIDIST_CLUSTER_DIR" in err
+    assert "Traceback" not in err
+    assert netns.namespaces() == made_before
