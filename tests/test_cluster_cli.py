@@ -259,3 +259,42 @@ def test_down_all_removes_a_broken_cluster_too(state_dir, capsys):
     removed = capsys.readouterr().out.split("\n")[:2]
     assert removed == sorted(f"removed cluster {c.name}" for c in (broken, whole))
     assert leftovers(broken.name) == leftovers(whole.name) == []
+
+
+def test_a_state_folder_that_cannot_be_written_exits_2_naming_it(tmp_path, monkeypatch, capsys):
+    """MINIDIST_CLUSTER_DIR below a file (or on a read-only file system): a message naming the folder and
+    what to do, exit 2, and nothing made (the state file is written before the first namespace)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    folder = blocker / "state"
+    monkeypatch.setattr(state, "STATE_DIR", folder)
+    made_before = netns.namespaces()
+    assert main(["up", "--nodes", "1", "--ranks-per-node", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the cluster state folder {folder}" in err and "MINIDIST_CLUSTER_DIR" in err
+    assert "Traceback" not in err
+    assert netns.namespaces() == made_before
+
+
+def test_the_other_nodes_still_reach_the_bridge_when_a_node_is_gone(state_dir):
+    """A Linux bridge without an address of its own takes the lowest MAC of its ports; when that port's
+    node dies the bridge's MAC changes, while the surviving nodes' neighbour caches keep the old one, so
+    their TCP to mpiexec's address fails for tens of seconds (what `minidist.launch --nodes` meets
+    after a node loss). The bridge must keep one MAC for its lifetime."""
+    from minidist.launch.nodes import probe  # the launcher's health check of a node
+
+    def mac(link: str) -> str:
+        return Path("/sys/class/net", link, "address").read_text().strip()
+
+    with Cluster.up(nodes=3, ranks_per_node=1) as c:
+        bridge = f"{c.name}-br"
+        assert probe(c, c.nodes) == {}  # every node has the bridge in its neighbour cache now
+        before = mac(bridge)
+        # The node whose link lent the bridge its MAC, if the bridge took one (else any node).
+        gone = next((n for n, link in c.links.items() if mac(link) == before), c.nodes[-1])
+        netns.kill_processes([gone])
+        netns.remove_node(gone, c.links[gone])
+        survivors = [n for n in c.nodes if n != gone]
+        assert mac(bridge) == before
+        assert probe(c, survivors) == {}
+    assert leftovers(c.name) == []

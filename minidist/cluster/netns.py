@@ -62,10 +62,23 @@ def link_exists(name: str) -> bool:
 
 
 def make_bridge(bridge: str, address: str) -> None:
-    """The switch all nodes plug into, with ``address`` (CIDR) for the launcher's side."""
-    ip("link", "add", bridge, "type", "bridge")
+    """The switch all nodes plug into, with ``address`` (CIDR) for the launcher's side.
+
+    The bridge gets a MAC address of its own (:func:`bridge_mac`). Without one, Linux gives a bridge the
+    lowest MAC of its ports and changes it when that port goes: a node's death would move mpiexec's
+    address to another MAC while the other nodes' neighbour (ARP) caches still hold the old one, and
+    their TCP to mpiexec would fail for tens of seconds, until the cache entries expire.
+    """
+    ip("link", "add", bridge, "address", bridge_mac(address), "type", "bridge")
     ip("addr", "add", address, "dev", bridge)
     ip("link", "set", bridge, "up")
+
+
+def bridge_mac(address: str) -> str:
+    """A MAC for the bridge with IPv4 ``address`` (CIDR): ``02:6d:64`` (locally administered, "md") then
+    the address's last three bytes, so that the bridges of two clusters never share one."""
+    octets = [int(part) for part in address.split("/")[0].split(".")]
+    return "02:6d:64:" + ":".join(f"{o:02x}" for o in octets[1:])
 
 
 def make_node(node: str, veth: str, bridge: str, address: str) -> None:

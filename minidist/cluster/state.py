@@ -43,10 +43,14 @@ def state_path(name: str) -> Path:
 
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    """Hold the cluster lock (an exclusive ``flock`` on ``LOCK``), waiting for it if needed."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK, "w") as lock:
+    """Hold the cluster lock (an exclusive ``flock`` on ``LOCK``), waiting for it if needed.
+    ``ClusterError`` if the state folder or the lock cannot be made (see :func:`_writable`)."""
+    with _writable(STATE_DIR):
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with _writable(LOCK.parent):
+        LOCK.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(LOCK, "w")  # noqa: SIM115  (closed below; opening it is what may fail)
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -70,8 +74,23 @@ def write(state: dict[str, Any]) -> None:
     """Write a state file atomically (a reader never sees half of one)."""
     path = state_path(state["name"])
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1) + "\n")
-    os.replace(tmp, path)
+    with _writable(STATE_DIR):
+        tmp.write_text(json.dumps(state, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _writable(folder: Path) -> Iterator[None]:
+    """Turn an ``OSError`` (a file where a folder should be, a read-only file system, a full disk) into a
+    ``ClusterError`` naming the folder: the CLI then exits 2 with a message instead of a traceback, and
+    ``up`` has made nothing yet (the state file is written before the first namespace)."""
+    try:
+        yield
+    except OSError as error:
+        raise ClusterError(
+            f"cannot write the cluster state folder {folder}: {error.strerror or error}; set "
+            "MINIDIST_CLUSTER_DIR to a writable folder (default /run/minidist/cluster, as root)"
+        ) from None
 
 
 def remove(name: str) -> None:
