@@ -6,9 +6,8 @@ result also holds the ``Function`` that made it (``_ctx``, shown as ``grad_fn``)
 graph is recorded. Every tensor carries a version counter that in-place changes bump (``.data = ...``,
 ``+=``, optimizer steps), so that backward can refuse values an op saved that have changed since.
 ``Tensor.backward`` starts a pass (``grad_mode.run_pass``) around the graph walk (``graph.py``); the
-operators (``+``, ``@``, ``.sum()`` ...) call the ops in ``minidist/ops``.
-
-Source: the API follows PyTorch's ``torch.Tensor`` (Paszke et al. 2019).
+operators (``+``, ``@``, ``.sum()`` ...) call the ops in ``minidist/ops``. Source: the API follows
+PyTorch's ``torch.Tensor`` (Paszke et al. 2019).
 """
 
 from __future__ import annotations
@@ -173,8 +172,7 @@ class Tensor:
                     f"backward() on a non-scalar tensor of shape {self.shape} needs a gradient argument; "
                     "reduce it first (e.g. loss.mean()) or pass grad=an array of the same shape"
                 )
-            # ones(shape), not ones_like: NumPy's ones_like is Python-level code (empty_like +
-            # copyto), ones a single C call; the array is the same.
+            # ones(shape): one C call; NumPy's ones_like is Python code (empty_like + copyto).
             grad = backend.xp().ones(self._data.shape, dtype=self._data.dtype)
         else:
             grad = backend.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
