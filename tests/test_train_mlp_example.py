@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launch_utils import checkpoint_tensors
 from mpi_utils import REPO, mpi_env, run_mpi
-from safetensors.numpy import load_file
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 
@@ -327,14 +327,7 @@ def train(n: int, ckpt: Path, *flags: str) -> subprocess.CompletedProcess:
 def final_checkpoint(root: Path) -> tuple[int, dict[str, np.ndarray]]:
     """(step, {"model/<name>" or "optim/<name>/<state>": global array}) of the checkpoint ``latest`` names:
     each tensor's tp shards concatenated along its tp_dim, straight from the files and the manifest."""
-    folder = root / (root / "latest").read_text().strip()
-    manifest = json.loads((folder / "manifest.json").read_text())
-    files: dict[str, dict[str, np.ndarray]] = {}
-    tensors = {}
-    for key, t in manifest["tensors"].items():
-        pieces = [files.setdefault(s["file"], load_file(folder / s["file"]))[key] for s in t["shards"]]
-        tensors[key] = pieces[0] if t["tp_dim"] is None else np.concatenate(pieces, axis=t["tp_dim"])
-    return manifest["step"], tensors
+    return checkpoint_tensors(root / (root / "latest").read_text().strip())
 
 
 def assert_same_tensors(got: dict, expected: dict, **tolerance: float) -> None:
