@@ -1,0 +1,21 @@
+"""Memory accounting: bytes held per category on this rank, current and peak (issue 21).
+
+This package is at the bottom layer (beside ``backend`` and ``trace``), because the autograd engine
+itself reports the activations its graph saves, and higher layers (FSDP's gathered parameters,
+communication buffers) report theirs through the same two functions:
+
+    from minidist import memory
+    memory.allocated("gathered_parameters", +nbytes, owner="blocks.0")   # on gather
+    memory.allocated("gathered_parameters", -nbytes, owner="blocks.0")   # on free
+
+When no tracker is active, :func:`allocated` costs one flag check, so the hot paths may call it
+unconditionally. ``MemoryTracker`` (tracker.py) turns the reports, together with the parameters,
+gradients and optimizer state it measures itself, into the per-rank table the examples print and
+into the optional budget that raises :class:`OutOfMemoryError`.
+"""
+
+from __future__ import annotations
+
+from minidist.memory.counters import CATEGORIES, allocated, tracking
+
+__all__ = ["CATEGORIES", "allocated", "tracking"]
