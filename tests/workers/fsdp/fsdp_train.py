@@ -10,6 +10,7 @@ differently initialised FSDP model gives back the same full parameters bit for b
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import fsdp_common as fc
@@ -49,10 +50,8 @@ def main(out_dir: str) -> None:
         optimizer = fc.OPTIMIZERS[opt_name](fsdp.shard_param_groups(fc.decay_groups(original)))
         batches = fc.mlp_batches() if kind == "mlp" else fc.gpt_batches()
         counters._peak["gathered_parameters"] = counters._current["gathered_parameters"]
-        norms = fc.train(
-            fsdp, optimizer, batches, (lambda: fsdp.clip_grad_norm_(fc.CLIP)) if clip else None,
-            world.rank, world.size, accum,
-        )  # fmt: skip
+        clipper = functools.partial(fsdp.clip_grad_norm_, fc.CLIP) if clip else None
+        norms = fc.train(fsdp, optimizer, batches, clipper, world.rank, world.size, accum)
         full = fsdp.state_dict()
         np.savez(f"{out_dir}/{name}_rank{world.rank}.npz", **full)
 
