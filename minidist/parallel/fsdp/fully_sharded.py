@@ -241,6 +241,12 @@ class FullyShardedDataParallel(Module):
         finally:
             self._sync = previous
 
+    def zero_grad(self) -> None:
+        """Drop the shards' gradients and any full gradients ``no_sync()`` left on the parameters."""
+        for u in self.units:
+            for t in (*u.shards, *u.params):
+                t.grad = None
+
     @contextlib.contextmanager
     def summon_full_params(self) -> Iterator[None]:
         """Inside the block the original parameters hold their full values and ``self.module`` runs as
