@@ -70,6 +70,22 @@ def main(out_dir: str) -> None:
         loss.backward()
 
     results["backward_twice"] = caught(backward_twice)
+
+    def summon_nested():
+        with fsdp.summon_full_params(), fsdp.summon_full_params():
+            pass
+
+    def forward_inside_summon():
+        with fsdp.summon_full_params():
+            fsdp(ids)
+
+    results["summon_nested"] = caught(summon_nested)
+    results["forward_inside_summon"] = caught(forward_inside_summon)
+    with fsdp.summon_full_params():  # the module itself runs plainly inside, with the full weights
+        inside = fsdp.module(ids).numpy()
+    with md.no_grad():
+        outside = fsdp(ids).numpy()
+    results["summoned_module_equals_fsdp"] = bool(np.array_equal(inside, outside))
     two = FSDP(TwoOutputs())
     results["tuple_output_with_grad"] = caught(lambda: two(md.tensor(np.ones((1, 3)))))
     # still usable after each error: a plain step works and leaves nothing gathered
