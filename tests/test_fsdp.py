@@ -135,7 +135,8 @@ def test_a_rank_holds_its_shards_and_at_most_two_gathered_units(fsdp_run, config
         own = sum(len(np.array_split(np.arange(p), n)[rank]) for p in numels)
         assert r["original_bytes"] == 0 and r["ndims_kept"]  # nothing stale left in the parameters
         assert r["flat_shard_elements"] == own and r["shard_bytes"] == 8 * own  # P/N, shards are views
-        assert r["gathered_now"] == 0  # everything freed after the step
+        assert r["gathered_now"] == 0 and r["communication_now"] == 0  # everything freed after the step
+        assert r["communication_peak"] > 0  # the reduce-scatters' flat gradients were reported
         prefetch = "no_prefetch" not in config
         neighbours = [a + b for a, b in zip(units, units[1:])] if prefetch and len(units) > 1 else units
         assert r["peak_gathered"] == root + max(neighbours, default=0), r

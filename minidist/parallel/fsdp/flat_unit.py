@@ -89,6 +89,14 @@ class FlatUnit:
         """Bytes of the gathered flat buffer (P_u elements of the parameters' dtype)."""
         return self.layout.numel * self.dtype.itemsize
 
+    @property
+    def _staging_nbytes(self) -> int:
+        """Bytes an all-gather in a lower ``param_dtype`` holds besides the gathered buffer: the rounded
+        shard it sends and the low-precision buffer it receives (0 when nothing is cast)."""
+        if self.param_dtype == self.dtype:
+            return 0
+        return (self.layout.shard_numel + self.layout.numel) * self.param_dtype.itemsize
+
     # -- parameters: gather, install, free ------------------------------------------------------------
     def start_gather(self) -> None:
         """Submit the all-gather of this unit's parameters (no-op if gathered or already in flight)."""
@@ -96,6 +104,7 @@ class FlatUnit:
             return
         send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
         memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
+        memory.allocated("communication", self._staging_nbytes, owner=self.name)
         self._result = []
         result, group, dtype, name = self._result, self.group, self.dtype, self.name or "root"
 
@@ -137,6 +146,7 @@ class FlatUnit:
         # What the main thread waits for is the communication prefetching did not hide (benchmarks/fsdp).
         with trace.span(f"wait all_gather {self.name or 'root'}", trace.WAIT):
             self._job.wait()
+        memory.allocated("communication", -self._staging_nbytes, owner=self.name)
         full, self._job = self._result.pop(), None
         return full
 
