@@ -216,6 +216,7 @@ def test_still_usable_after_the_errors(errors):
         "two_forwards_one_backward",
         "forward_without_backward_then_step",
         "zero_grad_drops_no_sync_gradients",
+        "failed_backward_leaks_nothing",
     ],
 )
 def test_usage_patterns_keep_the_root_and_the_gradients_right(errors, case):

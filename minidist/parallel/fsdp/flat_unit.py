@@ -74,7 +74,9 @@ class FlatUnit:
         self._job: Job | None = None  # the all-gather in flight, if any
         self._result: list[Any] = []  # where the job puts the gathered buffer
         self._full: Any = None  # the gathered flat buffer while gathered
-        self._reduces: list[tuple[Job, int]] = []  # reduce-scatter jobs not yet waited for, their bytes
+        self._reduces: list[
+            tuple[Job, int, list]
+        ] = []  # reduce-scatters not yet waited for: job, bytes, result
         # Between uses: shape (0,) * ndim (at least 1-D), so ``p.ndim`` still tells a matrix from a
         # vector (weight-decay groups are built from it) while any read of values fails at once.
         self._empties = [xp.empty((0,) * max(len(s), 1), dtype=self.dtype) for s in self.shapes]
@@ -181,29 +183,40 @@ class FlatUnit:
                 flags[i] = 1
                 p.grad = None
         memory.allocated("communication", flat.nbytes, owner=self.name)
-        job = self._thread.submit(Job(lambda: self._reduce_scatter(flat, flags)))
-        self._reduces.append((job, flat.nbytes))
+        result: list[Any] = []
+        job = self._thread.submit(Job(lambda: result.append(self._reduce_scatter(flat, flags))))
+        self._reduces.append((job, flat.nbytes, result))
 
-    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> None:
-        """On the communication thread: average this rank's chunk and add it to the shards' gradients."""
+    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> tuple[Any, np.ndarray]:
+        """On the communication thread: this rank's chunk of the average, and which parameters any
+        rank had a gradient for."""
         with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
             averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
             used = dist.all_reduce(flags, op="max", group=self.group)
-        for shard, seg in zip(self.shards, self.layout.segments):
-            if not used[seg.param_index]:
-                continue
-            piece = averaged[seg.shard_offset : seg.shard_offset + seg.numel]
-            shard.grad = piece.copy() if shard.grad is None else shard.grad + piece
+        return averaged, used
 
-    def wait_gradients(self) -> None:
-        """Wait for this unit's reduce-scatters (re-raising their errors)."""
+    def wait_gradients(self, keep: bool = True) -> None:
+        """Wait for this unit's reduce-scatters (re-raising their errors) and add the averages to the
+        shards' ``.grad`` (on this thread: the optimizer never sees a gradient change under it).
+
+        ``keep=False`` drops them instead: the jobs of a backward pass that failed half-way, whose
+        gradients must not leak into the next step.
+        """
         jobs, self._reduces = self._reduces, []
-        for job, nbytes in jobs:
+        for job, nbytes, result in jobs:
             try:
                 with trace.span(f"wait reduce_scatter {self.name or 'root'}", trace.WAIT):
                     job.wait()
             finally:
                 memory.allocated("communication", -nbytes, owner=self.name)
+            if keep:
+                self._accumulate(*result[0])
+
+    def _accumulate(self, averaged: Any, used: np.ndarray) -> None:
+        for shard, seg in zip(self.shards, self.layout.segments):
+            if used[seg.param_index]:
+                piece = averaged[seg.shard_offset : seg.shard_offset + seg.numel]
+                shard.grad = piece.copy() if shard.grad is None else shard.grad + piece
 
     # -- full values (collective; for state_dict) -----------------------------------------------------
     def full_values(self) -> list[Any]:

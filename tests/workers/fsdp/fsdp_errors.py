@@ -122,8 +122,31 @@ def main(out_dir: str) -> None:
         if not all(kept) or any(left):
             raise AssertionError(f"no_sync kept {kept}; after zero_grad {left}")
 
+    def failed_backward_leaks_nothing():  # its blocks' reduce-scatters ran; their sums must not stay
+        def clean_gradients():
+            fsdp.zero_grad()
+            fsdp(ids).sum().backward()
+            return [s.grad.copy() for u in fsdp.units for s in u.shards if s.grad is not None]
+
+        expected = clean_gradients()
+        wte = fsdp.units[0].params[0]
+        raise_once = [True]
+
+        def hook(p):  # wte's gradient is complete last, after every block's backward has run
+            if raise_once.pop() if raise_once else False:
+                raise RuntimeError("a hook failed")
+
+        wte.register_post_accumulate_grad_hook(hook)
+        fsdp.zero_grad()
+        if caught(lambda: fsdp(ids).sum().backward()) is None:
+            raise AssertionError("the hook did not raise")
+        got = clean_gradients()
+        if len(got) != len(expected) or not all(np.array_equal(a, b) for a, b in zip(got, expected)):
+            raise AssertionError("gradients of the failed backward leaked into the next one")
+
     for case in (evaluation_between_forward_and_backward, two_forwards_one_backward,
-                 forward_without_backward_then_step, zero_grad_drops_no_sync_gradients):  # fmt: skip
+                 forward_without_backward_then_step, zero_grad_drops_no_sync_gradients,
+                 failed_backward_leaks_nothing):  # fmt: skip
         results[case.__name__] = caught(case)
     results["nothing_gathered_at_the_end"] = not any(u.gathered for u in fsdp.units)
     write_json(out_dir, f"rank{world.rank}.json", results)
