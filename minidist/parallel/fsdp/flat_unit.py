@@ -8,8 +8,8 @@ all-gather just before using it.
 
 States of a unit, and what the original parameters' ``.data`` hold in each:
 
-* **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype. Not the
-  old values and not zeros, which would look real: reading it fails at once with a shape error.
+* **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype.
+  Not the old values and not zeros, which would look real: reading it fails at once with a shape error.
 * **gathering**: an all-gather is in flight on the communication thread (a prefetch).
 * **gathered**: ``.data`` are views (of the right shapes) into one full flat buffer.
 
@@ -19,10 +19,10 @@ bfloat16-rounded weights in the master dtype. (This branch's ops do not compute 
 issue 21's mixed precision, does that inside the ops; the halved all-gather bytes are FSDP's part.)
 
 Gradients: after the unit's backward, each parameter's full ``.grad`` is copied into one flat buffer
-(in ``reduce_dtype``) and reduce-scattered with op="avg"; this rank's chunk is *added* to the shard
-tensors' ``.grad`` (so several backward passes accumulate, as ``.grad`` does), and the full gradients
-are dropped. Every collective runs as a ``Job`` on the FSDP instance's one communication thread, in
-submission order, so every rank runs them in the same order.
+(in ``reduce_dtype``) and reduce-scattered with op="avg", and the full gradients are dropped; when
+backward ends, this rank's chunk is *added* to the shard tensors' ``.grad`` on the main thread (so
+several backward passes accumulate, as ``.grad`` does). Every collective runs as a ``Job`` on the FSDP
+instance's one communication thread, in submission order, so every rank runs them in the same order.
 """
 
 from __future__ import annotations
