@@ -190,6 +190,7 @@ def errors(tmp_path_factory):
         ("foreign_parameter_in_groups", "ValueError", "is not one of the wrapped model's"),
         ("backward_twice", "RuntimeError", "Trying to backward through the graph a second time"),
         ("tuple_output_with_grad", "TypeError", "returned a tuple; with gradients on it must return one"),
+        ("wrapped_twice", "ValueError", "is already wrapped by a FullyShardedDataParallel"),
         ("summon_nested", "RuntimeError", "summon_full_params: enter it between steps (after backward"),
         ("forward_inside_summon", "RuntimeError", "do not call the FSDP model inside summon_full_params()"),
     ],

@@ -53,6 +53,7 @@ def main(out_dir: str) -> None:
         "prefetch_differs": caught(lambda: FSDP(gpt(1), wrap=(Block,), prefetch=not odd)),
     }
     fsdp = FSDP(gpt(1), wrap=(Block,))
+    results["wrapped_twice"] = caught(lambda: FSDP(fsdp.module, wrap=(Block,)))
     ids = np.zeros((2, 4), dtype=np.int64)
     fsdp(ids).sum().backward()
     results["clip_max_norm_differs"] = caught(lambda: fsdp.clip_grad_norm_(2.0 if odd else 1.0))
