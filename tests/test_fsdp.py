@@ -5,9 +5,9 @@ On real MPI ranks (``tests/workers/fsdp/``: one launch per world size trains eve
 
 1. Equivalence to one device (DESIGN.md §3.3): the MLP (per-Linear units, one unit), three Linear
    layers two of which share a weight (the shared weight goes to the root), a Linear unit applied twice
-   in one forward, and the tiny GPT (per-Block
-   units, tied embeddings in the root, clipping, AdamW with train_gpt's decay groups, and micro-batches
-   under ``no_sync``) trained on 2 and 4 ranks equal one process training the plain model (3 ranks:
+   in one forward, and the tiny GPT (per-Block units, tied embeddings in the root, clipping, AdamW
+   with train_gpt's decay groups, and micro-batches under ``no_sync``) trained on 2 and 4 ranks equal
+   one process training the plain model (3 ranks:
    ``test_train_gpt_example.py::test_fsdp_trains_the_model_of_one_process``).
 2. Prefetch changes when an all-gather starts, nothing else: bit-identical parameters on or off.
 3. Memory, in bytes (not timing): between steps the original parameters hold nothing and a rank's
