@@ -96,6 +96,11 @@ def _segments(fsdp: Any, optimizer: Any) -> list[tuple[Any, list[int | None]]]:
     return out
 
 
+def check_optimizer(fsdp: Any, optimizer: Any) -> None:
+    """``ValueError`` unless every parameter of ``optimizer`` is a shard tensor of ``fsdp``."""
+    _segments(fsdp, optimizer)
+
+
 def state_by_name(fsdp: Any, optimizer: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
     """Collective over ``fsdp.group``: ``{global name: {state: full array, counter: int}}``.
 

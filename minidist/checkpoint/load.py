@@ -61,7 +61,8 @@ def load(
     Args:
         directory: a checkpoint folder (``.../step_000123``) or the root holding ``latest``; the
             same folder on every rank.
-        model, optimizer, mesh, sampler: as for ``save``; the mesh may differ from the saved one
+        model, optimizer, mesh, sampler: as for ``save`` (a ``FullyShardedDataParallel`` reads the full
+            tensors, then keeps its shards, ``fsdp_state.py``); the mesh may differ from the saved one
             (another dp, tp, pp, cp or world size): tensors are then resharded by global name, each
             rank's piece cut by split.py's rule (uneven, strided). A tied copy (``is_tied_copy``)
             and its optimizer state are filled from the tensors of its name.
@@ -78,7 +79,8 @@ def load(
             that does not fit ``sampler`` (another seed or data set), or ranks that resolved
             different folders. Nothing has been changed when it is raised. Also a pending
             asynchronous save's error (it is waited for first, ``background.wait_pending``).
-        TypeError / ValueError: on every rank, for a model that is not a Module or a mesh that does
+        TypeError / ValueError: on every rank, for a model that is not a Module, an FSDP model whose
+            optimizer holds other tensors than its shard tensors (``fsdp.parameters()``), or a mesh that does
             not match the world.
     """
     background.wait_pending()  # a save still being written in the background is committed first
@@ -86,6 +88,9 @@ def load(
     with on_every_rank(comm, TypeError, ValueError):  # a bad argument on one rank stops every rank
         layout, module = layout_of(mesh, comm), unwrap(model)
     fsdp = model if fsdp_state.is_fsdp(model) else None
+    with on_every_rank(comm, ValueError):  # an optimizer over the wrong tensors, before anything changes
+        if fsdp is not None and optimizer is not None:
+            fsdp_state.check_optimizer(fsdp, optimizer)
     # Under FSDP the parameters hold no values between steps: load fills full arrays (collective).
     params = fsdp_state.load_targets(fsdp) if fsdp else dict(module.named_parameters())
 
