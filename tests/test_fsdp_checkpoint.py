@@ -14,8 +14,11 @@ Tolerance for runs on different layouts: 1e-10 relative (float64). Only the orde
 differs between the layouts (gradients averaged over 1, 2 or 4 ranks by an all-reduce or a
 reduce-scatter, the loss's mean over the rows of each rank); each differs by a few ulps (~1e-16) and
 2-4 AdamW steps keep a relative error relative (m / sqrt(v) is scale-free). 1e-10 is far above that
-and far below a real mistake (a wrong slice moves an update by ~lr = 0.05). ``atol = 1e-13`` covers
-the attention's key bias, whose exact gradient is 0 (test_train_gpt_example.py's docstring).
+and far below a real mistake (a wrong slice moves an update by ~lr = 0.05); measured: <= 3e-13.
+``atol = 1e-11`` covers the attention's key bias, whose exact gradient is 0 (test_train_gpt_example.py's
+docstring): its computed gradient is rounding noise that AdamW, dividing by sqrt(v) + eps with eps =
+1e-8, turns into weights of ~1e-13 at this lr (measured: differences <= 6e-13 between layouts), so
+the relative tolerance means nothing there; 1e-11 is 20x that and still 9 orders below a mistake.
 
 The train_gpt.py composition of FSDP with tensor parallelism (dp 2 x tp 2 equal to one process) is
 tested in test_train_gpt_layouts.py with the other layouts.
@@ -30,7 +33,7 @@ import pytest
 from launch_utils import checkpoint_tensors
 from mpi_utils import run_mpi
 
-RTOL, ATOL = 1e-10, 1e-13  # see the module docstring
+RTOL, ATOL = 1e-10, 1e-11  # see the module docstring
 
 
 @pytest.fixture(scope="module")

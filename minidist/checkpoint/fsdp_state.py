@@ -86,8 +86,9 @@ def _segments(fsdp: Any, optimizer: Any) -> list[tuple[Any, list[int | None]]]:
         indices = [index.get(id(s)) for s in unit.shards]
         seen.update(i for i in indices if i is not None)
         out.append((unit, indices))
+    placeholder = getattr(fsdp, "_placeholder", None)  # what a rank owning nothing hands the optimizer
     for i, p in enumerate(opt.params):
-        if i not in seen:
+        if i not in seen and p is not placeholder:
             raise ValueError(
                 f"optimizer parameter {i} (shape {p.shape}) is not a shard tensor of the "
                 "FullyShardedDataParallel passed to checkpoint; build the optimizer from fsdp.parameters() "

@@ -97,7 +97,7 @@ def main() -> None:
 
     def on(n: int) -> ProcessMesh | None:
         comm = world.split(color=0 if world.rank < n else None)  # collective over the world
-        return None if comm is None else ProcessMesh(comm=comm)
+        return None if comm is None else ProcessMesh(dp=n, comm=comm)
 
     if (mesh := on(1)) is not None:  # 1. the reference
         one = build("one", mesh)
