@@ -117,6 +117,7 @@ parser.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 (0.99
 parser.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
 parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
 parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
+parser.add_argument("--fsdp", action="store_true", help="FSDP (ZeRO-3) over dp instead of DDP; with --tp too")
 HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidist.parallel.comm_hooks)
 parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
 parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
@@ -138,8 +139,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags (``sys.argv`` by default); a bad value or combination exits with argparse's code 2."""
     args = parser.parse_args(argv)
     args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
-    if args.comm_hook != "none" and (args.zero or args.pp > 1):  # (no DDP: nothing to hook into)
-        parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --zero and --pp > 1 average without DDP")
+    if args.comm_hook != "none" and (args.zero or args.fsdp or args.pp > 1):  # (no DDP: nothing to hook)
+        parser.error(
+            f"--comm-hook {args.comm_hook} is a DDP hook; --zero, --fsdp and --pp > 1 average without DDP"
+        )
+    if args.zero and args.fsdp:
+        parser.error("--zero and --fsdp exclude each other (FSDP shards the optimizer state too); pick one")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     if args.async_checkpoint and not args.checkpoint_dir:
@@ -242,9 +247,9 @@ def main() -> None:
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     betas = (0.9, args.beta2)
-    if mesh_run:  # DDP over dp x cp, or the pipeline (which combines the gradients itself)
+    if mesh_run:  # DDP over dp x cp, FSDP over dp, or the pipeline (which combines the gradients itself)
         model = mesh_run.wrapped
-        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+        optimizer = optim.AdamW(mesh_run.optimizer_groups(groups), lr=args.lr, betas=betas)  # (FSDP: shards')
     elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
         # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
