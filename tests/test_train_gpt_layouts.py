@@ -83,8 +83,9 @@ def test_a_4d_layout_trains_the_model_of_one_process(trained, flags):
         ((8, PIPELINE), 8, ()),  # a pipeline's pieces (tied copy not saved) -> plain DDP on 8 ranks
         ((1, ()), 4, ("--tp", "4", "--sequence-parallel")),  # one process -> 63 rows cut 16+16+16+15
         ((8, CONTEXT), 4, ("--cp", "4")),  # dp x tp x cp -> cp 4 (the vocabulary pieces put back)
+        ((8, PIPELINE), 4, FSDP_TP),  # a pipeline's pieces -> FSDP's shards of tp pieces (issue 21)
     ],
-    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4"],
+    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4", "dp2-tp2-pp2-to-fsdp-dp2-tp2"],
 )
 def test_a_checkpoint_resumes_on_another_layout(trained, tmp_path, saved, n, flags):
     """Step 2 saved on one layout, resumed on another (resharded by GPT's names, AdamW's moments too),
@@ -151,9 +152,17 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
         ),
     ],
     ids=[
-        "product", "heads", "cp-block", "sp-tp1", "sp-block", "cp-dropout", "zero", "fsdp-pp", "pp-accum",
+        "product",
+        "heads",
+        "cp-block",
+        "sp-tp1",
+        "sp-block",
+        "cp-dropout",
+        "zero",
+        "fsdp-pp",
+        "pp-accum",
         "pp-batch",
-    ],  # fmt: skip
+    ],
 )
 def test_bad_layouts_are_value_errors_before_any_collective(ranks, flags, message):
     """In this process: the checks use only the flags and the world size, so every rank raises the
