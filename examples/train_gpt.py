@@ -17,6 +17,8 @@ of one process; checkpoints load on any other layout. That machinery is in train
     mpirun -n 8 python examples/train_gpt.py                          # defaults: val loss 1.85, ~6 min
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
     mpirun -n 4 python examples/train_gpt.py --zero 2 --grad-accum 2  # same model, sharded AdamW state
+    mpirun -n 4 python examples/train_gpt.py --fsdp                  # parameters sharded too (ZeRO-3)
+    mpirun -n 4 python examples/train_gpt.py --fsdp --tp 2           # FSDP over dp 2 x tensor parallel 2
     mpirun -n 8 python examples/train_gpt.py --data my_text.txt       # any UTF-8 text file
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
@@ -71,9 +73,15 @@ from minidist import checkpoint, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.launch.env import resume_requested
 from minidist.models import GPT, GPTConfig
+from minidist.models.transformer import Block
 from minidist.nn import functional as F
 from minidist.optim.lr_scheduler import cosine_with_warmup
-from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_
+from minidist.parallel import (
+    DistributedDataParallel,
+    FullyShardedDataParallel,
+    ZeroRedundancyOptimizer,
+    clip_grad_norm_,
+)
 from minidist.parallel.comm_hooks import register_by_name
 
 
@@ -117,7 +125,7 @@ parser.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 (0.99
 parser.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
 parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
 parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
-parser.add_argument("--fsdp", action="store_true", help="FSDP (ZeRO-3) over dp instead of DDP; with --tp too")
+parser.add_argument("--fsdp", action="store_true", help="fully sharded (ZeRO-3) per block instead of DDP")
 HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidist.parallel.comm_hooks)
 parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
 parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
@@ -139,12 +147,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags (``sys.argv`` by default); a bad value or combination exits with argparse's code 2."""
     args = parser.parse_args(argv)
     args.report_bytes, args.comm_hook = args.comm_hook is not None, args.comm_hook or "none"
-    if args.comm_hook != "none" and (args.zero or args.fsdp or args.pp > 1):  # (no DDP: nothing to hook)
-        parser.error(
-            f"--comm-hook {args.comm_hook} is a DDP hook; --zero, --fsdp and --pp > 1 average without DDP"
-        )
-    if args.zero and args.fsdp:
-        parser.error("--zero and --fsdp exclude each other (FSDP shards the optimizer state too); pick one")
+    if args.comm_hook != "none" and (args.zero or args.pp > 1):  # (no DDP: nothing to hook into)
+        parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --zero and --pp > 1 average without DDP")
+    if args.fsdp and args.zero:
+        parser.error("--fsdp shards the parameters, gradients and AdamW state itself: drop --zero")
+    if args.fsdp and args.comm_hook != "none":
+        parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --fsdp reduce-scatters without DDP")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     if args.async_checkpoint and not args.checkpoint_dir:
@@ -247,9 +255,14 @@ def main() -> None:
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     betas = (0.9, args.beta2)
-    if mesh_run:  # DDP over dp x cp, FSDP over dp, or the pipeline (which combines the gradients itself)
+    if mesh_run:  # DDP over dp x cp, FSDP over dp (--tp), or the pipeline (it combines the gradients itself)
         model = mesh_run.wrapped
         optimizer = optim.AdamW(mesh_run.optimizer_groups(groups), lr=args.lr, betas=betas)  # (FSDP: shards')
+    elif args.fsdp:
+        # FSDP (ZeRO-3): each Block is a unit, gathered only while it computes (recomputed in backward); the
+        # rest (embeddings, tied head, final LayerNorm) is the root unit. AdamW steps this rank's shards.
+        model = FullyShardedDataParallel(gpt, wrap=(Block,))
+        optimizer = optim.AdamW(model.shard_param_groups(groups), lr=args.lr, betas=betas)
     elif args.zero:
         # ZeRO (Rajbhandari et al. 2020): no DDP wrapper; step() reduce-scatters the gradients, updates this
         # rank's shard of the parameters with its shard of the AdamW state, and all-gathers the parameters.
@@ -303,7 +316,7 @@ def main() -> None:
 
     def evaluate(train: RandomWindows, val: RandomWindows) -> dict[str, float]:
         """Train and validation loss estimates (the same windows on every layout)."""
-        evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, gpt)
+        evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, model)
         return evaluate_on({"train": train, "val": val}, args.eval_iters)
 
     # --- training loop
@@ -327,7 +340,7 @@ def main() -> None:
                 loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
                 last = k == args.grad_accum - 1
                 # All but the last backward accumulate locally (no_sync); the last all-reduces the sum once.
-                with contextlib.nullcontext() if last or args.zero else model.no_sync():
+                with contextlib.nullcontext() if last or args.zero else model.no_sync():  # (DDP's or FSDP's)
                     loss.backward()
                 step_loss += loss.item()
         if args.grad_clip:
@@ -337,6 +350,8 @@ def main() -> None:
                 mesh_run.clip_grad_norm_(args.grad_clip)
             elif args.zero:
                 optimizer.clip_grad_norm_(args.grad_clip)
+            elif args.fsdp:  # the same: the averaged gradient is in the shards
+                model.clip_grad_norm_(args.grad_clip)
             else:
                 clip_grad_norm_(gpt.parameters(), args.grad_clip)
         optimizer.step()
@@ -381,16 +396,24 @@ def main() -> None:
         sent = model.comm_stats.per_step()
         print(f"--comm-hook {args.comm_hook}: {sent['bytes_sent'] / 1024:.1f} KiB sent per step by rank 0, "
               f"{sent['compression_ratio']:.1f}x less payload than a plain all-reduce")  # fmt: skip
-    if rank == 0:
-        print(f"val loss: {estimate['val']:.4f}")
-        # (1, 1): start from a newline, or from the text's first character if it has none
-        prompt = tokenizer.encode("\n" if "\n" in tokenizer.chars else text[0])[None, :]
-        rng = np.random.default_rng(args.seed)  # its own generator: sampling leaves training's untouched
-        sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=rng)
-        print(tokenizer.decode(sample[0]))
-        if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
-            weights = {name: p.numpy() for name, p in gpt.named_parameters()}
-            np.savez(args.out, losses=np.array(losses), val_loss=estimate["val"], **weights)
+    # Under --fsdp the GPT holds its full weights only inside summon_full_params (collective on entry); on a
+    # mesh, gpt is the one-process GPT that mesh_run.gathered() put together above.
+    with model.summon_full_params() if args.fsdp and not mesh_run else contextlib.nullcontext():
+        if rank == 0:
+            report_and_sample(args, gpt, estimate, tokenizer, text, losses)
+
+
+def report_and_sample(args, gpt: GPT, estimate: dict, tokenizer: CharTokenizer, text: str, losses: list):
+    """Rank 0: print the validation loss and a sample; with --out, save the losses and weights."""
+    print(f"val loss: {estimate['val']:.4f}")
+    # (1, 1): start from a newline, or from the text's first character if it has none
+    prompt = tokenizer.encode("\n" if "\n" in tokenizer.chars else text[0])[None, :]
+    rng = np.random.default_rng(args.seed)  # its own generator: sampling leaves training's untouched
+    sample = gpt.generate(prompt, args.sample_tokens, temperature=0.8, top_k=20, generator=rng)
+    print(tokenizer.decode(sample[0]))
+    if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
+        weights = {name: p.numpy() for name, p in gpt.named_parameters()}
+        np.savez(args.out, losses=np.array(losses), val_loss=estimate["val"], **weights)
 
 
 if __name__ == "__main__":

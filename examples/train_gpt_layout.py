@@ -1,9 +1,8 @@
 """The 4-D layouts of ``examples/train_gpt.py``: data, tensor (+ sequence), pipeline and context parallelism.
 
-train_gpt.py keeps its data-parallel path (``GPT`` + DDP or ZeRO over the world) whenever
-``--tp``, ``--pp`` and ``--cp`` are 1 and ``--sequence-parallel`` and ``--fsdp`` are off:
-:func:`is_data_parallel`. Every other layout runs through :class:`MeshTraining`, kept here so the script
-still reads top to bottom.
+train_gpt.py keeps its data-parallel path (``GPT`` + DDP, ZeRO or FSDP over the world) whenever
+``--tp``, ``--pp`` and ``--cp`` are 1 and ``--sequence-parallel`` is off: :func:`is_data_parallel`. Every
+other layout runs through :class:`MeshTraining`, kept here so the script still reads top to bottom.
 What it does, in the order of one step (Megatron-LM's, Narayanan et al. 2021):
 
 * a ``ProcessMesh(dp, tp, pp, cp)`` (rank order tp fastest, then cp, dp, pp);
@@ -75,9 +74,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def is_data_parallel(args: argparse.Namespace) -> bool:
-    """True for the plain data-parallel path (GPT + DDP/ZeRO over the world, train_gpt.py's own). ``--fsdp``
-    always runs here, on a mesh (tp 1 included): one code path gathers, evaluates and saves the shards."""
-    return args.tp == args.pp == args.cp == 1 and not args.sequence_parallel and not args.fsdp
+    """True for the plain data-parallel path (GPT + DDP/ZeRO/FSDP over the world, train_gpt.py's own)."""
+    return args.tp == args.pp == args.cp == 1 and not args.sequence_parallel
 
 
 def check_layout(args: argparse.Namespace, world_size: int) -> None:
