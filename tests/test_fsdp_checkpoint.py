@@ -88,6 +88,9 @@ def test_fsdp_trains_like_one_process_and_ddp_checkpoints_resume_under_fsdp(run)
 def test_an_optimizer_over_the_wrong_tensors_is_an_error_on_every_rank(run):
     info = json.loads((run / "out" / "info.json").read_text())
     for r in range(4):
-        assert info[f"wrong_{r}"] is not None, r
-        assert "fsdp.parameters()" in info[f"wrong_{r}"]
+        for what in ("wrong", "wrong_load"):  # save: a CheckpointError; load: a ValueError, before changes
+            message = info[f"{what}_{r}"]
+            assert message is not None, (what, r)
+            assert "is not a shard tensor" in message and "fsdp.parameters()" in message
+        assert info[f"unchanged_{r}"], r
     assert not (run / "ckpt" / "wrong").exists() or not any((run / "ckpt" / "wrong").glob("step_*"))

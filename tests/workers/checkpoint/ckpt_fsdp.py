@@ -13,8 +13,8 @@ per step, and rank 0 of the group writes ``OUT/<name>.npz``: the full parameters
    own layout (``CKPT/<kind>_from_f4``: must hold the same tensors) and train 2 steps: ``..._s4``;
 5. ``d2``: DDP over ranks 0-1, 2 steps, save ``CKPT/d2``, 2 more: ``d2_s4``; FSDP-4 loads ``CKPT/d2``
    and trains 2 steps: ``f4_from_d2_s4``;
-6. ``OUT/info.json``: the error every rank raises for an optimizer built over the model's parameters
-   instead of FSDP's shard tensors.
+6. ``OUT/info.json``: the error every rank raises, saving and loading, for an optimizer built over the
+   model's parameters instead of FSDP's shard tensors (the load changes nothing).
 """
 
 from __future__ import annotations
@@ -147,6 +147,14 @@ def main() -> None:
         info[f"wrong_{world.rank}"] = None
     except checkpoint.CheckpointError as err:
         info[f"wrong_{world.rank}"] = str(err)
+    before = f4.model.state_dict()
+    try:  # loading checks the optimizer before it changes anything
+        checkpoint.load(ckpt / "f4", f4.model, wrong, mesh=f4.mesh)
+        info[f"wrong_load_{world.rank}"] = None
+    except ValueError as err:
+        info[f"wrong_load_{world.rank}"] = str(err)
+    after = f4.model.state_dict()
+    info[f"unchanged_{world.rank}"] = all(np.array_equal(before[n], after[n]) for n in before)
     everyone = dist.all_gather_json(info, world)
     if world.rank == 0:
         (out / "info.json").write_text(json.dumps({k: v for part in everyone for k, v in part.items()}))
