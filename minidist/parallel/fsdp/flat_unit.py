@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import backend, memory
+from minidist import backend, memory, trace
 from minidist.autograd import Tensor
 from minidist.parallel.comm_thread import CommThread, Job
 from minidist.parallel.fsdp.units import UnitPlan
@@ -97,10 +97,11 @@ class FlatUnit:
         send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
         memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
         self._result = []
-        result, group, dtype = self._result, self.group, self.dtype
+        result, group, dtype, name = self._result, self.group, self.dtype, self.name or "root"
 
         def job() -> None:  # on the communication thread, the cast back included
-            result.append(dist.all_gather(send, group=group).astype(dtype, copy=False))
+            with trace.span(f"all_gather {name}", trace.COMM):
+                result.append(dist.all_gather(send, group=group).astype(dtype, copy=False))
 
         self._job = self._thread.submit(Job(job))
 
@@ -133,7 +134,9 @@ class FlatUnit:
 
     def _fetch(self) -> Any:
         self.start_gather()
-        self._job.wait()
+        # What the main thread waits for is the communication prefetching did not hide (benchmarks/fsdp).
+        with trace.span(f"wait all_gather {self.name or 'root'}", trace.WAIT):
+            self._job.wait()
         full, self._job = self._result.pop(), None
         return full
 
@@ -173,8 +176,9 @@ class FlatUnit:
 
     def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> None:
         """On the communication thread: average this rank's chunk and add it to the shards' gradients."""
-        averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
-        used = dist.all_reduce(flags, op="max", group=self.group)
+        with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
+            averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
+            used = dist.all_reduce(flags, op="max", group=self.group)
         for shard, seg in zip(self.shards, self.layout.segments):
             if not used[seg.param_index]:
                 continue
@@ -186,7 +190,8 @@ class FlatUnit:
         jobs, self._reduces = self._reduces, []
         for job, nbytes in jobs:
             try:
-                job.wait()
+                with trace.span(f"wait reduce_scatter {self.name or 'root'}", trace.WAIT):
+                    job.wait()
             finally:
                 memory.allocated("communication", -nbytes, owner=self.name)
 

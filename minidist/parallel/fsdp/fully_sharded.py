@@ -133,6 +133,7 @@ class FullyShardedDataParallel(Module):
             object.__setattr__(u.module, "forward", self._unit_forward(u, u.module.forward))
         self._sync, self._summoned = True, False
         self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
+        self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
         self._pass = -1  # the backward pass whose end-of-pass callback is queued
         dtype = self.units[0].dtype
         self._placeholder = Tensor(np.zeros(0, dtype=dtype), requires_grad=True)  # a rank owning nothing
@@ -149,15 +150,17 @@ class FullyShardedDataParallel(Module):
             u.free()
         if self._root is not None:
             self._root.refresh()  # for the whole step: freed when backward ends
-        self._ran = []
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
             self._free_all()
             raise
         if autograd.is_grad_enabled() and isinstance(out, Tensor) and out.requires_grad:
+            self._awaiting_backward = True
             return _EndOfBackward.apply(out, fsdp=self)
-        self._free_all()  # nothing will be differentiated: back to shards now
+        # Nothing will be differentiated: back to shards now, except a root that an earlier forward's
+        # graph still needs (its backward would refuse parameters changed in place since).
+        self._free_all(keep_root=self._awaiting_backward)
         if autograd.is_grad_enabled() and not isinstance(out, Tensor):
             raise TypeError(
                 f"FullyShardedDataParallel: the wrapped module returned a {type(out).__name__}; with "
@@ -222,11 +225,13 @@ class FullyShardedDataParallel(Module):
             for u in self.units:
                 u.wait_gradients()
         finally:
+            self._awaiting_backward, self._ran = False, []
             self._free_all()
 
-    def _free_all(self) -> None:
+    def _free_all(self, keep_root: bool = False) -> None:
         for u in self.units:
-            u.free()
+            if not (keep_root and u is self._root):
+                u.free()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -15,7 +15,7 @@ from dist_worker_utils import run_worker, write_json
 
 import minidist as md
 import minidist.distributed as dist
-from minidist import nn
+from minidist import nn, optim
 from minidist.models import GPT, GPTConfig
 from minidist.models.transformer import Block
 from minidist.parallel import FullyShardedDataParallel as FSDP
@@ -75,6 +75,32 @@ def main(out_dir: str) -> None:
     # still usable after each error: a plain step works and leaves nothing gathered
     fsdp(ids).sum().backward()
     results["usable_after_errors"] = [u.gathered for u in fsdp.units]
+
+    # Usage patterns that must work (recorded as None when they do):
+    def evaluation_between_forward_and_backward():  # the root must stay as the graph saw it
+        loss = fsdp(ids).sum()
+        with md.no_grad():
+            fsdp(ids)
+        loss.backward()
+
+    def two_forwards_one_backward():
+        (fsdp(ids).sum() + fsdp(ids[:1]).sum()).backward()
+
+    def forward_without_backward_then_step():  # the next forward must see the stepped root, not the old
+        optimizer = optim.SGD(fsdp.parameters(), lr=0.5)
+        fsdp(ids).sum().backward()
+        fsdp(ids)  # gradients on, no backward: the root stays gathered
+        optimizer.step()
+        loss = fsdp(ids).sum()
+        installed = fsdp.units[0].params[0].data.copy()  # wte.weight as the forward used it
+        loss.backward()
+        if not np.array_equal(installed, fsdp.state_dict()["wte.weight"]):
+            raise AssertionError("the forward after the step used the root's old values")
+
+    for case in (evaluation_between_forward_and_backward, two_forwards_one_backward,
+                 forward_without_backward_then_step):  # fmt: skip
+        results[case.__name__] = caught(case)
+    results["nothing_gathered_at_the_end"] = not any(u.gathered for u in fsdp.units)
     write_json(out_dir, f"rank{world.rank}.json", results)
 
 
