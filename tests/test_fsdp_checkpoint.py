@@ -94,3 +94,13 @@ def test_an_optimizer_over_the_wrong_tensors_is_an_error_on_every_rank(run):
             assert "is not a shard tensor" in message and "fsdp.parameters()" in message
         assert info[f"unchanged_{r}"], r
     assert not (run / "ckpt" / "wrong").exists() or not any((run / "ckpt" / "wrong").glob("step_*"))
+
+
+@pytest.mark.mpi
+def test_the_tensor_parallel_clip_is_fsdps_own_without_tensor_parallelism(run):
+    # (with tp 2 it is tested by train_gpt --fsdp --tp 2 against one process: test_train_gpt_layouts.py)
+    info = json.loads((run / "out" / "info.json").read_text())
+    for p in ("2.0", "inf"):
+        norms = [info[f"clip_{p}_{r}"] for r in range(4)]
+        assert norms[0][0] > 0 and all(n == norms[0] for n in norms), norms  # the same on every rank
+        assert norms[0][0] == pytest.approx(norms[0][1], rel=1e-12), p  # float64 sums in another order

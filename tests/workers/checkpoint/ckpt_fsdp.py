@@ -13,8 +13,9 @@ per step, and rank 0 of the group writes ``OUT/<name>.npz``: the full parameters
    own layout (``CKPT/<kind>_from_f4``: must hold the same tensors) and train 2 steps: ``..._s4``;
 5. ``d2``: DDP over ranks 0-1, 2 steps, save ``CKPT/d2``, 2 more: ``d2_s4``; FSDP-4 loads ``CKPT/d2``
    and trains 2 steps: ``f4_from_d2_s4``;
-6. ``OUT/info.json``: the error every rank raises, saving and loading, for an optimizer built over the
-   model's parameters instead of FSDP's shard tensors (the load changes nothing).
+6. ``OUT/info.json``: the norms of ``tp_clip.clip_grad_norm_`` and of FSDP's own (equal without tp);
+   the error every rank raises, saving and loading, for an optimizer built over the model's parameters
+   instead of FSDP's shard tensors (the load changes nothing).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from minidist.parallel import (
     ProcessMesh,
     ZeroRedundancyOptimizer,
 )
+from minidist.parallel.fsdp import tp_clip
 
 CONFIG = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
 ROWS, LR = 4, 0.05  # global batch rows (1, 2 or 4 ranks take equal shares); AdamW's learning rate
@@ -139,6 +141,14 @@ def main() -> None:
     f4.step = checkpoint.load(ckpt / "d2", f4.model, f4.opt, mesh=f4.mesh)["step"]
     train(f4, 2)
     dump(f4, out, "f4_from_d2_s4")
+
+    # tp_clip without tensor parallelism is FSDP's own clip_grad_norm_ (2-norm and max-norm, one backward)
+    x = np.random.default_rng(9).integers(0, CONFIG.vocab_size, (1, CONFIG.block_size))
+    F.cross_entropy(f4.model(x).reshape(-1, CONFIG.vocab_size), x.reshape(-1)).backward()
+    for p in (2.0, float("inf")):
+        ours = tp_clip.clip_grad_norm_(f4.model, 1e9, norm_type=p)  # (1e9: nothing is scaled)
+        info[f"clip_{p}_{world.rank}"] = [ours, f4.model.clip_grad_norm_(1e9, norm_type=p)]
+    f4.opt.zero_grad()
 
     # 6. An optimizer over the model's own parameters: FSDP steps shard tensors. Every rank raises.
     wrong = optim.AdamW(f4.gpt.parameters(), lr=LR)
