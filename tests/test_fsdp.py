@@ -142,6 +142,25 @@ def test_a_rank_holds_its_shards_and_at_most_two_gathered_units(fsdp_run, config
         assert r["reload_bit_identical"]
 
 
+# ------------------------------------------------------------------------------------- communication
+@pytest.mark.mpi
+def test_collectives_per_step_and_their_bytes(fsdp_run):
+    """Counted from the trace of one step (load-proof): the root is all-gathered once, every Block twice
+    (forward, and backward's recomputation), each unit reduce-scattered once. An all-gather sends this
+    rank's shard; a reduce-scatter sends the unit's whole flat gradient. bfloat16 (2 bytes) instead of
+    float64 (8) sends a quarter of both."""
+    n, _, report = fsdp_run
+    for rank in range(n):
+        plain, low = report(rank)["gpt_adamw_blocks"], report(rank)["gpt_adamw_blocks_bfloat16"]
+        root, units = plain["root_bytes"] // 8, [b // 8 for b in plain["unit_bytes"]]
+        own = [len(np.array_split(np.arange(p), n)[rank]) for p in [root, *units]]
+        gathered = own[0] + 2 * sum(own[1:])
+        assert plain["traffic"]["all_gather"] == [1 + 2 * len(units), 8 * gathered]
+        assert plain["traffic"]["reduce_scatter"] == [1 + len(units), 8 * (root + sum(units))]
+        assert low["traffic"]["all_gather"] == [1 + 2 * len(units), 2 * gathered]
+        assert low["traffic"]["reduce_scatter"] == [1 + len(units), 2 * (root + sum(units))]
+
+
 # --------------------------------------------------------------------------------------------- errors
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):

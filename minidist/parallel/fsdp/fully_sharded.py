@@ -26,8 +26,8 @@ root unsharded between forward and backward. With ``wrap=None`` the root is the 
 is not bounded then (the whole model is gathered for the step), but the optimizer state and
 gradients are still 1/N.
 
-Everything is equal to one process (the tests: 1 vs 2, 3, 4 ranks): the gradients are the same sums
-in another order, averaged by ``reduce_scatter(op="avg")``.
+Everything is equal to one process (tests/test_fsdp.py: 1 vs 2 and 4 ranks, train_gpt on 3): the
+gradients are the same sums in another order, averaged by ``reduce_scatter(op="avg")``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ import functools
 import weakref
 from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 import minidist.distributed as dist
 from minidist import autograd
@@ -72,9 +70,9 @@ class FullyShardedDataParallel(Module):
         prefetch: issue the next unit's all-gather before the current unit computes (forward: the
             next unit in module order; backward: the previous one in the order the forward ran).
             Off: every all-gather waits at once. Same numbers either way.
-        param_dtype: dtype of the gathered parameters, the unit computes in it (None: the
-            parameters' own; "bfloat16", "float16"): halves the all-gather's bytes; the shards stay
-            the master copy in the parameters' dtype.
+        param_dtype: dtype of the all-gather (None: the parameters' own; "bfloat16", "float16"):
+            halves its bytes; the units compute with the rounded values, cast back to the parameters'
+            dtype (this version's ops compute in float32/float64), and the shards stay the master copy.
         reduce_dtype: dtype of the gradient reduce-scatter (None: the parameters' own). Lower
             precision halves the bytes, but averaging many small float16 gradients underflows (below
             6e-8 they become 0), so the default keeps the master dtype.
@@ -135,8 +133,8 @@ class FullyShardedDataParallel(Module):
         self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
         self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
         self._pass = -1  # the backward pass whose end-of-pass callback is queued
-        dtype = self.units[0].dtype
-        self._placeholder = Tensor(np.zeros(0, dtype=dtype), requires_grad=True)  # a rank owning nothing
+        first = self.units[0]  # a rank owning nothing still gives its optimizer one (empty) tensor:
+        self._placeholder = Tensor(first.flat_shard[:0].copy(), requires_grad=True)
 
     # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ import numpy as np
 from dist_worker_utils import run_worker, write_json
 
 import minidist.distributed as dist
-from minidist import nn
+from minidist import nn, trace
 from minidist.memory import counters
 from minidist.models.transformer import Block
 from minidist.parallel import FullyShardedDataParallel
@@ -40,6 +40,21 @@ def build(kind: str, seed: int, wrap, prefetch: bool, world, low=None) -> FullyS
     return FullyShardedDataParallel(
         fc.make(kind, seed), group=world, wrap=wrap, prefetch=prefetch, param_dtype=low, reduce_dtype=low
     )
+
+
+def traced_step(fsdp, optimizer, batch, world) -> dict[str, list[int]]:
+    """One more step (no clipping) with the collectives traced: per collective, [calls, payload bytes]."""
+    trace.enable(collectives=True)
+    fc.train(fsdp, optimizer, [batch], None, world.rank, world.size)
+    events = [e for e in trace.events() if e["cat"] == trace.COLLECTIVE]
+    trace.disable()
+    return {
+        name: [
+            sum(1 for e in events if e["name"] == name),
+            sum(e["args"]["payload"] for e in events if e["name"] == name),
+        ]
+        for name in ("all_gather", "reduce_scatter")
+    }
 
 
 def main(out_dir: str) -> None:
@@ -73,6 +88,7 @@ def main(out_dir: str) -> None:
             "ndims_kept": all(p.ndim == len(s) for u in fsdp.units for p, s in zip(u.params, u.shapes)),
             "reload_bit_identical": all(np.array_equal(again[k], full[k]) for k in full),
             "unit_names": [u.name for u in fsdp.units],
+            "traffic": traced_step(fsdp, optimizer, batches[0], world),
         }
     write_json(out_dir, f"rank{world.rank}.json", report)
 
