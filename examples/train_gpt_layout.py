@@ -14,15 +14,16 @@ What it does, in the order of one step (Megatron-LM's, Narayanan et al. 2021):
   (``split_for_context_parallel``), the tp ranks the same thing;
 * forward and backward: without pipeline, ``DistributedDataParallel`` over ``mesh.dp_cp_group`` (cp
   ranks hold the same weights, so they average gradients like dp ranks), or with ``--fsdp``
-  ``FullyShardedDataParallel`` over ``mesh.dp_group``, one unit per ``ParallelBlock`` (each rank's flat
-  shards hold pieces of its tp rank's parameters; tp only: :func:`check_layout`); with pp > 1,
+  ``FullyShardedDataParallel`` over the same ``mesh.dp_cp_group``, one unit per ``ParallelBlock`` (each
+  rank's flat shards hold pieces of its tp rank's parameters; not with pp or sequence parallelism:
+  :func:`check_layout`); with pp > 1,
   ``PipelineParallel`` over ``mesh.pp_group`` with ``dp_group = mesh.dp_cp_group`` (it keeps the tied
   ``wte`` of the first and last stage equal: the last stage's copy is this tp rank's vocabulary shard);
   the loss is the vocabulary-parallel cross-entropy (the logits are never gathered);
 * sequence-parallel gradients (LayerNorms, ``wpe``, row-parallel biases) summed over tp;
 * ``clip_grad_norm_`` over the model-parallel groups: sharded pieces summed over tp, replicated ones
-  counted once, stages summed over pp, the tied copy counted once (under FSDP also the dp shards summed:
-  ``parallel/fsdp/tp_clip.py``);
+  counted once, stages summed over pp, the tied copy counted once (under FSDP also the dp x cp shards
+  summed: ``parallel/fsdp/tp_clip.py``);
 * checkpoints with ``mesh=``: GPT's names, so a checkpoint of one layout resumes on any other;
 * at the end ``gather_gpt`` puts the pieces back into a one-process ``GPT`` on rank 0, for the sample
   (and ``--out``).
@@ -102,13 +103,13 @@ def check_layout(args: argparse.Namespace, world_size: int) -> None:
             "--sequence-parallel splits the sequence over the tensor-parallel group, and --tp is 1: "
             "use --tp 2 or more, or drop --sequence-parallel"
         )
-    if args.fsdp and (args.pp > 1 or args.cp > 1 or args.sequence_parallel):
-        # FSDP over dp of a tp model is what is built and tested. With pp the pipeline would need to gather
-        # units per microbatch; cp and sequence parallelism need gradient sums over cp / tp before FSDP's
-        # reduce-scatter, and tp ranks' flat layouts differ where vocabulary pieces are uneven.
+    if args.fsdp and (args.pp > 1 or args.sequence_parallel):
+        # Built and tested: FSDP over dp x cp of a tp model. With pp the pipeline would have to gather units
+        # per microbatch; sequence parallelism needs its gradients summed over tp before FSDP's
+        # reduce-scatter, and the tp ranks' flat layouts differ where the vocabulary pieces are uneven.
         raise ValueError(
-            "--fsdp composes with --tp only (FSDP over the data-parallel group, tensor parallelism inside "
-            "each unit): drop --pp, --cp and --sequence-parallel, or train those layouts without --fsdp"
+            "--fsdp composes with --tp and --cp (FSDP over the dp x cp ranks, tensor parallelism inside "
+            "each unit): drop --pp and --sequence-parallel, or train those layouts without --fsdp"
         )
     if args.zero:
         raise ValueError(
@@ -156,7 +157,7 @@ class MeshTraining:
         if a.sequence_parallel:
             text += ", sequence parallel"
         if a.fsdp:
-            text += ", FSDP over dp"
+            text += ", FSDP over dp x cp"
         if a.pp > 1:
             text += f", {a.schedule} with {a.microbatches} microbatches"
         return text
@@ -173,9 +174,10 @@ class MeshTraining:
                 microbatches=args.microbatches, schedule=args.schedule, virtual_stages=args.virtual_stages,
             )  # fmt: skip
             self.wrapped, self.params = self.pipe, list(self.pipe.parameters())
-        elif args.fsdp:  # each ParallelBlock a unit; wte (tied head), wpe, ln_f in the root unit
+        elif args.fsdp:  # each ParallelBlock a unit; wte (tied head), wpe, ln_f in the root unit; cp ranks
+            # hold the same weights, so FSDP shards over dp x cp like DDP averages over it
             self.params = list(self.model.parameters())  # (before sharding: train_gpt splits them by ndim)
-            self.wrapped = FullyShardedDataParallel(self.model, group=mesh.dp_group, wrap=(ParallelBlock,))
+            self.wrapped = FullyShardedDataParallel(self.model, group=mesh.dp_cp_group, wrap=(ParallelBlock,))
         else:  # cp ranks are data-parallel for the weights: average over dp x cp
             self.wrapped = DistributedDataParallel(self.model, group=mesh.dp_cp_group)
             self.params = list(self.model.parameters())
@@ -226,7 +228,7 @@ class MeshTraining:
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """The norm of the whole model's gradient, as one process would compute it (clip_grad.py)."""
-        if self.args.fsdp:  # the shards' gradients: summed over dp, then over tp (replicated ones once)
+        if self.args.fsdp:  # the shards' gradients: summed over dp x cp, then over tp (replicated: once)
             return tp_clip.clip_grad_norm_(self.wrapped, max_norm, tp_group=self.mesh.tp_group)
         return clip_grad_norm_(self.params, max_norm, pp_group=self.mesh.pp_group if self.pipe else None)
 

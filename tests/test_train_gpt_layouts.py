@@ -11,8 +11,8 @@ Coverage (each axis at least once): dp 2 x tp 2 x pp 2 (the tied token table acr
 rank's vocabulary shard: 63 characters over tp 2 is 32 + 31 rows), dp 2 x tp 2 x cp 2 with sequence
 parallelism (ring attention and the balanced split), tp 4 with sequence parallelism, cp 4, and dp 8 (the
 plain data-parallel path) resuming a pipeline's checkpoint; dp 2 x tp 2 under FSDP (issue 21), whose
-checkpoint resumes on a pipeline. Interleaved schedules of the GPT pipeline are
-tested on their own in test_pipeline_gpt.py.
+checkpoint resumes on a pipeline, and tp 2 x cp 2 under FSDP resuming a pipeline's. Interleaved
+schedules of the GPT pipeline are tested on their own in test_pipeline_gpt.py.
 
 Tolerance: 1e-10 relative (float64). Only the order of floating-point sums differs from one process: the
 row-parallel partial products summed over tp, the loss's sums over vocabulary slices, the ring's online
@@ -83,9 +83,9 @@ def test_a_4d_layout_trains_the_model_of_one_process(trained, flags):
         ((8, PIPELINE), 8, ()),  # a pipeline's pieces (tied copy not saved) -> plain DDP on 8 ranks
         ((1, ()), 4, ("--tp", "4", "--sequence-parallel")),  # one process -> 63 rows cut 16+16+16+15
         ((8, CONTEXT), 4, ("--cp", "4")),  # dp x tp x cp -> cp 4 (the vocabulary pieces put back)
-        ((8, PIPELINE), 4, FSDP_TP),  # a pipeline's pieces -> FSDP's shards of tp pieces (issue 21)
+        ((8, PIPELINE), 4, ("--tp", "2", "--cp", "2", "--fsdp")),  # -> FSDP over cp of tp pieces (issue 21)
     ],
-    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4", "dp2-tp2-pp2-to-fsdp-dp2-tp2"],
+    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4", "dp2-tp2-pp2-to-fsdp-tp2-cp2"],
 )
 def test_a_checkpoint_resumes_on_another_layout(trained, tmp_path, saved, n, flags):
     """Step 2 saved on one layout, resumed on another (resharded by GPT's names, AdamW's moments too),
@@ -110,7 +110,7 @@ def test_fsdp_with_tensor_parallelism_trains_the_model_of_one_process_and_resume
     _, reference, _ = trained(1)
     stdout, result, ckpt = trained(4, *FSDP_TP)
     assert_same_training(result, reference)
-    assert "(dp 2 x tp 2 x pp 1 x cp 1, FSDP over dp)" in stdout, stdout
+    assert "(dp 2 x tp 2 x pp 1 x cp 1, FSDP over dp x cp)" in stdout, stdout
     root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
     out = tmp_path / "resumed.npz"
     resumed = launch(2, "--pp", "2", "--checkpoint-dir", str(root), "--resume", "--out", str(out))
@@ -143,7 +143,7 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
         (4, ["--tp", "4", "--sequence-parallel", "--block-size", "6"], "--block-size 6 / --cp 1 must be"),
         (2, ["--cp", "2", "--dropout", "0.1"], "--dropout with --cp > 1"),
         (2, ["--tp", "2", "--zero", "1"], "--zero works on the data-parallel path only"),
-        (4, ["--tp", "2", "--pp", "2", "--fsdp"], "--fsdp composes with --tp only"),
+        (4, ["--tp", "2", "--pp", "2", "--fsdp"], "--fsdp composes with --tp and --cp"),
         (4, ["--pp", "2", "--grad-accum", "2"], "--grad-accum with --pp > 1"),
         (
             4,

@@ -1,12 +1,13 @@
 """``clip_grad_norm_`` for FSDP composed with tensor parallelism: the norm one process would compute.
 
-FSDP over a mesh's data-parallel group wrapping a tensor-parallel model (``ParallelGPT``) splits every
-parameter twice: over tp into pieces (Shoeybi et al. 2019, §3; ``tp_dim`` says along which axis), and
-each tp rank's piece over dp into flat shards (ZeRO-3, Rajbhandari et al. 2020 §5.3). After FSDP's
-reduce-scatter, the shard tensors' ``.grad`` hold the averaged gradient, each element on exactly one
-dp rank. The global norm (Pascanu et al. 2013, §3.2) therefore adds up:
+FSDP over a mesh's data-parallel group (dp x cp with context parallelism) wrapping a tensor-parallel
+model (``ParallelGPT``) splits every parameter twice: over tp into pieces (Shoeybi et al. 2019, §3;
+``tp_dim`` says along which axis), and each tp rank's piece over FSDP's group into flat shards (ZeRO-3,
+Rajbhandari et al. 2020 §5.3). After FSDP's reduce-scatter, the shard tensors' ``.grad`` hold the
+averaged gradient, each element on exactly one rank of FSDP's group. The global norm (Pascanu et al.
+2013, §3.2) therefore adds up:
 
-* over the dp group: every shard once (they are disjoint pieces of this tp rank's parameters);
+* over FSDP's group: every shard once (they are disjoint pieces of this tp rank's parameters);
 * over the tp group: sharded parameters' totals summed (disjoint pieces of the full tensor), replicated
   ones (``tp_dim`` None: LayerNorms, biases of row-parallel layers, ``wpe``) counted once, since every
   tp rank holds the same gradient (their largest value is taken: equal in normal use, and a NaN or inf
