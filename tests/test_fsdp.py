@@ -212,6 +212,26 @@ def test_still_usable_after_the_errors(errors):
         ]  # trained a step, nothing left gathered
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "case",
+    [
+        "evaluation_between_forward_and_backward",
+        "two_forwards_one_backward",
+        "forward_without_backward_then_step",
+        "zero_grad_drops_no_sync_gradients",
+    ],
+)
+def test_usage_patterns_keep_the_root_and_the_gradients_right(errors, case):
+    """The root stays gathered from a forward to its backward: a forward in between (an evaluation, a
+    second micro-batch) must not change it under the first graph, and an optimizer step in between must
+    not leave its old values in use (the root is re-gathered and compared, on every rank). zero_grad()
+    also drops full gradients that no_sync() left on the parameters."""
+    for results in errors:
+        assert results[case] is None, results[case]
+        assert results["nothing_gathered_at_the_end"]
+
+
 # ------------------------------------------------------------------------------- planning, without MPI
 def test_blocks_become_units_and_the_tied_embedding_stays_in_the_root():
     from minidist.models.transformer import Block

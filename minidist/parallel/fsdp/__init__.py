@@ -2,8 +2,9 @@
 state all sharded over the data-parallel group, each unit gathered only while it computes.
 
 Reading order: ``units.py`` (which parameters form which unit) -> ``flat_unit.py`` (one unit's
-sharded flat vector: gather, free, reduce-scatter) -> ``fully_sharded.py`` (the Module wrapper:
-forward, backward under recomputation, prefetch, the optimizer's view, full state dicts).
+sharded flat vector: gather, free, reduce-scatter) -> ``schedule.py`` (when: each unit under
+recomputation, prefetch, the end of backward) -> ``fully_sharded.py`` (the Module wrapper and its public
+API) -> ``state.py`` (full state dicts, the optimizer's groups).
 """
 
 from minidist.parallel.fsdp.fully_sharded import FullyShardedDataParallel

@@ -33,19 +33,18 @@ gradients are the same sums in another order, averaged by ``reduce_scatter(op="a
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import minidist.distributed as dist
 from minidist import autograd
-from minidist.autograd import Function, Tensor
+from minidist.autograd import Tensor
 from minidist.nn.module import IncompatibleKeys, Module, Parameter
-from minidist.nn.recompute import recompute
 from minidist.parallel.comm_thread import CommThread
 from minidist.parallel.fsdp import state
 from minidist.parallel.fsdp.flat_unit import FlatUnit
+from minidist.parallel.fsdp.schedule import UnitSchedule
 from minidist.parallel.fsdp.units import Wrap, describe, local_problem, plan_units
 from minidist.parallel.zero_clip import clip_shards_
 
@@ -124,41 +123,25 @@ class FullyShardedDataParallel(Module):
         for plan in plans:  # the replicas start identical: rank 0's values, as DDP
             state.broadcast_params(plan.params, self.group)
         self.units = [FlatUnit(plan, self.group, self._thread, *dtypes) for plan in plans]
-        self._root = self.units[0] if self.units[0].name == "" else None
-        self._inner = [u for u in self.units if u.name != ""]
-        self._next_in_forward = {id(a): b for a, b in zip(self._inner, self._inner[1:])}
-        for u in self._inner:
-            object.__setattr__(u.module, "forward", self._unit_forward(u, u.module.forward))
-        self._sync, self._summoned = True, False
-        self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
-        self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
-        self._pass = -1  # the backward pass whose end-of-pass callback is queued
+        self._schedule = UnitSchedule(self.units, self.prefetch)  # replaces the units' forward methods
         first = self.units[0]  # a rank owning nothing still gives its optimizer one (empty) tensor:
         self._placeholder = Tensor(first.flat_shard[:0].copy(), requires_grad=True)
 
-    # -- forward / backward ---------------------------------------------------------------------------
+    # -- forward / backward (schedule.py) ------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module; its output's backward (re)gathers, reduce-scatters and frees the units."""
-        if self._summoned:
+        if self._schedule.summoned:
             raise RuntimeError(
                 "FullyShardedDataParallel: do not call the FSDP model inside summon_full_params(); call "
                 "its .module there (no communication), or leave the block first"
             )
-        for u in self._inner:  # left gathered only by a prefetch nobody used; no graph holds them
-            u.free()
-        if self._root is not None:
-            self._root.refresh()  # for the whole step: freed when backward ends
+        self._schedule.begin_forward()
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
-            self._free_all()
+            self._schedule.free_all()
             raise
-        if autograd.is_grad_enabled() and isinstance(out, Tensor) and out.requires_grad:
-            self._awaiting_backward = True
-            return _EndOfBackward.apply(out, fsdp=self)
-        # Nothing will be differentiated: back to shards now, except a root that an earlier forward's
-        # graph still needs (its backward would refuse parameters changed in place since).
-        self._free_all(keep_root=self._awaiting_backward)
+        out = self._schedule.end_forward(out)
         if autograd.is_grad_enabled() and not isinstance(out, Tensor):
             raise TypeError(
                 f"FullyShardedDataParallel: the wrapped module returned a {type(out).__name__}; with "
@@ -167,79 +150,21 @@ class FullyShardedDataParallel(Module):
             )
         return out
 
-    def _unit_forward(self, unit: FlatUnit, original: Any) -> Any:
-        """The unit module's new ``forward``: gathered, computed and freed under recomputation."""
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if self._summoned:  # summon_full_params: every unit is gathered, run it as it is
-                return original(*args, **kwargs)
-            fn = functools.partial(original, **kwargs) if kwargs else original
-
-            def body(*a: Any) -> Any:
-                backward = autograd.is_grad_enabled()  # only recompute's backward runs this with a graph
-                self._gather(unit, backward)
-                try:
-                    return fn(*a)
-                finally:
-                    if not backward:
-                        unit.free()
-
-            if not autograd.is_grad_enabled():
-                return body(*args)
-            self._ran.append(unit)
-            return recompute(body, *args, after_backward=functools.partial(self._after_backward, unit))
-
-        return forward
-
-    def _gather(self, unit: FlatUnit, backward: bool) -> None:
-        """Gather ``unit``; first issue the all-gather of the unit that runs after it (prefetch)."""
-        unit.start_gather()  # (submitted before the prefetch: every rank queues them in this order)
-        if backward:
-            if unit in self._ran:  # the last time it ran is the one being differentiated now
-                del self._ran[len(self._ran) - 1 - self._ran[::-1].index(unit)]
-            following = self._ran[-1] if self._ran else None
-        else:
-            following = self._next_in_forward.get(id(unit))
-        if self.prefetch and following is not None:
-            following.start_gather()
-        unit.gather()
-
-    def _after_backward(self, unit: FlatUnit) -> None:
-        if self._pass != autograd.backward_pass_count():  # a unit's backward runs inside a pass
-            self._queue_finish()
-        if self._sync:
-            unit.reduce_gradients()
-        unit.free()
-
-    def _queue_finish(self) -> None:
-        self._pass = autograd.backward_pass_count()
-        autograd.queue_callback(self._finish_backward)
-
-    def _finish_backward(self) -> None:
-        """End of backward: the root's reduce-scatter, wait for every job, every unit back to shards."""
-        try:
-            if self._root is not None and self._sync:
-                self._root.reduce_gradients()
-            for u in self.units:
-                u.wait_gradients()
-        finally:
-            self._awaiting_backward, self._ran = False, []
-            self._free_all()
-
-    def _free_all(self, keep_root: bool = False) -> None:
-        for u in self.units:
-            if not (keep_root and u is self._root):
-                u.free()
-
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Gradient accumulation without communication: the full gradients stay on the parameters
         (memory of P, not P/N) and are reduce-scattered, summed in, by the first backward outside."""
-        previous, self._sync = self._sync, False
+        previous, self._schedule.sync = self._schedule.sync, False
         try:
             yield
         finally:
-            self._sync = previous
+            self._schedule.sync = previous
+
+    def zero_grad(self) -> None:
+        """Drop the shards' gradients and any full gradients ``no_sync()`` left on the parameters."""
+        for u in self.units:
+            for t in (*u.shards, *u.params):
+                t.grad = None
 
     @contextlib.contextmanager
     def summon_full_params(self) -> Iterator[None]:
@@ -251,18 +176,18 @@ class FullyShardedDataParallel(Module):
         are discarded (the shards are the master copy). Raises ``RuntimeError`` if entered during a
         step (a backward still pending) or nested.
         """
-        if self._summoned or any(u.gathered for u in self.units):
+        if self._schedule.summoned or any(u.gathered for u in self.units):
             raise RuntimeError(
                 "summon_full_params: enter it between steps (after backward, not nested), on every rank"
             )
         for u in self.units:
             u.gather()
-        self._summoned = True
+        self._schedule.summoned = True
         try:
             yield
         finally:
-            self._summoned = False
-            self._free_all()
+            self._schedule.summoned = False
+            self._schedule.free_all()
 
     # -- the optimizer's view -------------------------------------------------------------------------
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
@@ -309,19 +234,3 @@ class FullyShardedDataParallel(Module):
         shape that differs from the parameter's; nothing changes then.
         """
         return state.load_full_state_dict(self.units, state_dict, strict)
-
-
-class _EndOfBackward(Function):
-    """Identity on the model's output; its backward (the first of the pass) queues FSDP's end of pass."""
-
-    saved_inputs = ()
-    is_view = True  # the output is the input's array: one version counter
-
-    def forward(self, x: Any, fsdp: FullyShardedDataParallel) -> Any:
-        self.fsdp = fsdp
-        return x
-
-    def backward(self, grad: Any) -> tuple[Any]:
-        if self.fsdp._pass != autograd.backward_pass_count():
-            self.fsdp._queue_finish()
-        return (grad,)

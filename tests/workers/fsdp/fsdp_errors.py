@@ -97,8 +97,17 @@ def main(out_dir: str) -> None:
         if not np.array_equal(installed, fsdp.state_dict()["wte.weight"]):
             raise AssertionError("the forward after the step used the root's old values")
 
+    def zero_grad_drops_no_sync_gradients():
+        with fsdp.no_sync():
+            fsdp(ids).sum().backward()
+        kept = [p.grad is not None for u in fsdp.units for p in u.params]
+        fsdp.zero_grad()
+        left = [p.grad is not None for u in fsdp.units for p in u.shards + u.params]
+        if not all(kept) or any(left):
+            raise AssertionError(f"no_sync kept {kept}; after zero_grad {left}")
+
     for case in (evaluation_between_forward_and_backward, two_forwards_one_backward,
-                 forward_without_backward_then_step):  # fmt: skip
+                 forward_without_backward_then_step, zero_grad_drops_no_sync_gradients):  # fmt: skip
         results[case.__name__] = caught(case)
     results["nothing_gathered_at_the_end"] = not any(u.gathered for u in fsdp.units)
     write_json(out_dir, f"rank{world.rank}.json", results)
