@@ -15,8 +15,8 @@ What it does, in the order of one step (Megatron-LM's, Narayanan et al. 2021):
 * forward and backward: without pipeline, ``DistributedDataParallel`` over ``mesh.dp_cp_group`` (cp
   ranks hold the same weights, so they average gradients like dp ranks), or with ``--fsdp``
   ``FullyShardedDataParallel`` over the same ``mesh.dp_cp_group``, one unit per ``ParallelBlock`` (each
-  rank's flat shards hold pieces of its tp rank's parameters; not with pp or sequence parallelism:
-  :func:`check_layout`); with pp > 1,
+  rank's flat shards hold pieces of its tp rank's parameters; not with pp: :func:`check_layout`); with
+  pp > 1,
   ``PipelineParallel`` over ``mesh.pp_group`` with ``dp_group = mesh.dp_cp_group`` (it keeps the tied
   ``wte`` of the first and last stage equal: the last stage's copy is this tp rank's vocabulary shard);
   the loss is the vocabulary-parallel cross-entropy (the logits are never gathered);
@@ -52,6 +52,7 @@ from minidist.parallel import (
     clip_grad_norm_,
 )
 from minidist.parallel.context_parallel import split_for_context_parallel
+from minidist.parallel.fsdp import sequence_parallel as fsdp_sequence_parallel
 from minidist.parallel.fsdp import tp_clip
 from minidist.parallel.tensor_parallel import (
     ParallelBlock,
@@ -103,13 +104,12 @@ def check_layout(args: argparse.Namespace, world_size: int) -> None:
             "--sequence-parallel splits the sequence over the tensor-parallel group, and --tp is 1: "
             "use --tp 2 or more, or drop --sequence-parallel"
         )
-    if args.fsdp and (args.pp > 1 or args.sequence_parallel):
-        # Built and tested: FSDP over dp x cp of a tp model. With pp the pipeline would have to gather units
-        # per microbatch; sequence parallelism needs its gradients summed over tp before FSDP's
-        # reduce-scatter, and the tp ranks' flat layouts differ where the vocabulary pieces are uneven.
+    if args.fsdp and args.pp > 1:
+        # Built and tested: FSDP over dp x cp of a tp (+ sequence-parallel) model. With pp the pipeline would
+        # have to gather the units of its stage per microbatch.
         raise ValueError(
-            "--fsdp composes with --tp and --cp (FSDP over the dp x cp ranks, tensor parallelism inside "
-            "each unit): drop --pp and --sequence-parallel, or train those layouts without --fsdp"
+            "--fsdp composes with --tp, --cp and --sequence-parallel (FSDP over the dp x cp ranks, tensor "
+            "parallelism inside each unit), not with --pp: drop --pp, or train it without --fsdp"
         )
     if args.zero:
         raise ValueError(
@@ -222,7 +222,9 @@ class MeshTraining:
                 with contextlib.nullcontext() if last else self.wrapped.no_sync():  # communicate once
                     loss_k.backward()
                 loss += loss_k.item()
-        if self.args.sequence_parallel:  # the LayerNorms saw T / tp positions each: sum over tp
+        if self.args.sequence_parallel and self.args.fsdp:  # (FSDP's shards: fsdp/sequence_parallel.py)
+            fsdp_sequence_parallel.allreduce_sequence_parallel_grads_(self.wrapped, self.mesh.tp_group)
+        elif self.args.sequence_parallel:  # the LayerNorms saw T / tp positions each: sum over tp
             allreduce_sequence_parallel_grads(self.params, self.mesh.tp_group)
         return loss
 

@@ -10,9 +10,9 @@ step-2 checkpoint and must end where the uninterrupted one-process run ends.
 Coverage (each axis at least once): dp 2 x tp 2 x pp 2 (the tied token table across the stages, this tp
 rank's vocabulary shard: 63 characters over tp 2 is 32 + 31 rows), dp 2 x tp 2 x cp 2 with sequence
 parallelism (ring attention and the balanced split), tp 4 with sequence parallelism, cp 4, and dp 8 (the
-plain data-parallel path) resuming a pipeline's checkpoint; dp 2 x tp 2 under FSDP (issue 21), whose
-checkpoint resumes on a pipeline, and tp 2 x cp 2 under FSDP resuming a pipeline's. Interleaved
-schedules of the GPT pipeline are tested on their own in test_pipeline_gpt.py.
+plain data-parallel path) resuming a pipeline's checkpoint; dp 2 x tp 2 with sequence parallelism under
+FSDP (issue 21), whose checkpoint resumes on a pipeline, and tp 2 x cp 2 under FSDP resuming a
+pipeline's. Interleaved schedules of the GPT pipeline are tested on their own in test_pipeline_gpt.py.
 
 Tolerance: 1e-10 relative (float64). Only the order of floating-point sums differs from one process: the
 row-parallel partial products summed over tp, the loss's sums over vocabulary slices, the ring's online
@@ -58,7 +58,7 @@ def assert_same_training(got: dict, expected: dict) -> None:
 
 PIPELINE = ("--dp", "2", "--tp", "2", "--pp", "2")  # 8 ranks; --microbatches: the default, 2 pp = 4
 CONTEXT = ("--dp", "2", "--tp", "2", "--cp", "2", "--sequence-parallel")  # 8 ranks
-FSDP_TP = ("--dp", "2", "--tp", "2", "--fsdp")  # 4 ranks: FSDP over dp, each unit's shards hold tp pieces
+FSDP_TP = ("--dp", "2", "--tp", "2", "--sequence-parallel", "--fsdp")  # 4 ranks: FSDP's shards of tp pieces
 
 
 @pytest.mark.mpi
@@ -104,13 +104,14 @@ def test_a_checkpoint_resumes_on_another_layout(trained, tmp_path, saved, n, fla
 def test_fsdp_with_tensor_parallelism_trains_the_model_of_one_process_and_resumes_on_a_pipeline(
     trained, tmp_path
 ):
-    """dp 2 x tp 2 under FSDP (the clip's norm summed over the dp shards and the tp pieces, --grad-clip
-    0.1 clips every step) ends where one process ends; its step-2 checkpoint, gathered from the shards,
+    """dp 2 x tp 2 with sequence parallelism under FSDP (the LayerNorms' shard gradients summed over tp,
+    the clip's norm over the dp shards and the tp pieces: --grad-clip 0.1 clips every step) ends where
+    one process ends; its step-2 checkpoint, gathered from the shards,
     resumes on tp 1 x pp 2 (the vocabulary pieces put back, the tied copy filled) and ends there too."""
     _, reference, _ = trained(1)
     stdout, result, ckpt = trained(4, *FSDP_TP)
     assert_same_training(result, reference)
-    assert "(dp 2 x tp 2 x pp 1 x cp 1, FSDP over dp x cp)" in stdout, stdout
+    assert "(dp 2 x tp 2 x pp 1 x cp 1, sequence parallel, FSDP over dp x cp)" in stdout, stdout
     root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
     out = tmp_path / "resumed.npz"
     resumed = launch(2, "--pp", "2", "--checkpoint-dir", str(root), "--resume", "--out", str(out))
@@ -143,7 +144,7 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
         (4, ["--tp", "4", "--sequence-parallel", "--block-size", "6"], "--block-size 6 / --cp 1 must be"),
         (2, ["--cp", "2", "--dropout", "0.1"], "--dropout with --cp > 1"),
         (2, ["--tp", "2", "--zero", "1"], "--zero works on the data-parallel path only"),
-        (4, ["--tp", "2", "--pp", "2", "--fsdp"], "--fsdp composes with --tp and --cp"),
+        (4, ["--tp", "2", "--pp", "2", "--fsdp"], "--fsdp composes with --tp, --cp and --sequence-parallel"),
         (4, ["--pp", "2", "--grad-accum", "2"], "--grad-accum with --pp > 1"),
         (
             4,
