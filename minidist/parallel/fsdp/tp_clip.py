@@ -13,9 +13,9 @@ averaged gradient, each element on exactly one rank of FSDP's group. The global 
   tp rank holds the same gradient (their largest value is taken: equal in normal use, and a NaN or inf
   that one copy holds reaches every rank, as in ``parallel/clip_grad.py``).
 
-Two all-gathers of two float64 numbers each; the contributions are float64 (``nn.utils``). Sequence
-parallelism is not handled (its LayerNorm gradients would need a sum over tp first); train_gpt rejects
-``--fsdp --sequence-parallel``.
+Two all-gathers of two float64 numbers each; the contributions are float64 (``nn.utils``). Under
+sequence parallelism, sum the LayerNorms' partial gradients over tp first
+(``sequence_parallel.allreduce_sequence_parallel_grads_``): replicated gradients must be equal here.
 """
 
 from __future__ import annotations
