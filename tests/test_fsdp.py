@@ -135,7 +135,8 @@ def test_a_rank_holds_its_shards_and_at_most_two_gathered_units(fsdp_run, config
         own = sum(len(np.array_split(np.arange(p), n)[rank]) for p in numels)
         assert r["original_bytes"] == 0 and r["ndims_kept"]  # nothing stale left in the parameters
         assert r["flat_shard_elements"] == own and r["shard_bytes"] == 8 * own  # P/N, shards are views
-        assert r["gathered_now"] == 0  # everything freed after the step
+        assert r["gathered_now"] == 0 and r["communication_now"] == 0  # everything freed after the step
+        assert r["communication_peak"] > 0  # the reduce-scatters' flat gradients were reported
         prefetch = "no_prefetch" not in config
         neighbours = [a + b for a, b in zip(units, units[1:])] if prefetch and len(units) > 1 else units
         assert r["peak_gathered"] == root + max(neighbours, default=0), r
@@ -188,11 +189,10 @@ def errors(tmp_path_factory):
         ("load_missing_key", "KeyError", "missing keys ['h.0.attn.c_attn.bias'"),
         ("foreign_parameter_in_groups", "ValueError", "is not one of the wrapped model's"),
         ("backward_twice", "RuntimeError", "Trying to backward through the graph a second time"),
-        (
-            "tuple_output_with_grad",
-            "TypeError",
-            "returned a tuple; with gradients on it must return one Tensor",
-        ),
+        ("tuple_output_with_grad", "TypeError", "returned a tuple; with gradients on it must return one"),
+        ("wrapped_twice", "ValueError", "is already wrapped by a FullyShardedDataParallel"),
+        ("summon_nested", "RuntimeError", "summon_full_params: enter it between steps (after backward"),
+        ("forward_inside_summon", "RuntimeError", "do not call the FSDP model inside summon_full_params()"),
     ],
 )
 def test_bad_input_raises_on_every_rank(errors, case, kind, message):
@@ -205,11 +205,8 @@ def test_bad_input_raises_on_every_rank(errors, case, kind, message):
 @pytest.mark.mpi
 def test_still_usable_after_the_errors(errors):
     for results in errors:
-        assert results["usable_after_errors"] == [
-            False,
-            False,
-            False,
-        ]  # trained a step, nothing left gathered
+        assert results["usable_after_errors"] == [False] * 3  # trained a step, nothing left gathered
+        assert results["summoned_module_equals_fsdp"]  # summon_full_params: the module has the true weights
 
 
 @pytest.mark.mpi
@@ -220,6 +217,7 @@ def test_still_usable_after_the_errors(errors):
         "two_forwards_one_backward",
         "forward_without_backward_then_step",
         "zero_grad_drops_no_sync_gradients",
+        "failed_backward_leaks_nothing",
     ],
 )
 def test_usage_patterns_keep_the_root_and_the_gradients_right(errors, case):

@@ -8,8 +8,8 @@ all-gather just before using it.
 
 States of a unit, and what the original parameters' ``.data`` hold in each:
 
-* **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype. Not the
-  old values and not zeros, which would look real: reading it fails at once with a shape error.
+* **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype.
+  Not the old values and not zeros, which would look real: reading it fails at once with a shape error.
 * **gathering**: an all-gather is in flight on the communication thread (a prefetch).
 * **gathered**: ``.data`` are views (of the right shapes) into one full flat buffer.
 
@@ -19,10 +19,10 @@ bfloat16-rounded weights in the master dtype. (This branch's ops do not compute 
 issue 21's mixed precision, does that inside the ops; the halved all-gather bytes are FSDP's part.)
 
 Gradients: after the unit's backward, each parameter's full ``.grad`` is copied into one flat buffer
-(in ``reduce_dtype``) and reduce-scattered with op="avg"; this rank's chunk is *added* to the shard
-tensors' ``.grad`` (so several backward passes accumulate, as ``.grad`` does), and the full gradients
-are dropped. Every collective runs as a ``Job`` on the FSDP instance's one communication thread, in
-submission order, so every rank runs them in the same order.
+(in ``reduce_dtype``) and reduce-scattered with op="avg", and the full gradients are dropped; when
+backward ends, this rank's chunk is *added* to the shard tensors' ``.grad`` on the main thread (so
+several backward passes accumulate, as ``.grad`` does). Every collective runs as a ``Job`` on the FSDP
+instance's one communication thread, in submission order, so every rank runs them in the same order.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ class FlatUnit:
         self._job: Job | None = None  # the all-gather in flight, if any
         self._result: list[Any] = []  # where the job puts the gathered buffer
         self._full: Any = None  # the gathered flat buffer while gathered
-        self._reduces: list[tuple[Job, int]] = []  # reduce-scatter jobs not yet waited for, their bytes
+        self._reduces: list[
+            tuple[Job, int, list]
+        ] = []  # reduce-scatters not yet waited for: job, bytes, result
         # Between uses: shape (0,) * ndim (at least 1-D), so ``p.ndim`` still tells a matrix from a
         # vector (weight-decay groups are built from it) while any read of values fails at once.
         self._empties = [xp.empty((0,) * max(len(s), 1), dtype=self.dtype) for s in self.shapes]
@@ -89,6 +91,14 @@ class FlatUnit:
         """Bytes of the gathered flat buffer (P_u elements of the parameters' dtype)."""
         return self.layout.numel * self.dtype.itemsize
 
+    @property
+    def _staging_nbytes(self) -> int:
+        """Bytes an all-gather in a lower ``param_dtype`` holds besides the gathered buffer: the rounded
+        shard it sends and the low-precision buffer it receives (0 when nothing is cast)."""
+        if self.param_dtype == self.dtype:
+            return 0
+        return (self.layout.shard_numel + self.layout.numel) * self.param_dtype.itemsize
+
     # -- parameters: gather, install, free ------------------------------------------------------------
     def start_gather(self) -> None:
         """Submit the all-gather of this unit's parameters (no-op if gathered or already in flight)."""
@@ -96,6 +106,7 @@ class FlatUnit:
             return
         send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
         memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
+        memory.allocated("communication", self._staging_nbytes, owner=self.name)
         self._result = []
         result, group, dtype, name = self._result, self.group, self.dtype, self.name or "root"
 
@@ -137,6 +148,7 @@ class FlatUnit:
         # What the main thread waits for is the communication prefetching did not hide (benchmarks/fsdp).
         with trace.span(f"wait all_gather {self.name or 'root'}", trace.WAIT):
             self._job.wait()
+        memory.allocated("communication", -self._staging_nbytes, owner=self.name)
         full, self._job = self._result.pop(), None
         return full
 
@@ -171,29 +183,40 @@ class FlatUnit:
                 flags[i] = 1
                 p.grad = None
         memory.allocated("communication", flat.nbytes, owner=self.name)
-        job = self._thread.submit(Job(lambda: self._reduce_scatter(flat, flags)))
-        self._reduces.append((job, flat.nbytes))
+        result: list[Any] = []
+        job = self._thread.submit(Job(lambda: result.append(self._reduce_scatter(flat, flags))))
+        self._reduces.append((job, flat.nbytes, result))
 
-    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> None:
-        """On the communication thread: average this rank's chunk and add it to the shards' gradients."""
+    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> tuple[Any, np.ndarray]:
+        """On the communication thread: this rank's chunk of the average, and which parameters any
+        rank had a gradient for."""
         with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
             averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
             used = dist.all_reduce(flags, op="max", group=self.group)
-        for shard, seg in zip(self.shards, self.layout.segments):
-            if not used[seg.param_index]:
-                continue
-            piece = averaged[seg.shard_offset : seg.shard_offset + seg.numel]
-            shard.grad = piece.copy() if shard.grad is None else shard.grad + piece
+        return averaged, used
 
-    def wait_gradients(self) -> None:
-        """Wait for this unit's reduce-scatters (re-raising their errors)."""
+    def wait_gradients(self, keep: bool = True) -> None:
+        """Wait for this unit's reduce-scatters (re-raising their errors) and add the averages to the
+        shards' ``.grad`` (on this thread: the optimizer never sees a gradient change under it).
+
+        ``keep=False`` drops them instead: the jobs of a backward pass that failed half-way, whose
+        gradients must not leak into the next step.
+        """
         jobs, self._reduces = self._reduces, []
-        for job, nbytes in jobs:
+        for job, nbytes, result in jobs:
             try:
                 with trace.span(f"wait reduce_scatter {self.name or 'root'}", trace.WAIT):
                     job.wait()
             finally:
                 memory.allocated("communication", -nbytes, owner=self.name)
+            if keep:
+                self._accumulate(*result[0])
+
+    def _accumulate(self, averaged: Any, used: np.ndarray) -> None:
+        for shard, seg in zip(self.shards, self.layout.segments):
+            if used[seg.param_index]:
+                piece = averaged[seg.shard_offset : seg.shard_offset + seg.numel]
+                shard.grad = piece.copy() if shard.grad is None else shard.grad + piece
 
     # -- full values (collective; for state_dict) -----------------------------------------------------
     def full_values(self) -> list[Any]:

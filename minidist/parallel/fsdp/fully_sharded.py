@@ -110,6 +110,12 @@ class FullyShardedDataParallel(Module):
                 state.resolve_dtype(param_dtype, "param_dtype"),
                 state.resolve_dtype(reduce_dtype, "reduce_dtype"),
             )
+            if any(getattr(m, "_fsdp_wrapped", False) for m in module.modules()):
+                raise ValueError(
+                    "FullyShardedDataParallel: this model (or a part of it) is already wrapped by a "
+                    "FullyShardedDataParallel, which keeps its parameters as shards; wrap a fresh model, or "
+                    "use the existing wrapper (its state_dict() gives the full parameters)"
+                )
             plans = plan_units(module, wrap)
             error = local_problem(plans)
         except (TypeError, ValueError) as e:
@@ -124,6 +130,7 @@ class FullyShardedDataParallel(Module):
             state.broadcast_params(plan.params, self.group)
         self.units = [FlatUnit(plan, self.group, self._thread, *dtypes) for plan in plans]
         self._schedule = UnitSchedule(self.units, self.prefetch)  # replaces the units' forward methods
+        object.__setattr__(module, "_fsdp_wrapped", True)  # its parameters are shards now
         first = self.units[0]  # a rank owning nothing still gives its optimizer one (empty) tensor:
         self._placeholder = Tensor(first.flat_shard[:0].copy(), requires_grad=True)
 

@@ -42,11 +42,14 @@ class UnitSchedule:
         self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
         self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
         self._pass = -1  # the backward pass whose end-of-pass callback is queued
+        self._finish_pending = False  # queued and not run yet: outside backward, that pass failed
         for u in self.inner:
             object.__setattr__(u.module, "forward", self.unit_forward(u, u.module.forward))
 
     # -- the model's forward -----------------------------------------------------------------------
     def begin_forward(self) -> None:
+        if self._finish_pending:  # the last backward raised before its end: drop what it left behind
+            self.abandon_failed_pass()
         for u in self.inner:  # left gathered only by a prefetch nobody used; no graph holds them
             u.free()
         if self.root is not None:
@@ -117,6 +120,7 @@ class UnitSchedule:
         """Queue ``_finish_backward`` once per backward pass."""
         if self._pass != autograd.backward_pass_count():
             self._pass = autograd.backward_pass_count()
+            self._finish_pending = True
             autograd.queue_callback(self._finish_backward)
 
     def _finish_backward(self) -> None:
@@ -127,7 +131,18 @@ class UnitSchedule:
             for u in self.units:
                 u.wait_gradients()
         finally:
-            self._awaiting_backward, self._ran = False, []
+            self._awaiting_backward, self._ran, self._finish_pending = False, [], False
+            self.free_all()
+
+    def abandon_failed_pass(self) -> None:
+        """After a backward that raised (its end-of-pass callback was dropped): let its reduce-scatters
+        finish (every rank submitted the same ones) and drop their gradients, which cover only part of
+        the model and must not leak into the next step; everything back to shards."""
+        try:
+            for u in self.units:
+                u.wait_gradients(keep=False)
+        finally:
+            self._awaiting_backward, self._ran, self._finish_pending = False, [], False
             self.free_all()
 
 

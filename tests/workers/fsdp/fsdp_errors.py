@@ -53,6 +53,7 @@ def main(out_dir: str) -> None:
         "prefetch_differs": caught(lambda: FSDP(gpt(1), wrap=(Block,), prefetch=not odd)),
     }
     fsdp = FSDP(gpt(1), wrap=(Block,))
+    results["wrapped_twice"] = caught(lambda: FSDP(fsdp.module, wrap=(Block,)))
     ids = np.zeros((2, 4), dtype=np.int64)
     fsdp(ids).sum().backward()
     results["clip_max_norm_differs"] = caught(lambda: fsdp.clip_grad_norm_(2.0 if odd else 1.0))
@@ -70,6 +71,22 @@ def main(out_dir: str) -> None:
         loss.backward()
 
     results["backward_twice"] = caught(backward_twice)
+
+    def summon_nested():
+        with fsdp.summon_full_params(), fsdp.summon_full_params():
+            pass
+
+    def forward_inside_summon():
+        with fsdp.summon_full_params():
+            fsdp(ids)
+
+    results["summon_nested"] = caught(summon_nested)
+    results["forward_inside_summon"] = caught(forward_inside_summon)
+    with fsdp.summon_full_params():  # the module itself runs plainly inside, with the full weights
+        inside = fsdp.module(ids).numpy()
+    with md.no_grad():
+        outside = fsdp(ids).numpy()
+    results["summoned_module_equals_fsdp"] = bool(np.array_equal(inside, outside))
     two = FSDP(TwoOutputs())
     results["tuple_output_with_grad"] = caught(lambda: two(md.tensor(np.ones((1, 3)))))
     # still usable after each error: a plain step works and leaves nothing gathered
@@ -106,8 +123,31 @@ def main(out_dir: str) -> None:
         if not all(kept) or any(left):
             raise AssertionError(f"no_sync kept {kept}; after zero_grad {left}")
 
+    def failed_backward_leaks_nothing():  # its blocks' reduce-scatters ran; their sums must not stay
+        def clean_gradients():
+            fsdp.zero_grad()
+            fsdp(ids).sum().backward()
+            return [s.grad.copy() for u in fsdp.units for s in u.shards if s.grad is not None]
+
+        expected = clean_gradients()
+        wte = fsdp.units[0].params[0]
+        raise_once = [True]
+
+        def hook(p):  # wte's gradient is complete last, after every block's backward has run
+            if raise_once.pop() if raise_once else False:
+                raise RuntimeError("a hook failed")
+
+        wte.register_post_accumulate_grad_hook(hook)
+        fsdp.zero_grad()
+        if caught(lambda: fsdp(ids).sum().backward()) is None:
+            raise AssertionError("the hook did not raise")
+        got = clean_gradients()
+        if len(got) != len(expected) or not all(np.array_equal(a, b) for a, b in zip(got, expected)):
+            raise AssertionError("gradients of the failed backward leaked into the next one")
+
     for case in (evaluation_between_forward_and_backward, two_forwards_one_backward,
-                 forward_without_backward_then_step, zero_grad_drops_no_sync_gradients):  # fmt: skip
+                 forward_without_backward_then_step, zero_grad_drops_no_sync_gradients,
+                 failed_backward_leaks_nothing):  # fmt: skip
         results[case.__name__] = caught(case)
     results["nothing_gathered_at_the_end"] = not any(u.gathered for u in fsdp.units)
     write_json(out_dir, f"rank{world.rank}.json", results)

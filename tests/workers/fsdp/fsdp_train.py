@@ -67,7 +67,8 @@ def main(out_dir: str) -> None:
         original = list(fsdp.module.parameters())
         optimizer = fc.OPTIMIZERS[opt_name](fsdp.shard_param_groups(fc.decay_groups(original)))
         batches = fc.batches(kind)
-        counters._peak["gathered_parameters"] = counters._current["gathered_parameters"]
+        for category in ("gathered_parameters", "communication"):  # this configuration's peaks
+            counters._peak[category] = counters._current[category]
         clipper = functools.partial(fsdp.clip_grad_norm_, fc.CLIP) if clip else None
         norms = fc.train(fsdp, optimizer, batches, clipper, world.rank, world.size, accum)
         full = fsdp.state_dict()
@@ -80,6 +81,8 @@ def main(out_dir: str) -> None:
             "norms": norms,
             "peak_gathered": counters._peak["gathered_parameters"],
             "gathered_now": counters._current["gathered_parameters"],
+            "communication_now": counters._current["communication"],
+            "communication_peak": counters._peak["communication"],
             "root_bytes": sum(u.full_nbytes for u in fsdp.units if u.name == ""),
             "unit_bytes": [u.full_nbytes for u in fsdp.units if u.name != ""],
             "original_bytes": unique_nbytes([p.data for p in original]),
