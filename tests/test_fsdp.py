@@ -4,9 +4,10 @@ On real MPI ranks (``tests/workers/fsdp/``: one launch per world size trains eve
 ``fsdp_train.CONFIGS``; one launch checks the errors):
 
 1. Equivalence to one device (DESIGN.md §3.3): the MLP (per-Linear units, one unit), three Linear
-   layers two of which share a weight (the shared weight goes to the root), and the tiny GPT (per-Block
-   units, tied embeddings in the root, clipping, AdamW with train_gpt's decay groups, and micro-batches
-   under ``no_sync``) trained on 2 and 4 ranks equal one process training the plain model (3 ranks:
+   layers two of which share a weight (the shared weight goes to the root), a Linear unit applied twice
+   in one forward, and the tiny GPT (per-Block units, tied embeddings in the root, clipping, AdamW
+   with train_gpt's decay groups, and micro-batches under ``no_sync``) trained on 2 and 4 ranks equal
+   one process training the plain model (3 ranks:
    ``test_train_gpt_example.py::test_fsdp_trains_the_model_of_one_process``).
 2. Prefetch changes when an all-gather starts, nothing else: bit-identical parameters on or off.
 3. Memory, in bytes (not timing): between steps the original parameters hold nothing and a rank's
@@ -52,6 +53,7 @@ REFERENCES = {
     "mlp_sgd_per_linear": ("mlp", "sgd", False),
     "mlp_adamw_one_unit": ("mlp", "adamw", False),
     "tied_sgd_per_linear": ("tied", "sgd", False),
+    "twice_sgd_per_linear": ("twice", "sgd", False),
     "gpt_adamw_blocks": ("gpt", "adamw", True),
     "gpt_adamw_blocks_no_prefetch": ("gpt", "adamw", True),
     "gpt_adamw_blocks_no_sync": ("gpt", "adamw", True),

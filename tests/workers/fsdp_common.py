@@ -41,8 +41,26 @@ def make_tied(seed: int, dtype=np.float64) -> nn.Sequential:
     return nn.Sequential(first, nn.Tanh(), second, nn.Tanh(), nn.Linear(6, 4, dtype=dtype))
 
 
+class Twice(nn.Module):
+    """A Linear layer applied twice in one forward (a unit used twice: gathered, recomputed and
+    reduce-scattered twice per step, the two gradients summed in its shards)."""
+
+    def __init__(self, dtype) -> None:
+        super().__init__()
+        self.inner = nn.Linear(6, 6, dtype=dtype)
+        self.out = nn.Linear(6, 4, dtype=dtype)
+
+    def forward(self, x):
+        return self.out(self.inner(self.inner(x).tanh()).tanh())
+
+
+def make_twice(seed: int, dtype=np.float64) -> Twice:
+    md.manual_seed(seed)
+    return Twice(dtype)
+
+
 def make(kind: str, seed: int, dtype=np.float64) -> nn.Module:
-    return {"mlp": make_mlp, "tied": make_tied, "gpt": make_gpt}[kind](seed, dtype)
+    return {"mlp": make_mlp, "tied": make_tied, "twice": make_twice, "gpt": make_gpt}[kind](seed, dtype)
 
 
 def batches(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -29,6 +29,7 @@ CONFIGS = {
     "mlp_sgd_per_linear": ("mlp", "sgd", (nn.Linear,), True, False, 1, None),
     "mlp_adamw_one_unit": ("mlp", "adamw", None, True, False, 1, None),
     "tied_sgd_per_linear": ("tied", "sgd", (nn.Linear,), True, False, 1, None),
+    "twice_sgd_per_linear": ("twice", "sgd", (nn.Linear,), True, False, 1, None),
     "gpt_adamw_blocks": ("gpt", "adamw", (Block,), True, True, 1, None),
     "gpt_adamw_blocks_no_prefetch": ("gpt", "adamw", (Block,), False, True, 1, None),
     "gpt_adamw_blocks_no_sync": ("gpt", "adamw", (Block,), True, True, 2, None),
