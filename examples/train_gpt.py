@@ -18,6 +18,7 @@ of one process; checkpoints load on any other layout. That machinery is in train
     python examples/train_gpt.py --max-iters 50 --eval-interval 25    # a quick look on one process
     mpirun -n 4 python examples/train_gpt.py --zero 2 --grad-accum 2  # same model, sharded AdamW state
     mpirun -n 4 python examples/train_gpt.py --fsdp                  # parameters sharded too (ZeRO-3)
+    mpirun -n 4 python examples/train_gpt.py --fsdp --tp 2           # FSDP over dp 2 x tensor parallel 2
     mpirun -n 8 python examples/train_gpt.py --data my_text.txt       # any UTF-8 text file
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
@@ -155,14 +156,6 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fsdp shards the parameters, gradients and AdamW state itself: drop --zero")
     if args.fsdp and args.comm_hook != "none":
         parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --fsdp reduce-scatters without DDP")
-    if args.fsdp and not is_data_parallel(args):
-        parser.error(
-            "--fsdp shards over all ranks as data parallelism here; drop --tp/--pp/--cp/--sequence-parallel"
-        )
-    if args.fsdp and args.checkpoint_dir:
-        parser.error(
-            "--fsdp does not save checkpoints yet (issue 21's FSDP checkpoints); drop --checkpoint-dir"
-        )
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     if args.async_checkpoint and not args.checkpoint_dir:
@@ -265,9 +258,9 @@ def main() -> None:
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     betas = (0.9, args.beta2)
-    if mesh_run:  # DDP over dp x cp, or the pipeline (which combines the gradients itself)
+    if mesh_run:  # DDP over dp x cp, FSDP over dp (--tp), or the pipeline (it combines the gradients itself)
         model = mesh_run.wrapped
-        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+        optimizer = optim.AdamW(mesh_run.optimizer_groups(groups), lr=args.lr, betas=betas)  # (FSDP: shards')
     elif args.fsdp:
         # FSDP (ZeRO-3): each Block is a unit, gathered only while it computes (recomputed in backward); the
         # rest (embeddings, tied head, final LayerNorm) is the root unit. AdamW steps this rank's shards.
@@ -406,8 +399,9 @@ def main() -> None:
         sent = model.comm_stats.per_step()
         print(f"--comm-hook {args.comm_hook}: {sent['bytes_sent'] / 1024:.1f} KiB sent per step by rank 0, "
               f"{sent['compression_ratio']:.1f}x less payload than a plain all-reduce")  # fmt: skip
-    # Under --fsdp the GPT holds its full weights only inside summon_full_params (collective on entry).
-    with model.summon_full_params() if args.fsdp else contextlib.nullcontext():
+    # Under --fsdp the GPT holds its full weights only inside summon_full_params (collective on entry); on a
+    # mesh, gpt is the one-process GPT that mesh_run.gathered() put together above.
+    with model.summon_full_params() if args.fsdp and not mesh_run else contextlib.nullcontext():
         if rank == 0:
             report_and_sample(args, gpt, estimate, tokenizer, text, losses)
 

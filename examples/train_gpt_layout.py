@@ -1,6 +1,6 @@
 """The 4-D layouts of ``examples/train_gpt.py``: data, tensor (+ sequence), pipeline and context parallelism.
 
-train_gpt.py keeps its data-parallel path (``GPT`` + DDP or ZeRO over the world) whenever
+train_gpt.py keeps its data-parallel path (``GPT`` + DDP, ZeRO or FSDP over the world) whenever
 ``--tp``, ``--pp`` and ``--cp`` are 1 and ``--sequence-parallel`` is off: :func:`is_data_parallel`. Every
 other layout runs through :class:`MeshTraining`, kept here so the script still reads top to bottom.
 What it does, in the order of one step (Megatron-LM's, Narayanan et al. 2021):
@@ -13,13 +13,17 @@ What it does, in the order of one step (Megatron-LM's, Narayanan et al. 2021):
   ``rank = dp_rank, world_size = dp``), cp rank c its tokens of the balanced causal split
   (``split_for_context_parallel``), the tp ranks the same thing;
 * forward and backward: without pipeline, ``DistributedDataParallel`` over ``mesh.dp_cp_group`` (cp
-  ranks hold the same weights, so they average gradients like dp ranks); with pp > 1,
+  ranks hold the same weights, so they average gradients like dp ranks), or with ``--fsdp``
+  ``FullyShardedDataParallel`` over the same ``mesh.dp_cp_group``, one unit per ``ParallelBlock`` (each
+  rank's flat shards hold pieces of its tp rank's parameters; not with pp: :func:`check_layout`); with
+  pp > 1,
   ``PipelineParallel`` over ``mesh.pp_group`` with ``dp_group = mesh.dp_cp_group`` (it keeps the tied
   ``wte`` of the first and last stage equal: the last stage's copy is this tp rank's vocabulary shard);
   the loss is the vocabulary-parallel cross-entropy (the logits are never gathered);
 * sequence-parallel gradients (LayerNorms, ``wpe``, row-parallel biases) summed over tp;
 * ``clip_grad_norm_`` over the model-parallel groups: sharded pieces summed over tp, replicated ones
-  counted once, stages summed over pp, the tied copy counted once;
+  counted once, stages summed over pp, the tied copy counted once (under FSDP also the dp x cp shards
+  summed: ``parallel/fsdp/tp_clip.py``);
 * checkpoints with ``mesh=``: GPT's names, so a checkpoint of one layout resumes on any other;
 * at the end ``gather_gpt`` puts the pieces back into a one-process ``GPT`` on rank 0, for the sample
   (and ``--out``).
@@ -39,9 +43,22 @@ import minidist as md
 import minidist.distributed as dist
 from minidist.data import RandomWindows
 from minidist.models import GPT, ParallelGPT, gather_gpt
-from minidist.parallel import DistributedDataParallel, PipelineParallel, ProcessMesh, clip_grad_norm_
+from minidist.nn import Parameter
+from minidist.parallel import (
+    DistributedDataParallel,
+    FullyShardedDataParallel,
+    PipelineParallel,
+    ProcessMesh,
+    clip_grad_norm_,
+)
 from minidist.parallel.context_parallel import split_for_context_parallel
-from minidist.parallel.tensor_parallel import allreduce_sequence_parallel_grads, model_parallel_manual_seed
+from minidist.parallel.fsdp import sequence_parallel as fsdp_sequence_parallel
+from minidist.parallel.fsdp import tp_clip
+from minidist.parallel.tensor_parallel import (
+    ParallelBlock,
+    allreduce_sequence_parallel_grads,
+    model_parallel_manual_seed,
+)
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +76,7 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def is_data_parallel(args: argparse.Namespace) -> bool:
-    """True for the plain data-parallel path (GPT + DDP/ZeRO over the world, train_gpt.py's own)."""
+    """True for the plain data-parallel path (GPT + DDP/ZeRO/FSDP over the world, train_gpt.py's own)."""
     return args.tp == args.pp == args.cp == 1 and not args.sequence_parallel
 
 
@@ -86,6 +103,13 @@ def check_layout(args: argparse.Namespace, world_size: int) -> None:
         raise ValueError(
             "--sequence-parallel splits the sequence over the tensor-parallel group, and --tp is 1: "
             "use --tp 2 or more, or drop --sequence-parallel"
+        )
+    if args.fsdp and args.pp > 1:
+        # Built and tested: FSDP over dp x cp of a tp (+ sequence-parallel) model. With pp the pipeline would
+        # have to gather the units of its stage per microbatch.
+        raise ValueError(
+            "--fsdp composes with --tp, --cp and --sequence-parallel (FSDP over the dp x cp ranks, tensor "
+            "parallelism inside each unit), not with --pp: drop --pp, or train it without --fsdp"
         )
     if args.zero:
         raise ValueError(
@@ -132,6 +156,8 @@ class MeshTraining:
         text = f"dp {a.dp} x tp {a.tp} x pp {a.pp} x cp {a.cp}"
         if a.sequence_parallel:
             text += ", sequence parallel"
+        if a.fsdp:
+            text += ", FSDP over dp x cp"
         if a.pp > 1:
             text += f", {a.schedule} with {a.microbatches} microbatches"
         return text
@@ -148,9 +174,18 @@ class MeshTraining:
                 microbatches=args.microbatches, schedule=args.schedule, virtual_stages=args.virtual_stages,
             )  # fmt: skip
             self.wrapped, self.params = self.pipe, list(self.pipe.parameters())
+        elif args.fsdp:  # each ParallelBlock a unit; wte (tied head), wpe, ln_f in the root unit; cp ranks
+            # hold the same weights, so FSDP shards over dp x cp like DDP averages over it
+            self.params = list(self.model.parameters())  # (before sharding: train_gpt splits them by ndim)
+            self.wrapped = FullyShardedDataParallel(self.model, group=mesh.dp_cp_group, wrap=(ParallelBlock,))
         else:  # cp ranks are data-parallel for the weights: average over dp x cp
             self.wrapped = DistributedDataParallel(self.model, group=mesh.dp_cp_group)
             self.params = list(self.model.parameters())
+
+    def optimizer_groups(self, groups: list[dict]) -> list[dict]:
+        """The optimizer's parameter groups from ``groups`` of ``self.params``: under FSDP the groups of
+        their shard tensors (``shard_param_groups``), which the optimizer steps; else ``groups`` itself."""
+        return self.wrapped.shard_param_groups(groups) if self.args.fsdp else groups
 
     def seed_dropout(self, seed: int) -> None:
         """Dropout streams: one per data-parallel replica (dp x cp), the same on its tp ranks (their
@@ -184,15 +219,19 @@ class MeshTraining:
                 x, y = self.local(*batches.next())
                 loss_k = self.model.loss(self.wrapped(x), y) / self.args.grad_accum  # vocab-parallel loss
                 last = k == self.args.grad_accum - 1
-                with contextlib.nullcontext() if last else self.wrapped.no_sync():  # all-reduce once
+                with contextlib.nullcontext() if last else self.wrapped.no_sync():  # communicate once
                     loss_k.backward()
                 loss += loss_k.item()
-        if self.args.sequence_parallel:  # the LayerNorms saw T / tp positions each: sum over tp
+        if self.args.sequence_parallel and self.args.fsdp:  # (FSDP's shards: fsdp/sequence_parallel.py)
+            fsdp_sequence_parallel.allreduce_sequence_parallel_grads_(self.wrapped, self.mesh.tp_group)
+        elif self.args.sequence_parallel:  # the LayerNorms saw T / tp positions each: sum over tp
             allreduce_sequence_parallel_grads(self.params, self.mesh.tp_group)
         return loss
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """The norm of the whole model's gradient, as one process would compute it (clip_grad.py)."""
+        if self.args.fsdp:  # the shards' gradients: summed over dp x cp, then over tp (replicated: once)
+            return tp_clip.clip_grad_norm_(self.wrapped, max_norm, tp_group=self.mesh.tp_group)
         return clip_grad_norm_(self.params, max_norm, pp_group=self.mesh.pp_group if self.pipe else None)
 
     def estimate_loss(self, splits: dict[str, RandomWindows], eval_iters: int) -> dict[str, float]:
@@ -204,7 +243,10 @@ class MeshTraining:
                 total = np.zeros(2)
                 for x, y in windows.eval_batches(eval_iters):
                     x, y = self.local(x, y)
-                    logits = md.tensor(self.pipe.predict(x)) if self.pipe else self.model(x)  # (b, T/cp, V_r)
+                    if self.pipe:
+                        logits = md.tensor(self.pipe.predict(x))  # (b, T/cp, V_r)
+                    else:  # (FSDP gathers each unit for its forward)
+                        logits = self.wrapped(x) if self.args.fsdp else self.model(x)
                     total += (self.model.loss(logits, y).item(), 1)
                 dist.all_reduce(total, op="sum", group=self.mesh.dp_cp_group)
                 losses[split] = float(total[0] / total[1])
@@ -213,5 +255,18 @@ class MeshTraining:
 
     def gathered(self) -> GPT | None:
         """The trained one-process GPT on rank 0 (None elsewhere): ``gather_gpt`` of every rank's pieces."""
-        pieces = self.pipe.stage_module.named_parameters() if self.pipe else self.model.named_parameters()
+        if self.args.fsdp:  # the parameters hold no values between steps: gather the units (collective)
+            full = self.wrapped.state_dict()
+            pieces = [(n, _piece(full[n], p)) for n, p in self.model.named_parameters()]
+        elif self.pipe:
+            pieces = self.pipe.stage_module.named_parameters()
+        else:
+            pieces = self.model.named_parameters()
         return gather_gpt(self.config, pieces, self.mesh, root=0)
+
+
+def _piece(array: np.ndarray, original: Parameter) -> Parameter:
+    """A ``Parameter`` of ``array`` with the tensor-parallel split of ``original`` (for ``gather_gpt``)."""
+    piece = Parameter(array.numpy() if hasattr(array, "numpy") else array)  # (a Tensor or an array)
+    piece.tp_dim, piece.tp_stride = original.tp_dim, original.tp_stride
+    return piece

@@ -30,6 +30,7 @@ import gpt_example
 import numpy as np
 import pytest
 from gpt_example import cached_runs, checkpoint_at_step_2, load_example
+from launch_utils import final_checkpoint
 from mpi_utils import REPO
 
 # 12 windows per step: divisible by 1, 2, 3, 4 ranks and by ranks x accumulation for the combos below.
@@ -86,12 +87,17 @@ def test_data_parallel_trains_the_model_of_one_process(trained, n, flags):
 def test_fsdp_trains_the_model_of_one_process(trained, tmp_path):
     """--fsdp (issue 21): parameters, gradients and AdamW state sharded over 3 ranks, 2 micro-batches
     (the first under no_sync), clipping on the shards; the losses and weights of DDP on 2 ranks (and so
-    of one process). Its own launch: --fsdp does not save checkpoints yet, which the cached runs do."""
+    of one process). Its own launch (3 ranks, --grad-accum 2). Its last checkpoint, gathered from the
+    shards, holds exactly the final weights (test_fsdp_checkpoint.py reshards such checkpoints)."""
     _, reference, _ = trained(2)
-    out = tmp_path / "out.npz"
-    launch(3, *TINY, "--fsdp", "--grad-accum", "2", "--out", str(out))
+    out, ckpt = tmp_path / "out.npz", tmp_path / "ckpt"
+    launch(3, *TINY, "--fsdp", "--grad-accum", "2", "--out", str(out), "--checkpoint-dir", str(ckpt))
     with np.load(out) as saved:
         assert_same_training(dict(saved), reference)
+        step, tensors = final_checkpoint(ckpt)
+        assert step == 4
+        for name in (k for k in saved if k not in ("losses", "val_loss")):
+            np.testing.assert_array_equal(tensors[f"model/{name}"], saved[name], err_msg=name)
 
 
 @pytest.mark.mpi
@@ -250,7 +256,6 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
             ["--fsdp", "--comm-hook", "bf16"],
             "--comm-hook bf16 is a DDP hook; --fsdp reduce-scatters without DDP",
         ),
-        (["--fsdp", "--tp", "2"], "--fsdp shards over all ranks as data parallelism here; drop --tp"),
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):

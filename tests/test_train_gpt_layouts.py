@@ -10,8 +10,9 @@ step-2 checkpoint and must end where the uninterrupted one-process run ends.
 Coverage (each axis at least once): dp 2 x tp 2 x pp 2 (the tied token table across the stages, this tp
 rank's vocabulary shard: 63 characters over tp 2 is 32 + 31 rows), dp 2 x tp 2 x cp 2 with sequence
 parallelism (ring attention and the balanced split), tp 4 with sequence parallelism, cp 4, and dp 8 (the
-plain data-parallel path) resuming a pipeline's checkpoint. Interleaved schedules of the GPT pipeline are
-tested on their own in test_pipeline_gpt.py.
+plain data-parallel path) resuming a pipeline's checkpoint; dp 2 x tp 2 with sequence parallelism under
+FSDP (issue 21), whose checkpoint resumes on a pipeline, and tp 2 x cp 2 under FSDP resuming a
+pipeline's. Interleaved schedules of the GPT pipeline are tested on their own in test_pipeline_gpt.py.
 
 Tolerance: 1e-10 relative (float64). Only the order of floating-point sums differs from one process: the
 row-parallel partial products summed over tp, the loss's sums over vocabulary slices, the ring's online
@@ -57,6 +58,7 @@ def assert_same_training(got: dict, expected: dict) -> None:
 
 PIPELINE = ("--dp", "2", "--tp", "2", "--pp", "2")  # 8 ranks; --microbatches: the default, 2 pp = 4
 CONTEXT = ("--dp", "2", "--tp", "2", "--cp", "2", "--sequence-parallel")  # 8 ranks
+FSDP_TP = ("--dp", "2", "--tp", "2", "--sequence-parallel", "--fsdp")  # 4 ranks: FSDP's shards of tp pieces
 
 
 @pytest.mark.mpi
@@ -81,8 +83,9 @@ def test_a_4d_layout_trains_the_model_of_one_process(trained, flags):
         ((8, PIPELINE), 8, ()),  # a pipeline's pieces (tied copy not saved) -> plain DDP on 8 ranks
         ((1, ()), 4, ("--tp", "4", "--sequence-parallel")),  # one process -> 63 rows cut 16+16+16+15
         ((8, CONTEXT), 4, ("--cp", "4")),  # dp x tp x cp -> cp 4 (the vocabulary pieces put back)
+        ((8, PIPELINE), 4, ("--tp", "2", "--cp", "2", "--fsdp")),  # -> FSDP over cp of tp pieces (issue 21)
     ],
-    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4"],
+    ids=["dp2-tp2-pp2-to-dp8", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4", "dp2-tp2-pp2-to-fsdp-tp2-cp2"],
 )
 def test_a_checkpoint_resumes_on_another_layout(trained, tmp_path, saved, n, flags):
     """Step 2 saved on one layout, resumed on another (resharded by GPT's names, AdamW's moments too),
@@ -95,6 +98,26 @@ def test_a_checkpoint_resumes_on_another_layout(trained, tmp_path, saved, n, fla
     assert "at step 2" in result.stdout
     with np.load(out) as resumed:
         assert_same_training(dict(resumed), reference)
+
+
+@pytest.mark.mpi
+def test_fsdp_with_tensor_parallelism_trains_the_model_of_one_process_and_resumes_on_a_pipeline(
+    trained, tmp_path
+):
+    """dp 2 x tp 2 with sequence parallelism under FSDP (the LayerNorms' shard gradients summed over tp,
+    the clip's norm over the dp shards and the tp pieces: --grad-clip 0.1 clips every step) ends where
+    one process ends; its step-2 checkpoint, gathered from the shards,
+    resumes on tp 1 x pp 2 (the vocabulary pieces put back, the tied copy filled) and ends there too."""
+    _, reference, _ = trained(1)
+    stdout, result, ckpt = trained(4, *FSDP_TP)
+    assert_same_training(result, reference)
+    assert "(dp 2 x tp 2 x pp 1 x cp 1, sequence parallel, FSDP over dp x cp)" in stdout, stdout
+    root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
+    out = tmp_path / "resumed.npz"
+    resumed = launch(2, "--pp", "2", "--checkpoint-dir", str(root), "--resume", "--out", str(out))
+    assert "at step 2" in resumed.stdout
+    with np.load(out) as got:
+        assert_same_training(dict(got), reference)
 
 
 @pytest.mark.mpi
@@ -121,6 +144,7 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
         (4, ["--tp", "4", "--sequence-parallel", "--block-size", "6"], "--block-size 6 / --cp 1 must be"),
         (2, ["--cp", "2", "--dropout", "0.1"], "--dropout with --cp > 1"),
         (2, ["--tp", "2", "--zero", "1"], "--zero works on the data-parallel path only"),
+        (4, ["--tp", "2", "--pp", "2", "--fsdp"], "--fsdp composes with --tp, --cp and --sequence-parallel"),
         (4, ["--pp", "2", "--grad-accum", "2"], "--grad-accum with --pp > 1"),
         (
             4,
@@ -128,7 +152,18 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
             "not a whole number of --microbatches",
         ),
     ],
-    ids=["product", "heads", "cp-block", "sp-tp1", "sp-block", "cp-dropout", "zero", "pp-accum", "pp-batch"],
+    ids=[
+        "product",
+        "heads",
+        "cp-block",
+        "sp-tp1",
+        "sp-block",
+        "cp-dropout",
+        "zero",
+        "fsdp-pp",
+        "pp-accum",
+        "pp-batch",
+    ],
 )
 def test_bad_layouts_are_value_errors_before_any_collective(ranks, flags, message):
     """In this process: the checks use only the flags and the world size, so every rank raises the

@@ -8,8 +8,9 @@ Reading order (``save`` and ``load`` each begin with their numbered steps, one c
    with their sha256; ``schema.py`` checks every manifest field before anything reads it;
 4. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards;
    pieces are cut and put back by ``parallel/tensor_parallel/split.py``'s rule: uneven, strided);
-5. ``optim_state.py``: optimizer state by global name, ZeRO included; ``collect.py``: what a rank
-   saves (tied copies are not saved);
+5. ``optim_state.py``: optimizer state by global name, ZeRO included; ``fsdp_state.py``: FSDP's
+   shards gathered to full tensors and cut back; ``collect.py``: what a rank saves (tied copies are
+   not saved);
 6. ``stage.py`` (what a save copies when it is called) -> ``save.py`` -> ``background.py`` (the
    asynchronous save: ``SaveHandle``, ``wait_pending``) -> ``load.py`` -> ``latest.py`` (resume,
    stepping back past damage) -> ``cli.py`` (``python -m minidist checkpoint info``).

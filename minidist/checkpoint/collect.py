@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from minidist.checkpoint import format as fmt
-from minidist.checkpoint import optim_state
+from minidist.checkpoint import fsdp_state, optim_state
 from minidist.checkpoint.errors import all_gather_json
 from minidist.checkpoint.layout import Layout, tp_dim_of, tp_stride_of
 
@@ -28,9 +28,14 @@ class Saved(NamedTuple):
     state: str | None  # the optimizer state's name ("exp_avg", ...), None for a parameter
 
 
-def collect(module: Any, optimizer: Any) -> tuple[dict[str, Saved], dict[str, dict[str, int]], list[str]]:
+def collect(
+    module: Any, optimizer: Any, fsdp: Any = None
+) -> tuple[dict[str, Saved], dict[str, dict[str, int]], list[str]]:
     """``({key: Saved}, {name: {counter: int}}, [names of tied copies])`` of this rank; collective
-    for ZeRO (``optim_state.state_by_name`` gathers its shards). Tied copies are left out."""
+    for ZeRO (``optim_state.state_by_name`` gathers its shards) and for FSDP (``fsdp``, whose
+    ``module`` is ``module``: ``fsdp_state.py`` gathers full parameters and state). Tied copies are
+    left out."""
+    full = fsdp_state.full_parameters(fsdp) if fsdp is not None else None
     tensors: dict[str, Saved] = {}
     split, tied = {}, []  # split: name -> (tp_dim, tp_stride) of every parameter that is saved
     for name, p in module.named_parameters():
@@ -38,10 +43,15 @@ def collect(module: Any, optimizer: Any) -> tuple[dict[str, Saved], dict[str, di
             tied.append(name)
             continue
         split[name] = (tp_dim_of(p), tp_stride_of(p))
-        tensors[fmt.model_key(name)] = Saved(p.data, *split[name], name, "model", None)
+        array = p.data if full is None else full[name]  # (under FSDP, p holds no values between steps)
+        tensors[fmt.model_key(name)] = Saved(array, *split[name], name, "model", None)
     scalars: dict[str, dict[str, int]] = {}
     if optimizer is not None:
-        for name, state in optim_state.state_by_name(optimizer, module).items():
+        if fsdp is None:
+            by_name = optim_state.state_by_name(optimizer, module)
+        else:
+            by_name = fsdp_state.state_by_name(fsdp, optimizer, {n: tuple(a.shape) for n, a in full.items()})
+        for name, state in by_name.items():
             if name not in split:  # a tied copy: its state equals the original's, saved by its stage
                 continue
             for k, v in state.items():

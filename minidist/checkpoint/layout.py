@@ -84,12 +84,17 @@ def layout_of(mesh: Any, comm: Any) -> Layout:
     )  # fmt: skip
 
 
+# Wrappers whose ``module`` holds the parameters under their global names (by class name: importing
+# minidist.parallel would start MPI). FSDP's hold no values between steps: save and load use fsdp_state.py.
+_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel")
+
+
 def unwrap(model: Any) -> Module:
-    """The module whose ``named_parameters()`` give global names (looks through DDP and pipelines)."""
+    """The module whose ``named_parameters()`` give global names (looks through DDP, FSDP and pipelines)."""
     while True:
         if hasattr(model, "stage_module"):  # PipelineParallel: this rank's stage, global names
             model = model.stage_module
-        elif type(model).__name__ == "DistributedDataParallel" and hasattr(model, "module"):
+        elif type(model).__name__ in _WRAPPERS and hasattr(model, "module"):
             model = model.module
         else:
             break

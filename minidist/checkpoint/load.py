@@ -27,7 +27,7 @@ import numpy as np
 
 from minidist import backend
 from minidist import random as md_random
-from minidist.checkpoint import atomic, background, optim_state
+from minidist.checkpoint import atomic, background, fsdp_state, optim_state
 from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import (
     CheckpointError,
@@ -61,7 +61,8 @@ def load(
     Args:
         directory: a checkpoint folder (``.../step_000123``) or the root holding ``latest``; the
             same folder on every rank.
-        model, optimizer, mesh, sampler: as for ``save``; the mesh may differ from the saved one
+        model, optimizer, mesh, sampler: as for ``save`` (a ``FullyShardedDataParallel`` reads the full
+            tensors, then keeps its shards, ``fsdp_state.py``); the mesh may differ from the saved one
             (another dp, tp, pp, cp or world size): tensors are then resharded by global name, each
             rank's piece cut by split.py's rule (uneven, strided). A tied copy (``is_tied_copy``)
             and its optimizer state are filled from the tensors of its name.
@@ -78,18 +79,26 @@ def load(
             that does not fit ``sampler`` (another seed or data set), or ranks that resolved
             different folders. Nothing has been changed when it is raised. Also a pending
             asynchronous save's error (it is waited for first, ``background.wait_pending``).
-        TypeError / ValueError: on every rank, for a model that is not a Module or a mesh that does
+        TypeError / ValueError: on every rank, for a model that is not a Module, an FSDP model whose
+            optimizer holds other tensors than its shard tensors (``fsdp.parameters()``), or a mesh that does
             not match the world.
     """
     background.wait_pending()  # a save still being written in the background is committed first
     comm = world_comm(mesh)
     with on_every_rank(comm, TypeError, ValueError):  # a bad argument on one rank stops every rank
         layout, module = layout_of(mesh, comm), unwrap(model)
+    fsdp = model if fsdp_state.is_fsdp(model) else None
+    with on_every_rank(comm, ValueError):  # an optimizer over the wrong tensors, before anything changes
+        if fsdp is not None and optimizer is not None:
+            fsdp_state.check_optimizer(fsdp, optimizer)
+    # Under FSDP the parameters hold no values between steps: load fills full arrays (collective).
+    params = fsdp_state.load_targets(fsdp) if fsdp else dict(module.named_parameters())
 
     folder, manifest = _read_manifest(comm, directory)  # 1. the same checkpoint on every rank
-    plan, sampler_state = _check_fit(comm, folder, manifest, module, optimizer, sampler, layout)  # 2.
+    plan, sampler_state = _check_fit(comm, folder, manifest, params, optimizer, sampler, layout)  # 2.
     arrays = _read(comm, folder, manifest, plan, layout)  # 3. verified; this rank's pieces
-    return _restore(folder, manifest, arrays, module, optimizer, sampler, sampler_state, layout)  # 4.
+    state = (manifest, arrays, module, optimizer, sampler, sampler_state, layout)
+    return _restore(folder, *state, params, fsdp)  # 4.
 
 
 def _read_manifest(comm: Any, directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
@@ -108,13 +117,12 @@ def _read_manifest(comm: Any, directory: str | os.PathLike) -> tuple[Path, dict[
 
 
 def _check_fit(
-    comm: Any, folder: Path, manifest: dict, module: Any, optimizer: Any, sampler: Any, layout: Layout
+    comm: Any, folder: Path, manifest: dict, params: dict, optimizer: Any, sampler: Any, layout: Layout
 ) -> tuple[dict, Any]:
     """Step 2: the read plan (``_plan``) and the sampler state to restore, once the checkpoint is known
-    to fit this model, optimizer and sampler on every rank."""
-    params = dict(module.named_parameters())
+    to fit this model (``params``: its parameters by global name), optimizer and sampler on every rank."""
     with on_every_rank(comm):
-        plan = _plan(manifest, folder, params, optimizer, module, layout)
+        plan = _plan(manifest, folder, params, optimizer, layout)
         sampler_state = _sampler_state(manifest, folder, layout, sampler)
     names = {n for part in all_gather_json(sorted(params), comm) for n in part}  # every stage's names
     saved = {t["name"] for t in manifest["tensors"].values() if t["kind"] == "model"}
@@ -129,12 +137,14 @@ def _check_fit(
 
 def _restore(
     folder: Path, manifest: dict, arrays: dict, module: Any, optimizer: Any, sampler: Any,
-    sampler_state: Any, layout: Layout,
+    sampler_state: Any, layout: Layout, params: dict, fsdp: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """Step 4: copy the verified arrays and states into the model, optimizer, generators and sampler."""
-    params = dict(module.named_parameters())
+    """Step 4: copy the verified arrays and states into the model, optimizer, generators and sampler
+    (under FSDP, ``fsdp``, into the full arrays of ``params``, of which each rank keeps its shards)."""
     for name, p in params.items():
         p.data[...] = backend.asarray(arrays[fmt.model_key(name)])
+    if fsdp is not None:
+        fsdp_state.restore_parameters(fsdp, params)  # (collective)
     if optimizer is not None:
         state: dict[str, dict[str, Any]] = {}
         for key, t in manifest["tensors"].items():
@@ -143,7 +153,7 @@ def _restore(
         for name, counters in manifest["optimizer"]["scalars"].items():
             if name in params:
                 state.setdefault(name, {}).update(counters)
-        optim_state.load_by_name(optimizer, module, manifest["optimizer"], state)
+        optim_state.load_by_name(optimizer, module, manifest["optimizer"], state, fsdp=fsdp)
     same_layout = manifest["mesh"] == layout.describe()
     if same_layout:  # each rank its own generators: a bit-exact resume
         saved = manifest["ranks"][layout.rank]
@@ -160,7 +170,7 @@ def _restore(
     }
 
 
-def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, module: Any, layout: Layout) -> dict:
+def _plan(manifest: dict, folder: Path, params: dict, optimizer: Any, layout: Layout) -> dict:
     """``{tensor key: (shard records to read, tp_dim, tp_stride here)}``; checks names, shapes, dtypes.
 
     A tied copy (``is_tied_copy``) reads the tensor of its own name, which its original saved.

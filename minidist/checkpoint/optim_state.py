@@ -8,7 +8,9 @@ the shard files; integers (AdamW's per-parameter ``step``) go into the manifest.
 ZeRO (Rajbhandari et al. 2020, §5) keeps only this rank's 1-D slice of each state array. Saving
 all-gathers the slices over the data-parallel group, so a ZeRO checkpoint looks exactly like a plain
 one and loads into either (and into ZeRO at any other data-parallel size); loading cuts this rank's
-slice back out. Both directions are exact copies (no arithmetic on the values).
+slice back out. Both directions are exact copies (no arithmetic on the values). FSDP's optimizer
+steps the same kind of slices, one flat layout per unit: ``fsdp_state.py`` applies
+:func:`gather_segments` and :func:`slice_segment` to each unit.
 """
 
 from __future__ import annotations
@@ -71,14 +73,20 @@ def state_by_name(optimizer: Any, model: Module) -> dict[str, dict[str, Any]]:
     return {names[i]: dict(s) for i, s in optimizer.state.items()}
 
 
-def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: dict[str, dict]) -> None:
-    """Restore what :func:`state_by_name` produced (arrays already cut to this rank's local shapes)."""
-    names = _names_of(optimizer, model)
+def load_by_name(
+    optimizer: Any, model: Module, header: dict[str, Any], state: dict[str, dict], fsdp: Any = None
+) -> None:
+    """Restore what :func:`state_by_name` produced (arrays already cut to this rank's local shapes);
+    under FSDP (``fsdp``: the ``FullyShardedDataParallel``) the shard tensors' slices of them."""
     defaults = {k: tuple(v) if isinstance(v, list) else v for k, v in header["defaults"].items()}
-    if _is_zero(optimizer):
-        per_index = _zero_slices(optimizer, names, state)
+    if fsdp is not None:  # the optimizer steps shard tensors, not the model's parameters
+        from minidist.checkpoint import fsdp_state  # noqa: PLC0415  (it imports this module)
+
+        per_index = fsdp_state.slices(fsdp, optimizer, state)
+    elif _is_zero(optimizer):
+        per_index = _zero_slices(optimizer, _names_of(optimizer, model), state)
     else:
-        per_index = {i: state[n] for i, n in enumerate(names) if n in state}
+        per_index = {i: state[n] for i, n in enumerate(_names_of(optimizer, model)) if n in state}
     groups = [  # older checkpoints have none: then the defaults set every group
         {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
         for g in header.get("param_groups", [])
@@ -97,40 +105,61 @@ def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: d
 
 
 def _zero_gather(zero: Any, names: list[str]) -> dict[str, dict[str, Any]]:
-    import minidist.distributed as dist  # noqa: PLC0415  (only ZeRO needs communication here)
+    state = zero.optimizer.state  # the wrapped optimizer's parameters are the segments, in order
+    seg_states = [state.get(i, {}) for i in range(len(zero.layout.segments))]
+    shapes = [tuple(p.shape) for p in zero.params]
+    return gather_segments(seg_states, zero.layout, shapes, names, zero.group, zero.params[0].data)
 
-    layout, state = zero.layout, zero.optimizer.state
+
+def gather_segments(
+    seg_states: list[dict[str, Any]], layout: Any, shapes: list[tuple[int, ...]], names: list[str],
+    group: Any, like: Any,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Collective over ``group``: the full state of every parameter of a flat ``ShardLayout``.
+
+    ``seg_states[i]`` is the optimizer state of this rank's segment ``layout.segments[i]`` (1-D arrays
+    of the segment's length, and counters; ``{}`` if it has none yet); ``shapes`` and ``names`` are
+    those of the layout's parameters, ``like`` an array of their dtype and device. Returns
+    ``{name: {state: array of the parameter's shape, counter: int}}`` for every parameter that has
+    state on some rank. ZeRO has one such layout (the whole model), FSDP one per unit.
+    """
+    import minidist.distributed as dist  # noqa: PLC0415  (only sharded optimizers communicate here)
+
     # Which state arrays and counters exist anywhere (a rank owning nothing has none).
-    mine = sorted({k for s in state.values() for k, v in s.items() if hasattr(v, "shape")})
-    keys = sorted({k for ks in dist.all_gather_json(mine, zero.group) for k in ks})
+    mine = sorted({k for s in seg_states for k, v in s.items() if hasattr(v, "shape")})
+    keys = sorted({k for ks in dist.all_gather_json(mine, group) for k in ks})
     counters: dict[str, dict[str, int]] = {}
-    for seg_index, seg in enumerate(layout.segments):
-        for k, v in state.get(seg_index, {}).items():
+    for seg, s in zip(layout.segments, seg_states):
+        for k, v in s.items():
             if not hasattr(v, "shape"):
                 counters.setdefault(names[seg.param_index], {})[k] = int(v)
-    present = sorted({names[seg.param_index] for i, seg in enumerate(layout.segments) if state.get(i)})
-    present = {n for part in dist.all_gather_json(present, zero.group) for n in part}
+    present = sorted({names[seg.param_index] for seg, s in zip(layout.segments, seg_states) if s})
+    present = {n for part in dist.all_gather_json(present, group) for n in part}
     merged: dict[str, dict[str, int]] = {}
-    for part in dist.all_gather_json(counters, zero.group):
+    for part in dist.all_gather_json(counters, group):
         for n, c in part.items():
             for k, v in c.items():
                 merged.setdefault(n, {})[k] = max(v, merged.get(n, {}).get(k, v))
-    xp = backend.array_module(zero.params[0].data)
-    dtype = zero.params[0].dtype
+    xp = backend.array_module(like)
     out: dict[str, dict[str, Any]] = {n: dict(merged.get(n, {})) for n in present}
     for key in keys:
         # This rank's owned elements of every parameter's state, in flat order (zeros where a
-        # parameter had no state yet), all-gathered exactly as ZeRO gathers the parameters.
+        # parameter had no state yet), all-gathered exactly as the parameters are gathered.
         pieces = [
-            state.get(i, {}).get(key, xp.zeros(seg.numel, dtype=dtype)).reshape(-1)
-            for i, seg in enumerate(layout.segments)
+            s.get(key, xp.zeros(seg.numel, dtype=like.dtype)).reshape(-1)
+            for seg, s in zip(layout.segments, seg_states)
         ]
-        mine_flat = xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=dtype)
-        flat = dist.all_gather(mine_flat, group=zero.group)
-        for p, offset, n in zip(zero.params, layout.offsets, names):
+        mine_flat = xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=like.dtype)
+        flat = dist.all_gather(mine_flat, group=group)
+        for shape, offset, size, n in zip(shapes, layout.offsets, layout.sizes, names):
             if n in present:
-                out[n][key] = flat[offset : offset + p.size].reshape(p.shape).copy()
+                out[n][key] = flat[offset : offset + size].reshape(shape).copy()
     return out
+
+
+def slice_segment(full: dict[str, Any], seg: Any) -> dict[str, Any]:
+    """A segment's optimizer state cut from its parameter's full state (arrays flattened, counters kept)."""
+    return {k: v.reshape(-1)[seg.lo : seg.hi].copy() if hasattr(v, "shape") else v for k, v in full.items()}
 
 
 def _zero_slices(zero: Any, names: list[str], state: dict[str, dict]) -> dict[int, dict[str, Any]]:
@@ -138,8 +167,5 @@ def _zero_slices(zero: Any, names: list[str], state: dict[str, dict]) -> dict[in
     for seg_index, seg in enumerate(zero.layout.segments):
         full = state.get(names[seg.param_index])
         if full:
-            per_index[seg_index] = {
-                k: v.reshape(-1)[seg.lo : seg.hi].copy() if hasattr(v, "shape") else v
-                for k, v in full.items()
-            }
+            per_index[seg_index] = slice_segment(full, seg)
     return per_index

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.checkpoint import atomic, background
+from minidist.checkpoint import atomic, background, fsdp_state
 from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import (
     CheckpointError,
@@ -68,8 +68,11 @@ def save(
 
     Args:
         directory: the checkpoint root; created if missing. It holds ``step_<n>/`` folders and ``latest``.
-        model: a Module, a ``DistributedDataParallel`` or a ``PipelineParallel`` (global names are used).
-        optimizer: an ``Optimizer`` or ``ZeroRedundancyOptimizer`` over the model's parameters, or None.
+        model: a Module, a ``DistributedDataParallel``, a ``PipelineParallel`` or a
+            ``FullyShardedDataParallel`` (global names are used; FSDP's full parameters and optimizer
+            state are gathered over its group first, ``fsdp_state.py``, so the files are the same).
+        optimizer: an ``Optimizer`` or ``ZeroRedundancyOptimizer`` over the model's parameters (under
+            FSDP: over ``fsdp.parameters()``, its shard tensors), or None.
         step: the training step (an int >= 0) this state is *after*; names the folder.
         mesh: the run's ``ProcessMesh`` (None: pure data parallelism over the world).
         extra: anything JSON-serialisable (rank 0's is stored), returned by ``load`` as ``info["extra"]``.
@@ -113,7 +116,9 @@ def save(
 
     tmp = _prepare(comm, root, final)  # 1. rank 0 makes a temporary folder; every rank learns its name
     with _removed_on_error(comm, tmp):  # a failure on any rank deletes the temporary folder
-        staged = stage(comm, tmp, module, optimizer, layout, sampler, extra, copy=bool(async_save))  # 2.
+        fsdp = model if fsdp_state.is_fsdp(model) else None  # gathered first: full tensors by name
+        copy = bool(async_save)
+        staged = stage(comm, tmp, module, optimizer, layout, sampler, extra, copy=copy, fsdp=fsdp)  # 2.
     mesh_description = layout.describe()
 
     def persist(comm: Any) -> None:  # 3. over the world, or on the background thread over its duplicate

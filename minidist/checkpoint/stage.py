@@ -50,17 +50,19 @@ class Staged(NamedTuple):
 
 
 def stage(
-    comm: Any, tmp: Path, module: Any, optimizer: Any, layout: Layout, sampler: Any, extra: Any, *, copy: bool
-) -> Staged:
-    """Collective (``collect`` gathers ZeRO shards; ``writer_items`` all-gathers sizes): this rank's
+    comm: Any, tmp: Path, module: Any, optimizer: Any, layout: Layout, sampler: Any, extra: Any, *,
+    copy: bool, fsdp: Any = None,
+) -> Staged:  # fmt: skip
+    """Collective (``collect`` gathers ZeRO and FSDP shards; ``writer_items`` all-gathers sizes): this rank's
     ``Staged`` state for the checkpoint being written in ``tmp`` (named in errors). With ``copy`` every
-    array is a fresh host copy (an asynchronous save).
+    array is a fresh host copy (an asynchronous save). ``fsdp``: the ``FullyShardedDataParallel``
+    wrapping ``module``, if any (its full parameters and optimizer state are gathered first).
 
     Raises ``CheckpointError`` on every rank if collecting the state, copying it to the host or
     reading the generator or sampler state fails on any rank.
     """
     with any_failure(comm, "collecting this rank's model and optimizer state", tmp):
-        tensors, scalars, tied = collect(module, optimizer)  # (collective for ZeRO)
+        tensors, scalars, tied = collect(module, optimizer, fsdp)  # (collective for ZeRO and FSDP)
     writers = assign_writers(writer_items(comm, tensors, layout), layout)
     mine = {
         k: t
