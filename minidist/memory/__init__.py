@@ -17,5 +17,19 @@ into the optional budget that raises :class:`OutOfMemoryError`.
 from __future__ import annotations
 
 from minidist.memory.counters import CATEGORIES, allocated, tracking
+from minidist.memory.errors import OutOfMemoryError
+from minidist.memory.sizes import format_bytes, parse_size
+from minidist.memory.tracker import BUDGET_ENV, MemoryTracker, traced_numpy_bytes, unique_nbytes
 
-__all__ = ["CATEGORIES", "allocated", "tracking"]
+__all__ = [
+    "BUDGET_ENV",
+    "CATEGORIES",
+    "MemoryTracker",
+    "OutOfMemoryError",
+    "allocated",
+    "format_bytes",
+    "parse_size",
+    "traced_numpy_bytes",
+    "tracking",
+    "unique_nbytes",
+]
