@@ -28,14 +28,12 @@ class OutOfMemoryError(MemoryError):
         self.budget, self.total, self.categories = budget, total, categories
 
 
-def describe_overflow(
-    budget: int, current: dict[str, int], owners: dict[str, list[tuple[str, int]]], rank: int | None
-) -> str:
-    """The message: ``owners`` maps a category to its largest (owner, bytes), largest first."""
+def describe_overflow(budget: int, current: dict[str, int], owners: dict[str, list[tuple[str, int]]]) -> str:
+    """The message: ``owners`` maps a category to its largest (owner, bytes), largest first. It names no
+    rank: ``dist.exit_with_error`` adds the ranks that raised it."""
     total = sum(current.values())
-    where = f"rank {rank}: " if rank is not None else ""
     lines = [
-        f"{where}out of memory: the tracked total {format_bytes(total)} ({total} bytes) exceeds the budget "
+        f"out of memory: the tracked total {format_bytes(total)} ({total} bytes) exceeds the budget "
         f"{format_bytes(budget)} ({budget} bytes). Held now:"
     ]
     for category, nbytes in sorted(current.items(), key=lambda kv: -kv[1]):

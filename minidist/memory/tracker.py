@@ -81,7 +81,7 @@ class MemoryTracker:
             state arrays are measured, and its parameters (ZeRO's shards) with their gradients.
         budget: the most bytes this rank may hold, an int or a size such as ``"64MiB"`` (see
             ``parse_size``); default: the environment variable ``MINIDIST_MEMORY_BUDGET``, else none.
-        rank: named in the error message; default: the MPI launcher's rank variable, if any.
+        rank: named in ``table()``; default: the MPI launcher's rank variable, if any.
 
     Raises:
         OutOfMemoryError: (from the tracked code) when the total would exceed ``budget``.
@@ -173,7 +173,7 @@ class MemoryTracker:
             self._at_peak = dict(counters._current)
         if self.budget is not None and total > self.budget:
             current = dict(counters._current)
-            message = describe_overflow(self.budget, current, self._largest_owners(), self.rank)
+            message = describe_overflow(self.budget, current, self._largest_owners())
             raise OutOfMemoryError(message, self.budget, total, current)
 
     def _largest_owners(self) -> dict[str, list[tuple[str, int]]]:
