@@ -31,7 +31,9 @@ from minidist import random as md_random
 from minidist.autograd import Function, Tensor, enable_grad, no_grad
 
 
-def recompute(fn: Callable[..., Tensor], *args: Any) -> Tensor:
+def recompute(
+    fn: Callable[..., Tensor], *args: Any, after_backward: Callable[[], None] | None = None
+) -> Tensor:
     """``fn(*args)``, without storing the activations inside ``fn``; they are recomputed in backward.
 
     Args:
@@ -39,6 +41,8 @@ def recompute(fn: Callable[..., Tensor], *args: Any) -> Tensor:
             parameters (they get their gradients as usual) and dropout (same masks in both runs).
             It must be deterministic given its inputs and the generator state.
         args: tensors (gradients flow to those that require them) and plain values, passed as given.
+        after_backward: called once the backward through the recomputed ``fn`` has finished (its
+            parameters' gradients are complete): FSDP reduce-scatters and frees a unit there.
 
     Returns:
         the output of ``fn``, with the same values and, after backward, the same gradients for
@@ -66,7 +70,7 @@ def recompute(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     # The output must require grad even when no input does (e.g. the first layer's input), since
     # parameters inside fn do: a constant "anchor" input that requires grad guarantees it.
     anchor = Tensor(backend.xp().zeros(()), requires_grad=True)
-    out = _Recompute.apply(*tensors, anchor, body=body, flags=flags, tags=tags)
+    out = _Recompute.apply(*tensors, anchor, body=body, flags=flags, tags=tags, after_backward=after_backward)
     # The tag is fn's output's, not the inputs' (apply's guess): a segment ending in the g operator
     # (RowParallelLinear) returns the same tensor on every rank even from a shard.
     out.sharded_over = out._ctx.out_tag
@@ -88,9 +92,14 @@ class _Recompute(Function):
     """y = fn(x...) computed without a graph;  dL/dx = backward through a recomputed fn(x...)."""
 
     def forward(
-        self, *arrays: Any, body: Callable[..., Tensor], flags: tuple[bool, ...], tags: tuple[Any, ...]
+        self,
+        *arrays: Any,
+        body: Callable[..., Tensor],
+        flags: tuple[bool, ...],
+        tags: tuple[Any, ...],
+        after_backward: Callable[[], None] | None = None,
     ) -> Any:
-        self.body, self.flags, self.tags = body, flags, tags
+        self.body, self.flags, self.tags, self.after_backward = body, flags, tags, after_backward
         self.inputs_data = arrays[: len(flags)]  # the only activations kept: the segment's inputs
         self.rng = md_random.get_all_rng_states()
         with no_grad():
@@ -117,4 +126,6 @@ class _Recompute(Function):
             )
         if out.requires_grad:
             autograd.run_backward(out, grad)  # inside the running pass: no new pass, no callbacks
+        if self.after_backward is not None:
+            self.after_backward()
         return (*(leaf.grad for leaf in leaves), None)  # None for the anchor

@@ -1,6 +1,6 @@
 """Parallel training strategies built from autograd Functions and ``dist`` collectives.
 
-Reading order: ``data_parallel.py`` (DDP) and ``zero.py`` -> ``mesh.py`` (the dp x tp x pp x cp grid)
+Reading order: ``data_parallel.py`` (DDP) and ``zero.py`` -> ``fsdp/`` (ZeRO-3) -> ``mesh.py`` (the dp x tp x pp x cp grid)
 -> ``tensor_parallel/`` (Megatron-LM layers) -> ``clip_grad.py`` (the global gradient norm over shards)
 -> ``pipeline/`` (stages, GPipe and 1F1B schedules as data, the executor) -> ``context_parallel/`` (the
 sequence split over ranks, ring attention).
@@ -8,6 +8,7 @@ sequence split over ranks, ring attention).
 
 from minidist.parallel.clip_grad import clip_grad_norm_
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.fsdp import FullyShardedDataParallel
 from minidist.parallel.mesh import ProcessMesh
 from minidist.parallel.pipeline import PipelineParallel
 from minidist.parallel.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
@@ -16,6 +17,7 @@ from minidist.parallel.zero import ZeroRedundancyOptimizer
 __all__ = [
     "ColumnParallelLinear",
     "DistributedDataParallel",
+    "FullyShardedDataParallel",
     "ParallelMLP",
     "PipelineParallel",
     "ProcessMesh",

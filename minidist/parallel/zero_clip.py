@@ -39,6 +39,7 @@ def clip_shards_(
     max_norm: float,
     norm_type: float = 2.0,
     error_if_nonfinite: bool = False,
+    what: str = "ZeroRedundancyOptimizer.clip_grad_norm_",
 ) -> float:
     """Scale this rank's ``shard_grads`` in place so that the norm of all ranks' shards together is at
     most ``max_norm``; return that norm before clipping (a Python float, the same on every rank).
@@ -47,7 +48,8 @@ def clip_shards_(
     gives a NaN or inf norm on every rank and leaves the gradients unchanged (as
     ``minidist.nn.utils.clip_grad_norm_``). Raises on every rank: ``TypeError``/``ValueError`` as
     ``check_clip_args`` (the lowest failing rank's error), ``ValueError`` if the ranks' arguments
-    differ, ``RuntimeError`` for a non-finite norm if ``error_if_nonfinite``.
+    differ, ``RuntimeError`` for a non-finite norm if ``error_if_nonfinite``. ``what`` names the
+    caller in the messages (FSDP's ``clip_grad_norm_`` uses this too).
     """
     grads = [g for g in shard_grads if g is not None]
     try:
@@ -63,7 +65,7 @@ def clip_shards_(
         named = {"max_norm": max_norm, "norm_type": norm_type, "error_if_nonfinite": bool(error_if_nonfinite)}
         fix = "call it on every rank with the same max_norm, norm_type and error_if_nonfinite"
         dist.agree({} if local_error else named, local_error, group, what="clip_grad_norm_", fix=fix)
-        raise ValueError(f"ZeroRedundancyOptimizer.clip_grad_norm_: the ranks' arguments differ; {fix}")
+        raise ValueError(f"{what}: the ranks' arguments differ; {fix}")
     norm = finish_norm(combine_contributions(everyone[:, 0], norm_type), norm_type)
     check_finite(norm, norm_type, error_if_nonfinite)  # the same norm on every rank: all raise alike
     scale_grads_(grads, max_norm, norm)

@@ -1,0 +1,176 @@
+"""``FlatUnit``: one FSDP unit's parameters as one sharded flat vector, gathered and freed on demand.
+
+The unit's parameters, flattened in order, form one logical vector of P_u elements; rank r of N keeps
+only chunk r of it (``zero_layout.ShardLayout``, ``numpy.array_split`` order, the chunk layout of
+``dist.all_gather`` and ``dist.reduce_scatter``). Rajbhandari et al. 2020 §5.3 (P_os+g+p): the
+parameters themselves are partitioned, and each rank rebuilds a layer's full parameters by an
+all-gather just before using it.
+
+States of a unit, and what the original parameters' ``.data`` hold in each:
+
+* **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype. Not the
+  old values and not zeros, which would look real: reading it fails at once with a shape error.
+* **gathering**: an all-gather is in flight on the communication thread (a prefetch).
+* **gathered**: ``.data`` are views (of the right shapes) into one full flat buffer of ``param_dtype``.
+
+Gradients: after the unit's backward, each parameter's full ``.grad`` is copied into one flat buffer
+(in ``reduce_dtype``) and reduce-scattered with op="avg"; this rank's chunk is *added* to the shard
+tensors' ``.grad`` (so several backward passes accumulate, as ``.grad`` does), and the full gradients
+are dropped. Every collective runs as a ``Job`` on the FSDP instance's one communication thread, in
+submission order, so every rank runs them in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import minidist.distributed as dist
+from minidist import backend, memory
+from minidist.autograd import Tensor
+from minidist.parallel.comm_thread import CommThread, Job
+from minidist.parallel.fsdp.units import UnitPlan
+from minidist.parallel.zero_layout import ShardLayout
+
+
+class FlatUnit:
+    """One unit (see the module docstring). Attributes that the checkpoint code reads:
+
+    Attributes:
+        name: module path of the unit ("" for the root unit).
+        params: the original Parameters, in flat order. ``names``: their global names.
+        layout: the ``ShardLayout`` of the flat vector (sizes of ``params``) over the group.
+        flat_shard: this rank's chunk, 1-D, ``layout.shard_numel`` elements of the parameters' dtype:
+            the master copy the optimizer updates (through ``shards``).
+        shards: one ``Tensor`` per ``layout.segments`` entry, a 1-D view into ``flat_shard``; these are
+            what the optimizer steps (their ``.grad`` holds the averaged gradient of the segment).
+    """
+
+    def __init__(
+        self, plan: UnitPlan, group: Any, thread: CommThread, param_dtype: Any, reduce_dtype: Any
+    ) -> None:
+        self.name, self.module = plan.name, plan.module
+        self.params, self.names = list(plan.params), list(plan.names)
+        self.shapes = [p.shape for p in self.params]
+        self.dtype = self.params[0].dtype
+        self.group, self._thread = group, thread
+        self.param_dtype = np.dtype(param_dtype or self.dtype)
+        self.reduce_dtype = np.dtype(reduce_dtype or self.dtype)
+        self.layout = ShardLayout.build([p.size for p in self.params], group.size, group.rank)
+        xp = backend.array_module(self.params[0].data)
+        self._xp = xp
+        full = xp.concatenate([p.data.reshape(-1) for p in self.params])
+        self.flat_shard = full[self.layout.start : self.layout.stop].copy()
+        self.shards = [
+            Tensor(self.flat_shard[s.shard_offset : s.shard_offset + s.numel], requires_grad=True)
+            for s in self.layout.segments
+        ]
+        self._job: Job | None = None  # the all-gather in flight, if any
+        self._result: list[Any] = []  # where the job puts the gathered buffer
+        self._full: Any = None  # the gathered flat buffer while gathered
+        self._reduces: list[tuple[Job, int]] = []  # reduce-scatter jobs not yet waited for, their bytes
+        # Between uses: shape (0,) * ndim (at least 1-D), so ``p.ndim`` still tells a matrix from a
+        # vector (weight-decay groups are built from it) while any read of values fails at once.
+        self._empties = [xp.empty((0,) * max(len(s), 1), dtype=self.dtype) for s in self.shapes]
+        self.free()
+
+    @property
+    def gathered(self) -> bool:
+        return self._full is not None
+
+    @property
+    def full_nbytes(self) -> int:
+        """Bytes of the gathered flat buffer (P_u elements of ``param_dtype``)."""
+        return self.layout.numel * self.param_dtype.itemsize
+
+    # -- parameters: gather, install, free ------------------------------------------------------------
+    def start_gather(self) -> None:
+        """Submit the all-gather of this unit's parameters (no-op if gathered or already in flight)."""
+        if self._full is not None or self._job is not None:
+            return
+        send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
+        memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
+        self._result = []
+        result, group = self._result, self.group
+        self._job = self._thread.submit(Job(lambda: result.append(dist.all_gather(send, group=group))))
+
+    def gather(self) -> None:
+        """Make the parameters' ``.data`` the full values (waits for the all-gather; starts it if needed)."""
+        if self._full is not None:
+            return
+        self.start_gather()
+        self._job.wait()
+        self._full, self._job = self._result.pop(), None
+        for p, size, offset, shape in zip(self.params, self.layout.sizes, self.layout.offsets, self.shapes):
+            p.data = self._full[offset : offset + size].reshape(shape)
+
+    def free(self) -> None:
+        """Back to sharded: the parameters hold empty arrays and the gathered buffer is dropped."""
+        if self._job is not None:  # a prefetch nobody used: let it finish, then drop its buffer
+            self._job.wait()
+            self._full, self._job = self._result.pop(), None
+        for p, empty in zip(self.params, self._empties):
+            p.data = empty
+        if self._full is not None:
+            memory.allocated("gathered_parameters", -self.full_nbytes, owner=self.name)
+        self._full = None
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def reduce_gradients(self) -> None:
+        """Submit the reduce-scatter (op="avg") of the parameters' full gradients; drop them here.
+
+        A parameter without a gradient on this rank contributes zeros; whether a segment's shard gets
+        a gradient at all is decided by all ranks together (one small all-reduce of flags, in the same
+        job), so a parameter no rank used is left alone by the optimizer, as one process would.
+        """
+        xp = self._xp
+        flat = xp.zeros(self.layout.numel, dtype=self.reduce_dtype)
+        flags = np.zeros(len(self.params), dtype=np.int64)
+        for i, (p, offset) in enumerate(zip(self.params, self.layout.offsets)):
+            if p.grad is not None:
+                flat[offset : offset + p.size] = p.grad.reshape(-1)
+                flags[i] = 1
+                p.grad = None
+        memory.allocated("communication", flat.nbytes, owner=self.name)
+        job = self._thread.submit(Job(lambda: self._reduce_scatter(flat, flags)))
+        self._reduces.append((job, flat.nbytes))
+
+    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> None:
+        """On the communication thread: average this rank's chunk and add it to the shards' gradients."""
+        averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
+        used = dist.all_reduce(flags, op="max", group=self.group)
+        for shard, seg in zip(self.shards, self.layout.segments):
+            if not used[seg.param_index]:
+                continue
+            piece = averaged[seg.shard_offset : seg.shard_offset + seg.numel]
+            shard.grad = piece.copy() if shard.grad is None else shard.grad + piece
+
+    def wait_gradients(self) -> None:
+        """Wait for this unit's reduce-scatters (re-raising their errors)."""
+        jobs, self._reduces = self._reduces, []
+        for job, nbytes in jobs:
+            try:
+                job.wait()
+            finally:
+                memory.allocated("communication", -nbytes, owner=self.name)
+
+    # -- full values (collective; for state_dict) -----------------------------------------------------
+    def full_values(self) -> list[Any]:
+        """Every parameter's full value in the master dtype, as new arrays (one all-gather, this thread)."""
+        full = dist.all_gather(self.flat_shard, group=self.group)
+        return [
+            full[o : o + n].reshape(shape).copy()
+            for n, o, shape in zip(self.layout.sizes, self.layout.offsets, self.shapes)
+        ]
+
+    def load_full(self, values: list[Any]) -> None:
+        """Keep this rank's chunk of the full ``values`` (one per parameter; None: keep the current
+        elements), in place in ``flat_shard`` so the shard tensors (and the optimizer) see them."""
+        xp = self._xp
+        for shard, seg in zip(self.shards, self.layout.segments):
+            value = values[seg.param_index]
+            if value is not None:
+                flat = xp.asarray(value).reshape(-1)[seg.lo : seg.hi]
+                shard.data[...] = flat.astype(self.dtype, copy=False)
+                shard.data = shard.data  # bump the version, as an optimizer step's in-place update does

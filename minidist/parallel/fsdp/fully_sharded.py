@@ -1,0 +1,352 @@
+"""``FullyShardedDataParallel``: ZeRO stage 3 as PyTorch's FSDP does it, unit by unit.
+
+Rajbhandari et al., "ZeRO", SC 2020, §5.3 (P_os+g+p): besides optimizer state and gradients, the
+*parameters* are partitioned over the N data-parallel ranks, so a rank keeps 1/N of everything and
+rebuilds each layer's parameters by an all-gather just before it needs them. Zhao et al., "PyTorch
+FSDP: Experiences on Scaling Fully Sharded Data Parallel", VLDB 2023, §3: the model is cut into
+*units* (``wrap``), each flattened into one vector (``flat_unit.py``); a unit is all-gathered just
+before its forward and again before its backward, freed right after each, its gradient
+reduce-scattered after its backward; and the next unit's all-gather is issued before the current unit
+computes (prefetch, §3.3.2), so communication overlaps computation.
+
+**Why every unit runs under activation recomputation.** An autograd ``Function`` keeps the *arrays*
+it needs for backward (``Linear`` keeps its weight), so a graph recorded through a gathered unit would
+keep the gathered buffer alive until backward: "freeing" it after forward would free nothing, and a
+rank would hold every unit at once. So a unit's forward runs without recording a graph, keeping only
+its input (``minidist.nn.recompute``); its backward gathers the unit, runs its forward again with a
+graph, backpropagates through it and frees it. A unit's full parameters then exist only while it
+computes: per rank, P/N (shards) + the root unit + at most two gathered units (the one computing, the
+one prefetched). The cost is one extra forward per unit per step (about a third more compute, as any
+full activation checkpointing; PyTorch FSDP users mostly combine the two for the same reason).
+Dropout masks are equal in both runs (recompute replays the generator states).
+
+The *root* unit (parameters in no selected module: the GPT's embeddings, tied head and final
+LayerNorm) is gathered when ``forward`` starts and freed when backward ends, as PyTorch keeps its
+root unsharded between forward and backward. With ``wrap=None`` the root is the whole model: memory
+is not bounded then (the whole model is gathered for the step), but the optimizer state and
+gradients are still 1/N.
+
+Everything is equal to one process (the tests: 1 vs 2, 3, 4 ranks): the gradients are the same sums
+in another order, averaged by ``reduce_scatter(op="avg")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import minidist.distributed as dist
+from minidist import autograd, backend
+from minidist.autograd import Function, Tensor
+from minidist.nn.module import IncompatibleKeys, Module, Parameter
+from minidist.nn.recompute import recompute
+from minidist.parallel.comm_thread import CommThread
+from minidist.parallel.fsdp.flat_unit import FlatUnit
+from minidist.parallel.fsdp.units import Wrap, describe, local_problem, plan_units
+from minidist.parallel.zero_clip import clip_shards_
+
+
+class FullyShardedDataParallel(Module):
+    """Shard ``module``'s parameters, gradients and (through ``parameters()``) optimizer state over ``group``.
+
+    Usage (``examples/train_gpt.py --fsdp``)::
+
+        fsdp = FullyShardedDataParallel(gpt, wrap=(Block,))        # collective; broadcasts rank 0's weights
+        decay = [p for p in gpt.parameters() if p.ndim >= 2]       # groups of the ORIGINAL parameters
+        opt = optim.AdamW(fsdp.shard_param_groups([{"params": decay, ...}, ...]), lr=1e-3)
+        loss = cross_entropy(fsdp(x), y); loss.backward()          # shards' .grad: the group average
+        fsdp.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()     # any unmodified optimizer
+
+    Args:
+        module: the model, the same on every rank (names, shapes, dtypes; checked).
+        group: the data-parallel communicator (default: the world).
+        wrap: which submodules become units: a Module class or tuple of classes (``(Block,)``), or a
+            predicate ``(name, module) -> bool``; None: one unit, the whole model. Rules (nesting,
+            shared parameters) in ``units.py``.
+        prefetch: issue the next unit's all-gather before the current unit computes (forward: the
+            next unit in module order; backward: the previous one in the order the forward ran).
+            Off: every all-gather waits at once. Same numbers either way.
+        param_dtype: dtype of the gathered parameters, the unit computes in it (None: the
+            parameters' own; "bfloat16", "float16"): halves the all-gather's bytes; the shards stay
+            the master copy in the parameters' dtype.
+        reduce_dtype: dtype of the gradient reduce-scatter (None: the parameters' own). Lower
+            precision halves the bytes, but averaging many small float16 gradients underflows (below
+            6e-8 they become 0), so the default keeps the master dtype.
+
+    Between steps the original Parameters hold *empty* arrays of shape ``(0,) * ndim`` (so ``p.ndim``
+    still tells matrices from vectors, while any read of the values fails loudly instead of seeing
+    stale numbers); ``state_dict()`` gives the full values. A unit's parameters must be used only
+    inside its own forward (or be root parameters). A unit's ``forward`` must return one Tensor.
+
+    Attributes:
+        units: the ``FlatUnit`` s, root first (see ``flat_unit.py``: ``.name``, ``.params``,
+            ``.names``, ``.layout``, ``.shards``, ``.flat_shard``).
+
+    Raises:
+        ValueError / TypeError, on every rank (the check is collective): parameters that differ between
+            ranks (count, names, shape, dtype) or arguments that differ; a ``wrap`` that selects
+            nothing, nested units, a module selected twice; mixed dtypes in a unit; bad dtypes.
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        group: Any = None,
+        wrap: Wrap = None,
+        prefetch: bool = True,
+        param_dtype: Any = None,
+        reduce_dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.group = group if group is not None else dist.init()
+        error, plans, dtypes = None, [], (None, None)
+        try:
+            if not isinstance(module, Module):
+                raise TypeError(f"FullyShardedDataParallel wraps a Module, got {type(module).__name__}")
+            dtypes = (_dtype(param_dtype, "param_dtype"), _dtype(reduce_dtype, "reduce_dtype"))
+            plans = plan_units(module, wrap)
+            error = local_problem(plans)
+        except (TypeError, ValueError) as e:
+            error = e
+        summary = {} if error else {**describe(plans), "prefetch": bool(prefetch), "dtypes": str(dtypes)}
+        fix = "build the same model and pass the same arguments on every rank"
+        dist.agree(summary, error, self.group, what="FullyShardedDataParallel", fix=fix)
+        self.module, self.prefetch = module, bool(prefetch)
+        self._thread = CommThread("fsdp-comm")
+        weakref.finalize(self, self._thread.close, False)  # stop the thread when collected or at exit
+        for plan in plans:  # the replicas start identical: rank 0's values, as DDP
+            _broadcast(plan.params, self.group)
+        self.units = [FlatUnit(plan, self.group, self._thread, *dtypes) for plan in plans]
+        self._root = self.units[0] if self.units[0].name == "" else None
+        self._inner = [u for u in self.units if u.name != ""]
+        self._next_in_forward = {id(a): b for a, b in zip(self._inner, self._inner[1:])}
+        for u in self._inner:
+            object.__setattr__(u.module, "forward", self._unit_forward(u, u.module.forward))
+        self._sync = True
+        self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
+        self._pass = -1  # the backward pass whose end-of-pass callback is queued
+        dtype = self.units[0].dtype
+        self._placeholder = Tensor(np.zeros(0, dtype=dtype), requires_grad=True)  # a rank owning nothing
+
+    # -- forward / backward ---------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module; its output's backward (re)gathers, reduce-scatters and frees the units."""
+        if self._root is not None:
+            self._root.gather()  # for the whole step: freed when backward ends
+        self._ran = []
+        try:
+            out = self.module(*args, **kwargs)
+        except BaseException:
+            self._free_all()
+            raise
+        if autograd.is_grad_enabled() and isinstance(out, Tensor) and out.requires_grad:
+            return _EndOfBackward.apply(out, fsdp=self)
+        self._free_all()  # nothing will be differentiated: back to shards now
+        return out
+
+    def _unit_forward(self, unit: FlatUnit, original: Any) -> Any:
+        """The unit module's new ``forward``: gathered, computed and freed under recomputation."""
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            fn = functools.partial(original, **kwargs) if kwargs else original
+
+            def body(*a: Any) -> Any:
+                backward = autograd.is_grad_enabled()  # only recompute's backward runs this with a graph
+                self._gather(unit, backward)
+                try:
+                    return fn(*a)
+                finally:
+                    if not backward:
+                        unit.free()
+
+            if not autograd.is_grad_enabled():
+                return body(*args)
+            self._ran.append(unit)
+            return recompute(body, *args, after_backward=functools.partial(self._after_backward, unit))
+
+        return forward
+
+    def _gather(self, unit: FlatUnit, backward: bool) -> None:
+        """Gather ``unit``; first issue the all-gather of the unit that runs after it (prefetch)."""
+        unit.start_gather()  # (submitted before the prefetch: every rank queues them in this order)
+        if backward:
+            if unit in self._ran:  # the last time it ran is the one being differentiated now
+                del self._ran[len(self._ran) - 1 - self._ran[::-1].index(unit)]
+            following = self._ran[-1] if self._ran else None
+        else:
+            following = self._next_in_forward.get(id(unit))
+        if self.prefetch and following is not None:
+            following.start_gather()
+        unit.gather()
+
+    def _after_backward(self, unit: FlatUnit) -> None:
+        if self._pass != autograd.backward_pass_count():  # a unit's backward runs inside a pass
+            self._queue_finish()
+        if self._sync:
+            unit.reduce_gradients()
+        unit.free()
+
+    def _queue_finish(self) -> None:
+        self._pass = autograd.backward_pass_count()
+        autograd.queue_callback(self._finish_backward)
+
+    def _finish_backward(self) -> None:
+        """End of backward: the root's reduce-scatter, wait for every job, every unit back to shards."""
+        try:
+            if self._root is not None and self._sync:
+                self._root.reduce_gradients()
+            for u in self.units:
+                u.wait_gradients()
+        finally:
+            self._free_all()
+
+    def _free_all(self) -> None:
+        for u in self.units:
+            u.free()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation without communication: the full gradients stay on the parameters
+        (memory of P, not P/N) and are reduce-scattered, summed in, by the first backward outside."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # -- the optimizer's view -------------------------------------------------------------------------
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """``(name[lo:hi], shard)`` for every owned segment: the tensors an optimizer should step."""
+        any_owned = False
+        for u in self.units:
+            for seg, shard in zip(u.layout.segments, u.shards):
+                any_owned = True
+                yield f"{u.names[seg.param_index]}[{seg.lo}:{seg.hi}]", shard
+        if not any_owned:  # P < N: an optimizer still needs one tensor
+            yield "", self._placeholder
+
+    def shard_param_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Map parameter groups of the ORIGINAL parameters to groups of this rank's shard tensors.
+
+        Every group keeps its values and its place (a group this rank owns nothing of stays, empty),
+        so schedulers and checkpoints see the same groups on every rank. Raises ``ValueError`` for a
+        parameter that is not the wrapped model's, ``TypeError`` for a group that is not a dict.
+        """
+        where = {id(p): (u, i) for u in self.units for i, p in enumerate(u.params)}
+        out = []
+        for g in groups:
+            if not isinstance(g, dict) or "params" not in g:
+                raise TypeError(f"shard_param_groups takes dicts with 'params', got {g!r:.80}")
+            params = [g["params"]] if isinstance(g["params"], Tensor) else list(g["params"])
+            shards = []
+            for p in params:
+                if id(p) not in where:
+                    raise ValueError(
+                        f"shard_param_groups: a parameter of shape {p.shape} is not one of the wrapped "
+                        "model's; build the groups from the model passed to FullyShardedDataParallel"
+                    )
+                u, i = where[id(p)]
+                shards += [s for s, seg in zip(u.shards, u.layout.segments) if seg.param_index == i]
+            out.append({**{k: v for k, v in g.items() if k != "params"}, "params": shards})
+        if out and not any(g["params"] for g in out):
+            out[0]["params"] = [self._placeholder]
+        return out
+
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> float:
+        """Clip the averaged gradient (held as shards) to global norm ``max_norm``; return the norm before.
+
+        Collective (one all-gather of five numbers per rank, ``zero_clip.py``); equal to one process's
+        ``nn.utils.clip_grad_norm_``. Raises on every rank as ``clip_shards_``.
+        """
+        grads = [s.grad for u in self.units for s in u.shards]
+        what = "FullyShardedDataParallel.clip_grad_norm_"
+        return clip_shards_(grads, self.group, max_norm, norm_type, error_if_nonfinite, what=what)
+
+    # -- full state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Full parameters by the model's own names (no "module." prefix), like PyTorch's
+        FULL_STATE_DICT, on every rank. Collective: one all-gather per unit."""
+        values = {n: v for u in self.units for n, v in zip(u.names, u.full_values())}
+        return {name: values[name] for name, _ in self.module.named_parameters()}
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Keep this rank's shards of the full values in ``state_dict`` (not collective).
+
+        Raises ``KeyError`` (with ``strict``) for missing or unexpected names, ``ValueError`` for a
+        shape that differs from the parameter's; nothing changes then.
+        """
+        shapes = {n: shape for u in self.units for n, shape in zip(u.names, u.shapes)}
+        missing, unexpected = sorted(set(shapes) - set(state_dict)), sorted(set(state_dict) - set(shapes))
+        if strict and (missing or unexpected):
+            raise KeyError(
+                f"FullyShardedDataParallel.load_state_dict: missing keys {missing}, unexpected keys "
+                f"{unexpected}; pass strict=False to load the keys that match"
+            )
+        for name, shape in shapes.items():
+            value = _array(state_dict.get(name))
+            if value is not None and tuple(getattr(value, "shape", np.shape(value))) != tuple(shape):
+                raise ValueError(
+                    f"FullyShardedDataParallel.load_state_dict: {name!r} has shape {tuple(np.shape(value))} "
+                    f"in the state dict but {shape} in the model"
+                )
+        for u in self.units:
+            u.load_full([_array(state_dict.get(n)) for n in u.names])
+        return IncompatibleKeys(missing, unexpected)
+
+
+class _EndOfBackward(Function):
+    """Identity on the model's output; its backward (the first of the pass) queues FSDP's end of pass."""
+
+    saved_inputs = ()
+    is_view = True  # the output is the input's array: one version counter
+
+    def forward(self, x: Any, fsdp: FullyShardedDataParallel) -> Any:
+        self.fsdp = fsdp
+        return x
+
+    def backward(self, grad: Any) -> tuple[Any]:
+        if self.fsdp._pass != autograd.backward_pass_count():
+            self.fsdp._queue_finish()
+        return (grad,)
+
+
+def _array(value: Any) -> Any:
+    return value.data if isinstance(value, Tensor) else value
+
+
+def _broadcast(params: list[Parameter], group: Any) -> None:
+    """Overwrite every rank's ``params`` with rank 0's (one broadcast of their flat concatenation)."""
+    xp = backend.array_module(params[0].data)
+    flat = xp.concatenate([p.data.reshape(-1) for p in params])
+    dist.broadcast(flat, src=0, group=group)
+    offset = 0
+    for p in params:
+        p.data[...] = flat[offset : offset + p.size].reshape(p.shape)
+        offset += p.size
+
+
+def _dtype(value: Any, what: str) -> Any:
+    """None, or the NumPy dtype named by ``value`` ("bfloat16" comes from ml_dtypes, imported lazily)."""
+    if value is None:
+        return None
+    if str(value) == "bfloat16":
+        from minidist.parallel.comm_hooks.default import bfloat16
+
+        return bfloat16()
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind != "f":
+        raise ValueError(
+            f"FullyShardedDataParallel: {what} must be None, 'bfloat16', 'float16', 'float32' or "
+            f"'float64', got {value!r}"
+        )
+    return dtype
