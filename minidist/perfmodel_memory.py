@@ -43,6 +43,8 @@ Per layer, in values (multiply by ``itemsize``): c = 1 when the heads' join copi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def shard_elements(numel: int, world_size: int, rank: int) -> int:
     """Elements of chunk ``rank`` of ``numpy.array_split(range(numel), world_size)`` (the first
@@ -60,6 +62,8 @@ def model_state_bytes(
     param_bytes: int = 4,
     optimizer_bytes_per_param: int = 8,
     gathered_elements: int = 0,
+    unit_sizes: Sequence[int] | None = None,
+    ddp_bookkeeping_elements: int = 0,
 ) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state on ``rank`` after ``step()`` (module docstring).
 
@@ -69,15 +73,22 @@ def model_state_bytes(
         param_bytes: b, bytes per parameter and per gradient value (4 in float32).
         optimizer_bytes_per_param: K (AdamW in float32: 8; SGD with momentum: 4).
         gathered_elements: under FSDP, elements of the units gathered at that moment (0 after step).
+        unit_sizes: under FSDP, the elements of each unit: each unit's flat vector is split on its own,
+            so rank r holds the sum of its chunks of each (default: one unit of ``num_params``).
+        ddp_bookkeeping_elements: DDP's bucket buffers carry this many more elements after the
+            gradients (``DistributedDataParallel``: one per parameter tensor, plus one), and the
+            ``.grad`` views keep the whole buffer alive, so they count as gradients.
 
     Returns: ``{"parameters", "gradients", "optimizer_state", "gathered_parameters", "total"}`` in bytes.
 
     Raises: ``ValueError`` for an unknown layout.
     """
     mine = shard_elements(num_params, world_size, rank)
+    if layout == "fsdp" and unit_sizes is not None:
+        mine = sum(shard_elements(n, world_size, rank) for n in unit_sizes)
     full, b, k = num_params, param_bytes, optimizer_bytes_per_param
     table = {
-        "ddp": (b * full, b * full, k * full),
+        "ddp": (b * full, b * (full + ddp_bookkeeping_elements), k * full),
         "zero1": (b * full, b * full, k * mine),
         "zero2": (b * full, b * mine, k * mine),
         "fsdp": (b * mine, b * mine, k * mine),

@@ -56,11 +56,14 @@ def record(fn: Any, tensors: tuple) -> None:
     """Count the buffers op ``fn`` (just recorded on the graph, with inputs ``tensors``) keeps alive."""
     arrays = [t._data for t in tensors if t._ctx is not None or not t.requires_grad]
     arrays += [v for v in fn.__dict__.values() if _is_array(v)]
+    # A leaf that requires grad is a parameter, counted elsewhere, also when the op saved its array (Linear's
+    # weight): FSDP's gathered weights are such leaves, and their buffer is "gathered_parameters".
+    leaves = {id(base_of(t._data)) for t in tensors if t._ctx is None and t.requires_grad}
     bases: dict[int, int] = {}
     for a in arrays:
         b = base_of(a)
         key = id(b)
-        if key not in _params:
+        if key not in _params and key not in leaves:
             bases[key] = int(b.nbytes)
     if not bases:
         return

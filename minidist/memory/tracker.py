@@ -71,6 +71,22 @@ def _env_rank() -> int | None:
     return None
 
 
+def _set_instance_attribute(obj: Any, name: str, value: Any, undo: list) -> None:
+    """``obj.name = value`` as an instance attribute (it shadows the method), and an ``undo`` entry that
+    restores what was there: FSDP, too, replaces its units' ``forward`` by instance attributes."""
+    missing = object()
+    before = obj.__dict__.get(name, missing)
+    obj.__dict__[name] = value
+
+    def restore() -> None:
+        if before is missing:
+            obj.__dict__.pop(name, None)
+        else:
+            obj.__dict__[name] = before
+
+    undo.append(restore)
+
+
 class MemoryTracker:
     """Measure this rank's bytes per category (``minidist.memory.CATEGORIES``), current and peak.
 
@@ -217,8 +233,7 @@ class MemoryTracker:
             finally:
                 activations.scope = outer
 
-        module.__dict__["forward"] = tracked_forward  # an instance attribute shadows the method
-        self._undo.append(lambda: module.__dict__.pop("forward", None))
+        _set_instance_attribute(module, "forward", tracked_forward, self._undo)
 
     def _wrap_method(self, obj: Any, method: str) -> None:
         original = getattr(obj, method)
@@ -228,8 +243,7 @@ class MemoryTracker:
             self.measure()
             return result
 
-        obj.__dict__[method] = tracked
-        self._undo.append(lambda: obj.__dict__.pop(method, None))
+        _set_instance_attribute(obj, method, tracked, self._undo)
 
     # -- results ----------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
