@@ -91,8 +91,9 @@ class MemoryTracker:
     """Measure this rank's bytes per category (``minidist.memory.CATEGORIES``), current and peak.
 
     Args:
-        model: a ``Module`` (possibly wrapped: DDP, FSDP): its parameters and ``.grad`` arrays are
-            measured, and its submodules' names label the activations (``"Linear in h.0.mlp.c_fc"``).
+        model: a ``Module`` (possibly wrapped: DDP, FSDP) or anything with ``parameters()`` (a
+            ``PipelineParallel`` stage): its parameters and ``.grad`` arrays are measured, and a
+            Module's submodule names label the activations (``"Linear in h.0.mlp.c_fc"``).
         optimizer: an ``Optimizer`` or a wrapper with ``.optimizer`` (``ZeroRedundancyOptimizer``): its
             state arrays are measured, and its parameters (ZeRO's shards) with their gradients.
         budget: the most bytes this rank may hold, an int or a size such as ``"64MiB"`` (see
@@ -197,8 +198,8 @@ class MemoryTracker:
         for (category, owner), nbytes in counters._owners.items():
             if category not in MEASURED:
                 owners.setdefault(category, []).append((owner, nbytes))
-        if self.model is not None:  # measured categories: name the largest parameters
-            named = [(n, p) for n, p in self.model.named_parameters()]
+        if hasattr(self.model, "named_parameters"):  # measured categories: name the largest parameters
+            named = list(self.model.named_parameters())
             owners["parameters"] = [(n, int(p.data.nbytes)) for n, p in named]
             owners["gradients"] = [(n, int(p.grad.nbytes)) for n, p in named if p.grad is not None]
         for lst in owners.values():
@@ -207,9 +208,10 @@ class MemoryTracker:
 
     def _install_hooks(self) -> None:
         """Measure at the moments the measured categories change; name the module running each op."""
-        if self.model is not None:
+        if hasattr(self.model, "named_modules"):  # a Module (a PipelineParallel is not: no op names then)
             for name, module in self.model.named_modules():
                 self._wrap_forward(name, module, measure=module is self.model)
+        if self.model is not None:
             for p in self.model.parameters():
                 hook = self._after_accumulate
                 p.register_post_accumulate_grad_hook(hook)
