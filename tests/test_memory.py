@@ -263,14 +263,19 @@ def test_the_gpt_one_rank_cannot_train_trains_on_four_with_fsdp_under_the_same_b
     for result in ranks:
         assert result["fsdp"]["report"]["total"]["peak"] <= budget
         assert result["fsdp"]["report"]["budget"] == budget
-    # The same training: float32, the gradient averaged from 4 partial means instead of one mean, so the
-    # sums round differently (relative 1e-7 for most elements, up to ~1e-3 where a gradient is a nearly
-    # cancelling sum). AdamW moves each element by lr x m / sqrt(v), a ratio that keeps the gradient's
-    # relative error: at most 3 steps x lr 1e-2 x 1e-3 = 3e-5 (measured: 3.6e-6).
+    # The same training, in float32 (the demo is about float32 bytes; FSDP's own tests compare in float64):
+    # the gradient is averaged from 4 partial means instead of one mean, so sums round differently
+    # (relative 1e-7). AdamW divides each update by the gradient's RMS, so for the few elements whose
+    # gradient is a nearly cancelling sum that rounding becomes a visible part of a step of lr = 1e-2
+    # (lesson 10 measures ~1e-4 after 20 float32 steps; here up to 3e-5 after 3, varying run to run with
+    # the reduction order; 99.5 % of the elements within 1e-6). So: every element within 2e-4, and 99 % of
+    # them within 1e-6, which a real difference in the computation (a missed or misplaced gradient: a
+    # whole step of 1e-2 apart) would break at once. (FSDP's own tests compare gradients in float64.)
     mean_loss = np.mean([r["fsdp"]["losses"] for r in ranks], axis=0)
     np.testing.assert_allclose(mean_loss, losses, rtol=1e-5)
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(state[name], p.data, rtol=1e-5, atol=3e-5, err_msg=name)
+    diffs = np.concatenate([np.abs(state[n] - p.data).ravel() for n, p in model.named_parameters()])
+    assert diffs.max() < 2e-4, diffs.max()
+    assert np.mean(diffs < 1e-6) > 0.99, np.mean(diffs < 1e-6)
 
 
 def _example(n: int, script: str, *args: str, env: dict | None = None, budget_rank0: str | None = None):

@@ -163,21 +163,21 @@ class MemoryTracker:
             params += [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
         return params
 
-    def measure(self) -> None:
-        """Measure parameters, gradients and optimizer state now (the tracker calls it at each change)."""
+    def measure(self, gradients_only: bool = False) -> None:
+        """Measure parameters, gradients and optimizer state now (the tracker calls it at each change;
+        during backward only the gradients change)."""
         params = self._params()
-        state = [
-            v
-            for opt in _optimizers(self.optimizer)
-            for s in getattr(opt, "state", {}).values()
-            for v in (s.values() if isinstance(s, dict) else ())
-            if hasattr(v, "nbytes") and hasattr(v, "base")
-        ]
-        now = {
-            "parameters": unique_nbytes(p.data for p in params),
-            "gradients": unique_nbytes(p.grad for p in params),
-            "optimizer_state": unique_nbytes(state),
-        }
+        now = {"gradients": unique_nbytes(p.grad for p in params)}
+        if not gradients_only:
+            state = [
+                v
+                for opt in _optimizers(self.optimizer)
+                for s in getattr(opt, "state", {}).values()
+                for v in (s.values() if isinstance(s, dict) else ())
+                if hasattr(v, "nbytes") and hasattr(v, "base")
+            ]
+            now["parameters"] = unique_nbytes(p.data for p in params)
+            now["optimizer_state"] = unique_nbytes(state)
         for category, nbytes in now.items():
             delta = nbytes - counters._current[category]
             if delta:
@@ -221,7 +221,7 @@ class MemoryTracker:
                 self._wrap_method(opt, method)
 
     def _after_accumulate(self, _param: Any) -> None:
-        self.measure()
+        self.measure(gradients_only=True)
 
     def _wrap_forward(self, name: str, module: Any, measure: bool) -> None:
         forward = module.forward
