@@ -187,6 +187,10 @@ def test_one_rank_goes_out_of_memory_with_a_message_that_says_what_and_what_to_d
     for words in expected:
         assert words in text, f"{words!r} missing from:\n{text}"
     assert not memory.tracking()  # the with-block stopped the tracker on the way out
+    # A budget the parameters alone exceed raises in start(), and leaves no tracker running.
+    with pytest.raises(memory.OutOfMemoryError, match="parameters 1.3 MiB"):
+        memory.MemoryTracker(model, opt, budget="1MiB").start()
+    assert not memory.tracking()
     # The environment variable sets the same budget when none is passed.
     monkeypatch.setenv(memory.BUDGET_ENV, "4 MiB")
     assert memory.MemoryTracker().budget == 4 * 2**20

@@ -141,7 +141,11 @@ class MemoryTracker:
         self._install_hooks()
         counters._listeners.append(self._on_change)
         counters._active = True
-        self.measure()
+        try:
+            self.measure()  # the parameters alone may exceed the budget: then stop before raising
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
