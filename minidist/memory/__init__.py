@@ -12,6 +12,10 @@ When no tracker is active, :func:`allocated` costs one flag check, so the hot pa
 unconditionally. ``MemoryTracker`` (tracker.py) turns the reports, together with the parameters,
 gradients and optimizer state it measures itself, into the per-rank table the examples print and
 into the optional budget that raises :class:`OutOfMemoryError`.
+
+Reading order: ``counters.py`` (the categories and the one table) -> ``activations.py`` (what the
+autograd graph keeps, counted per buffer) -> ``sizes.py`` ("64MiB") -> ``errors.py`` (the message) ->
+``tracker.py``. The formulas the measurements are compared with: ``minidist/perfmodel_memory.py``.
 """
 
 from __future__ import annotations
