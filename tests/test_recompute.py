@@ -64,6 +64,23 @@ def test_activations_are_not_kept_and_hooks_fire_once():
     assert len(calls) == 4 and all(p.grad is not None for p in b.parameters())
 
 
+def test_after_backward_runs_once_when_the_segments_gradients_are_complete():
+    """FSDP's hook (issue 21): called after the backward through the recomputed segment, once, with
+    every parameter's gradient of that segment accumulated (so it can reduce-scatter and free them)."""
+    first, second = block(0), block(1)
+    seen = []
+
+    def done(b, name):
+        seen.append((name, [p.grad is not None for p in b.parameters()]))
+
+    x = md.tensor(np.ones((2, 5)), dtype=np.float64, requires_grad=True)
+    h = recompute(first, x, after_backward=lambda: done(first, "first"))
+    h = recompute(second, h, after_backward=lambda: done(second, "second"))
+    assert seen == []  # nothing in forward
+    h.sum().backward()
+    assert seen == [("second", [True] * 4), ("first", [True] * 4)]  # backward order, all complete
+
+
 def test_plain_values_and_bad_fn():
     x = md.tensor(np.ones(3), dtype=np.float64, requires_grad=True)
     y = recompute(lambda t, k: t * k, x, 3.0)

@@ -83,6 +83,18 @@ def test_data_parallel_trains_the_model_of_one_process(trained, n, flags):
 
 
 @pytest.mark.mpi
+def test_fsdp_trains_the_model_of_one_process(trained, tmp_path):
+    """--fsdp (issue 21): parameters, gradients and AdamW state sharded over 3 ranks, 2 micro-batches
+    (the first under no_sync), clipping on the shards; the losses and weights of DDP on 2 ranks (and so
+    of one process). Its own launch: --fsdp does not save checkpoints yet, which the cached runs do."""
+    _, reference, _ = trained(2)
+    out = tmp_path / "out.npz"
+    launch(3, *TINY, "--fsdp", "--grad-accum", "2", "--out", str(out))
+    with np.load(out) as saved:
+        assert_same_training(dict(saved), reference)
+
+
+@pytest.mark.mpi
 def test_dropout_masks_differ_per_rank_so_layouts_differ_only_with_dropout(trained):
     """With dropout each rank draws its own masks (seed + rank, nanoGPT's rule): 2 ranks then do not
     draw the masks 1 process draws, and no layout can match another. So equivalence is tested at
@@ -230,6 +242,15 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
         (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
+        (
+            ["--fsdp", "--zero", "1"],
+            "--fsdp shards the parameters, gradients and AdamW state itself: drop --zero",
+        ),
+        (
+            ["--fsdp", "--comm-hook", "bf16"],
+            "--comm-hook bf16 is a DDP hook; --fsdp reduce-scatters without DDP",
+        ),
+        (["--fsdp", "--tp", "2"], "--fsdp shards over all ranks as data parallelism here; drop --tp"),
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):

@@ -1,9 +1,9 @@
 """Parallel training strategies built from autograd Functions and ``dist`` collectives.
 
-Reading order: ``data_parallel.py`` (DDP) and ``zero.py`` -> ``fsdp/`` (ZeRO-3) -> ``mesh.py`` (the dp x tp x pp x cp grid)
--> ``tensor_parallel/`` (Megatron-LM layers) -> ``clip_grad.py`` (the global gradient norm over shards)
--> ``pipeline/`` (stages, GPipe and 1F1B schedules as data, the executor) -> ``context_parallel/`` (the
-sequence split over ranks, ring attention).
+Reading order: ``data_parallel.py`` (DDP) and ``zero.py`` -> ``fsdp/`` (ZeRO-3, parameters sharded too)
+-> ``mesh.py`` (the dp x tp x pp x cp grid) -> ``tensor_parallel/`` (Megatron-LM layers)
+-> ``clip_grad.py`` (the global gradient norm over shards) -> ``pipeline/`` (stages, GPipe and 1F1B
+schedules as data, the executor) -> ``context_parallel/`` (the sequence split over ranks, ring attention).
 """
 
 from minidist.parallel.clip_grad import clip_grad_norm_

@@ -32,6 +32,23 @@ def make_mlp(seed: int, dtype=np.float64) -> nn.Sequential:
     return zc.make_model(seed, dtype)[0]
 
 
+def make_tied(seed: int, dtype=np.float64) -> nn.Sequential:
+    """Three Linear layers whose first two share one (6, 6) weight: with ``wrap=(nn.Linear,)`` the
+    shared weight belongs to two units, so FSDP puts it in the root (units.py)."""
+    md.manual_seed(seed)
+    first, second = nn.Linear(6, 6, dtype=dtype), nn.Linear(6, 6, dtype=dtype)
+    second.weight = first.weight
+    return nn.Sequential(first, nn.Tanh(), second, nn.Tanh(), nn.Linear(6, 4, dtype=dtype))
+
+
+def make(kind: str, seed: int, dtype=np.float64) -> nn.Module:
+    return {"mlp": make_mlp, "tied": make_tied, "gpt": make_gpt}[kind](seed, dtype)
+
+
+def batches(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    return gpt_batches() if kind == "gpt" else mlp_batches()
+
+
 def make_gpt(seed: int, dtype=np.float64) -> GPT:
     md.manual_seed(seed)
     return GPT(GPTConfig(**GPT_CONFIG, dtype=dtype))

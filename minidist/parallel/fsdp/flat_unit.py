@@ -11,7 +11,12 @@ States of a unit, and what the original parameters' ``.data`` hold in each:
 * **sharded** (between uses): ``.data`` is an empty ``(0,) * ndim`` array of the parameter's dtype. Not the
   old values and not zeros, which would look real: reading it fails at once with a shape error.
 * **gathering**: an all-gather is in flight on the communication thread (a prefetch).
-* **gathered**: ``.data`` are views (of the right shapes) into one full flat buffer of ``param_dtype``.
+* **gathered**: ``.data`` are views (of the right shapes) into one full flat buffer.
+
+``param_dtype`` (e.g. bfloat16) is the dtype of the all-gather: the shards are rounded to it, sent,
+and cast back to the parameters' dtype on the communication thread, so the unit computes with
+bfloat16-rounded weights in the master dtype. (This branch's ops do not compute in bfloat16: autocast,
+issue 21's mixed precision, does that inside the ops; the halved all-gather bytes are FSDP's part.)
 
 Gradients: after the unit's backward, each parameter's full ``.grad`` is copied into one flat buffer
 (in ``reduce_dtype``) and reduce-scattered with op="avg"; this rank's chunk is *added* to the shard
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import backend, memory
+from minidist import backend, memory, trace
 from minidist.autograd import Tensor
 from minidist.parallel.comm_thread import CommThread, Job
 from minidist.parallel.fsdp.units import UnitPlan
@@ -81,8 +86,8 @@ class FlatUnit:
 
     @property
     def full_nbytes(self) -> int:
-        """Bytes of the gathered flat buffer (P_u elements of ``param_dtype``)."""
-        return self.layout.numel * self.param_dtype.itemsize
+        """Bytes of the gathered flat buffer (P_u elements of the parameters' dtype)."""
+        return self.layout.numel * self.dtype.itemsize
 
     # -- parameters: gather, install, free ------------------------------------------------------------
     def start_gather(self) -> None:
@@ -92,24 +97,57 @@ class FlatUnit:
         send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
         memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
         self._result = []
-        result, group = self._result, self.group
-        self._job = self._thread.submit(Job(lambda: result.append(dist.all_gather(send, group=group))))
+        result, group, dtype, name = self._result, self.group, self.dtype, self.name or "root"
+
+        def job() -> None:  # on the communication thread, the cast back included
+            with trace.span(f"all_gather {name}", trace.COMM):
+                result.append(dist.all_gather(send, group=group).astype(dtype, copy=False))
+
+        self._job = self._thread.submit(Job(job))
 
     def gather(self) -> None:
         """Make the parameters' ``.data`` the full values (waits for the all-gather; starts it if needed)."""
-        if self._full is not None:
-            return
+        if self._full is None:
+            self._full = self._fetch()
+            self._install()
+
+    def refresh(self) -> None:
+        """Gather; if already gathered, gather again and keep the old buffer only if nothing changed.
+
+        For the root at the start of a forward whose previous forward got no backward (an evaluation
+        with gradients on, two forwards then one backward): an optimizer step in between must not
+        leave the old values in place, yet a graph still waiting for backward must keep its
+        parameters' versions if they did not change. Which ranks' shards changed is not known here
+        (each rank sees only its own), so every rank all-gathers and compares: collective and equal
+        on every rank, and it costs an extra all-gather only in that unusual case.
+        """
+        if self._full is None:
+            return self.gather()
+        old, self._full = self._full, None
+        new = self._fetch()
+        memory.allocated("gathered_parameters", -self.full_nbytes, owner=self.name)  # one of the two goes
+        if bool(self._xp.array_equal(old, new)):
+            self._full = old  # same values: the parameters keep their arrays and versions
+        else:
+            self._full = new  # changed (an optimizer step): a graph waiting for backward will refuse it
+            self._install()
+
+    def _fetch(self) -> Any:
         self.start_gather()
-        self._job.wait()
-        self._full, self._job = self._result.pop(), None
+        # What the main thread waits for is the communication prefetching did not hide (benchmarks/fsdp).
+        with trace.span(f"wait all_gather {self.name or 'root'}", trace.WAIT):
+            self._job.wait()
+        full, self._job = self._result.pop(), None
+        return full
+
+    def _install(self) -> None:
         for p, size, offset, shape in zip(self.params, self.layout.sizes, self.layout.offsets, self.shapes):
             p.data = self._full[offset : offset + size].reshape(shape)
 
     def free(self) -> None:
         """Back to sharded: the parameters hold empty arrays and the gathered buffer is dropped."""
         if self._job is not None:  # a prefetch nobody used: let it finish, then drop its buffer
-            self._job.wait()
-            self._full, self._job = self._result.pop(), None
+            self._full = self._fetch()
         for p, empty in zip(self.params, self._empties):
             p.data = empty
         if self._full is not None:
@@ -138,8 +176,9 @@ class FlatUnit:
 
     def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> None:
         """On the communication thread: average this rank's chunk and add it to the shards' gradients."""
-        averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
-        used = dist.all_reduce(flags, op="max", group=self.group)
+        with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
+            averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
+            used = dist.all_reduce(flags, op="max", group=self.group)
         for shard, seg in zip(self.shards, self.layout.segments):
             if not used[seg.param_index]:
                 continue
@@ -151,7 +190,8 @@ class FlatUnit:
         jobs, self._reduces = self._reduces, []
         for job, nbytes in jobs:
             try:
-                job.wait()
+                with trace.span(f"wait reduce_scatter {self.name or 'root'}", trace.WAIT):
+                    job.wait()
             finally:
                 memory.allocated("communication", -nbytes, owner=self.name)
 

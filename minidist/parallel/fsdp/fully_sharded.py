@@ -26,8 +26,8 @@ root unsharded between forward and backward. With ``wrap=None`` the root is the 
 is not bounded then (the whole model is gathered for the step), but the optimizer state and
 gradients are still 1/N.
 
-Everything is equal to one process (the tests: 1 vs 2, 3, 4 ranks): the gradients are the same sums
-in another order, averaged by ``reduce_scatter(op="avg")``.
+Everything is equal to one process (tests/test_fsdp.py: 1 vs 2 and 4 ranks, train_gpt on 3): the
+gradients are the same sums in another order, averaged by ``reduce_scatter(op="avg")``.
 """
 
 from __future__ import annotations
@@ -38,14 +38,13 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 import minidist.distributed as dist
-from minidist import autograd, backend
+from minidist import autograd
 from minidist.autograd import Function, Tensor
 from minidist.nn.module import IncompatibleKeys, Module, Parameter
 from minidist.nn.recompute import recompute
 from minidist.parallel.comm_thread import CommThread
+from minidist.parallel.fsdp import state
 from minidist.parallel.fsdp.flat_unit import FlatUnit
 from minidist.parallel.fsdp.units import Wrap, describe, local_problem, plan_units
 from minidist.parallel.zero_clip import clip_shards_
@@ -71,9 +70,9 @@ class FullyShardedDataParallel(Module):
         prefetch: issue the next unit's all-gather before the current unit computes (forward: the
             next unit in module order; backward: the previous one in the order the forward ran).
             Off: every all-gather waits at once. Same numbers either way.
-        param_dtype: dtype of the gathered parameters, the unit computes in it (None: the
-            parameters' own; "bfloat16", "float16"): halves the all-gather's bytes; the shards stay
-            the master copy in the parameters' dtype.
+        param_dtype: dtype of the all-gather (None: the parameters' own; "bfloat16", "float16"):
+            halves its bytes; the units compute with the rounded values, cast back to the parameters'
+            dtype (this version's ops compute in float32/float64), and the shards stay the master copy.
         reduce_dtype: dtype of the gradient reduce-scatter (None: the parameters' own). Lower
             precision halves the bytes, but averaging many small float16 gradients underflows (below
             6e-8 they become 0), so the default keeps the master dtype.
@@ -108,7 +107,10 @@ class FullyShardedDataParallel(Module):
         try:
             if not isinstance(module, Module):
                 raise TypeError(f"FullyShardedDataParallel wraps a Module, got {type(module).__name__}")
-            dtypes = (_dtype(param_dtype, "param_dtype"), _dtype(reduce_dtype, "reduce_dtype"))
+            dtypes = (
+                state.resolve_dtype(param_dtype, "param_dtype"),
+                state.resolve_dtype(reduce_dtype, "reduce_dtype"),
+            )
             plans = plan_units(module, wrap)
             error = local_problem(plans)
         except (TypeError, ValueError) as e:
@@ -120,39 +122,57 @@ class FullyShardedDataParallel(Module):
         self._thread = CommThread("fsdp-comm")
         weakref.finalize(self, self._thread.close, False)  # stop the thread when collected or at exit
         for plan in plans:  # the replicas start identical: rank 0's values, as DDP
-            _broadcast(plan.params, self.group)
+            state.broadcast_params(plan.params, self.group)
         self.units = [FlatUnit(plan, self.group, self._thread, *dtypes) for plan in plans]
         self._root = self.units[0] if self.units[0].name == "" else None
         self._inner = [u for u in self.units if u.name != ""]
         self._next_in_forward = {id(a): b for a, b in zip(self._inner, self._inner[1:])}
         for u in self._inner:
             object.__setattr__(u.module, "forward", self._unit_forward(u, u.module.forward))
-        self._sync = True
+        self._sync, self._summoned = True, False
         self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
+        self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
         self._pass = -1  # the backward pass whose end-of-pass callback is queued
-        dtype = self.units[0].dtype
-        self._placeholder = Tensor(np.zeros(0, dtype=dtype), requires_grad=True)  # a rank owning nothing
+        first = self.units[0]  # a rank owning nothing still gives its optimizer one (empty) tensor:
+        self._placeholder = Tensor(first.flat_shard[:0].copy(), requires_grad=True)
 
     # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module; its output's backward (re)gathers, reduce-scatters and frees the units."""
+        if self._summoned:
+            raise RuntimeError(
+                "FullyShardedDataParallel: do not call the FSDP model inside summon_full_params(); call "
+                "its .module there (no communication), or leave the block first"
+            )
+        for u in self._inner:  # left gathered only by a prefetch nobody used; no graph holds them
+            u.free()
         if self._root is not None:
-            self._root.gather()  # for the whole step: freed when backward ends
-        self._ran = []
+            self._root.refresh()  # for the whole step: freed when backward ends
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
             self._free_all()
             raise
         if autograd.is_grad_enabled() and isinstance(out, Tensor) and out.requires_grad:
+            self._awaiting_backward = True
             return _EndOfBackward.apply(out, fsdp=self)
-        self._free_all()  # nothing will be differentiated: back to shards now
+        # Nothing will be differentiated: back to shards now, except a root that an earlier forward's
+        # graph still needs (its backward would refuse parameters changed in place since).
+        self._free_all(keep_root=self._awaiting_backward)
+        if autograd.is_grad_enabled() and not isinstance(out, Tensor):
+            raise TypeError(
+                f"FullyShardedDataParallel: the wrapped module returned a {type(out).__name__}; with "
+                "gradients on it must return one Tensor (FSDP finishes its backward from it). Return the "
+                "logits (or the loss) alone, or run this forward under minidist.no_grad()"
+            )
         return out
 
     def _unit_forward(self, unit: FlatUnit, original: Any) -> Any:
         """The unit module's new ``forward``: gathered, computed and freed under recomputation."""
 
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if self._summoned:  # summon_full_params: every unit is gathered, run it as it is
+                return original(*args, **kwargs)
             fn = functools.partial(original, **kwargs) if kwargs else original
 
             def body(*a: Any) -> Any:
@@ -203,11 +223,13 @@ class FullyShardedDataParallel(Module):
             for u in self.units:
                 u.wait_gradients()
         finally:
+            self._awaiting_backward, self._ran = False, []
             self._free_all()
 
-    def _free_all(self) -> None:
+    def _free_all(self, keep_root: bool = False) -> None:
         for u in self.units:
-            u.free()
+            if not (keep_root and u is self._root):
+                u.free()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -218,6 +240,35 @@ class FullyShardedDataParallel(Module):
             yield
         finally:
             self._sync = previous
+
+    def zero_grad(self) -> None:
+        """Drop the shards' gradients and any full gradients ``no_sync()`` left on the parameters."""
+        for u in self.units:
+            for t in (*u.shards, *u.params):
+                t.grad = None
+
+    @contextlib.contextmanager
+    def summon_full_params(self) -> Iterator[None]:
+        """Inside the block the original parameters hold their full values and ``self.module`` runs as
+        a plain model, with no communication (PyTorch's name): e.g. rank 0 alone samples from it.
+
+        Collective on entry (one all-gather per unit); leaving it frees them again without
+        communication, so ranks may leave at different times. Values written to the parameters inside
+        are discarded (the shards are the master copy). Raises ``RuntimeError`` if entered during a
+        step (a backward still pending) or nested.
+        """
+        if self._summoned or any(u.gathered for u in self.units):
+            raise RuntimeError(
+                "summon_full_params: enter it between steps (after backward, not nested), on every rank"
+            )
+        for u in self.units:
+            u.gather()
+        self._summoned = True
+        try:
+            yield
+        finally:
+            self._summoned = False
+            self._free_all()
 
     # -- the optimizer's view -------------------------------------------------------------------------
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
@@ -237,25 +288,7 @@ class FullyShardedDataParallel(Module):
         so schedulers and checkpoints see the same groups on every rank. Raises ``ValueError`` for a
         parameter that is not the wrapped model's, ``TypeError`` for a group that is not a dict.
         """
-        where = {id(p): (u, i) for u in self.units for i, p in enumerate(u.params)}
-        out = []
-        for g in groups:
-            if not isinstance(g, dict) or "params" not in g:
-                raise TypeError(f"shard_param_groups takes dicts with 'params', got {g!r:.80}")
-            params = [g["params"]] if isinstance(g["params"], Tensor) else list(g["params"])
-            shards = []
-            for p in params:
-                if id(p) not in where:
-                    raise ValueError(
-                        f"shard_param_groups: a parameter of shape {p.shape} is not one of the wrapped "
-                        "model's; build the groups from the model passed to FullyShardedDataParallel"
-                    )
-                u, i = where[id(p)]
-                shards += [s for s, seg in zip(u.shards, u.layout.segments) if seg.param_index == i]
-            out.append({**{k: v for k, v in g.items() if k != "params"}, "params": shards})
-        if out and not any(g["params"] for g in out):
-            out[0]["params"] = [self._placeholder]
-        return out
+        return state.shard_groups(self.units, groups, self._placeholder)
 
     def clip_grad_norm_(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
@@ -273,8 +306,7 @@ class FullyShardedDataParallel(Module):
     def state_dict(self) -> dict[str, Any]:
         """Full parameters by the model's own names (no "module." prefix), like PyTorch's
         FULL_STATE_DICT, on every rank. Collective: one all-gather per unit."""
-        values = {n: v for u in self.units for n, v in zip(u.names, u.full_values())}
-        return {name: values[name] for name, _ in self.module.named_parameters()}
+        return state.full_state_dict(self.units, self.module)
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
         """Keep this rank's shards of the full values in ``state_dict`` (not collective).
@@ -282,23 +314,7 @@ class FullyShardedDataParallel(Module):
         Raises ``KeyError`` (with ``strict``) for missing or unexpected names, ``ValueError`` for a
         shape that differs from the parameter's; nothing changes then.
         """
-        shapes = {n: shape for u in self.units for n, shape in zip(u.names, u.shapes)}
-        missing, unexpected = sorted(set(shapes) - set(state_dict)), sorted(set(state_dict) - set(shapes))
-        if strict and (missing or unexpected):
-            raise KeyError(
-                f"FullyShardedDataParallel.load_state_dict: missing keys {missing}, unexpected keys "
-                f"{unexpected}; pass strict=False to load the keys that match"
-            )
-        for name, shape in shapes.items():
-            value = _array(state_dict.get(name))
-            if value is not None and tuple(getattr(value, "shape", np.shape(value))) != tuple(shape):
-                raise ValueError(
-                    f"FullyShardedDataParallel.load_state_dict: {name!r} has shape {tuple(np.shape(value))} "
-                    f"in the state dict but {shape} in the model"
-                )
-        for u in self.units:
-            u.load_full([_array(state_dict.get(n)) for n in u.names])
-        return IncompatibleKeys(missing, unexpected)
+        return state.load_full_state_dict(self.units, state_dict, strict)
 
 
 class _EndOfBackward(Function):
@@ -315,38 +331,3 @@ class _EndOfBackward(Function):
         if self.fsdp._pass != autograd.backward_pass_count():
             self.fsdp._queue_finish()
         return (grad,)
-
-
-def _array(value: Any) -> Any:
-    return value.data if isinstance(value, Tensor) else value
-
-
-def _broadcast(params: list[Parameter], group: Any) -> None:
-    """Overwrite every rank's ``params`` with rank 0's (one broadcast of their flat concatenation)."""
-    xp = backend.array_module(params[0].data)
-    flat = xp.concatenate([p.data.reshape(-1) for p in params])
-    dist.broadcast(flat, src=0, group=group)
-    offset = 0
-    for p in params:
-        p.data[...] = flat[offset : offset + p.size].reshape(p.shape)
-        offset += p.size
-
-
-def _dtype(value: Any, what: str) -> Any:
-    """None, or the NumPy dtype named by ``value`` ("bfloat16" comes from ml_dtypes, imported lazily)."""
-    if value is None:
-        return None
-    if str(value) == "bfloat16":
-        from minidist.parallel.comm_hooks.default import bfloat16
-
-        return bfloat16()
-    try:
-        dtype = np.dtype(value)
-    except TypeError:
-        dtype = None
-    if dtype is None or dtype.kind != "f":
-        raise ValueError(
-            f"FullyShardedDataParallel: {what} must be None, 'bfloat16', 'float16', 'float32' or "
-            f"'float64', got {value!r}"
-        )
-    return dtype

@@ -107,13 +107,13 @@ def plan_units(model: Module, wrap: Wrap) -> list[UnitPlan]:
 
 
 def describe(plans: list[UnitPlan]) -> dict[str, Any]:
-    """JSON values the ranks must agree on: per unit its name, parameter names, shapes and dtypes."""
-    return {
-        f"unit {k} ({u.name or 'root'})": [
-            [n, list(p.shape), str(p.dtype)] for n, p in zip(u.names, u.params)
-        ]
-        for k, u in enumerate(plans)
-    }
+    """JSON values the ranks must agree on: the units' names and parameter counts, and per parameter
+    its unit, shape and dtype (one key each, so a difference names the parameter)."""
+    out: dict[str, Any] = {"units": [[u.name, len(u.params)] for u in plans]}
+    for u in plans:
+        for n, p in zip(u.names, u.params):
+            out[f"parameter {n}"] = f"unit {u.name or 'root'!r}, shape {p.shape}, {p.dtype}"
+    return out
 
 
 def local_problem(plans: list[UnitPlan]) -> Exception | None:

@@ -10,6 +10,7 @@ differently initialised FSDP model gives back the same full parameters bit for b
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import fsdp_common as fc
@@ -17,46 +18,62 @@ import numpy as np
 from dist_worker_utils import run_worker, write_json
 
 import minidist.distributed as dist
-from minidist import nn
+from minidist import nn, trace
 from minidist.memory import counters
 from minidist.models.transformer import Block
 from minidist.parallel import FullyShardedDataParallel
 from minidist.parallel.zero_layout import unique_nbytes
 
-# name: (model, optimizer, wrap, prefetch, clip, micro-batches)
+# name: (model, optimizer, wrap, prefetch, clip, micro-batches, param_dtype and reduce_dtype)
 CONFIGS = {
-    "mlp_sgd_per_linear": ("mlp", "sgd", (nn.Linear,), True, False, 1),
-    "mlp_adamw_one_unit": ("mlp", "adamw", None, True, False, 1),
-    "gpt_adamw_blocks": ("gpt", "adamw", (Block,), True, True, 1),
-    "gpt_adamw_blocks_no_prefetch": ("gpt", "adamw", (Block,), False, True, 1),
-    "gpt_adamw_blocks_no_sync": ("gpt", "adamw", (Block,), True, True, 2),
+    "mlp_sgd_per_linear": ("mlp", "sgd", (nn.Linear,), True, False, 1, None),
+    "mlp_adamw_one_unit": ("mlp", "adamw", None, True, False, 1, None),
+    "tied_sgd_per_linear": ("tied", "sgd", (nn.Linear,), True, False, 1, None),
+    "gpt_adamw_blocks": ("gpt", "adamw", (Block,), True, True, 1, None),
+    "gpt_adamw_blocks_no_prefetch": ("gpt", "adamw", (Block,), False, True, 1, None),
+    "gpt_adamw_blocks_no_sync": ("gpt", "adamw", (Block,), True, True, 2, None),
+    "gpt_adamw_blocks_bfloat16": ("gpt", "adamw", (Block,), True, True, 1, "bfloat16"),
 }
 
 
-def build(kind: str, seed: int, wrap, prefetch: bool, world) -> FullyShardedDataParallel:
-    model = fc.make_mlp(seed) if kind == "mlp" else fc.make_gpt(seed)
-    return FullyShardedDataParallel(model, group=world, wrap=wrap, prefetch=prefetch)
+def build(kind: str, seed: int, wrap, prefetch: bool, world, low=None) -> FullyShardedDataParallel:
+    return FullyShardedDataParallel(
+        fc.make(kind, seed), group=world, wrap=wrap, prefetch=prefetch, param_dtype=low, reduce_dtype=low
+    )
+
+
+def traced_step(fsdp, optimizer, batch, world) -> dict[str, list[int]]:
+    """One more step (no clipping) with the collectives traced: per collective, [calls, payload bytes]."""
+    trace.enable(collectives=True)
+    fc.train(fsdp, optimizer, [batch], None, world.rank, world.size)
+    events = [e for e in trace.events() if e["cat"] == trace.COLLECTIVE]
+    trace.disable()
+    return {
+        name: [
+            sum(1 for e in events if e["name"] == name),
+            sum(e["args"]["payload"] for e in events if e["name"] == name),
+        ]
+        for name in ("all_gather", "reduce_scatter")
+    }
 
 
 def main(out_dir: str) -> None:
     world = dist.init()
     counters._active = True  # count the reports (the issue's MemoryTracker turns this on; not here yet)
     report = {}
-    for name, (kind, opt_name, wrap, prefetch, clip, accum) in CONFIGS.items():
+    for name, (kind, opt_name, wrap, prefetch, clip, accum, low) in CONFIGS.items():
         # Another seed per rank: the constructor must still start every rank from rank 0's weights.
-        fsdp = build(kind, fc.SEED + 11 * world.rank, wrap, prefetch, world)
+        fsdp = build(kind, fc.SEED + 11 * world.rank, wrap, prefetch, world, low)
         original = list(fsdp.module.parameters())
         optimizer = fc.OPTIMIZERS[opt_name](fsdp.shard_param_groups(fc.decay_groups(original)))
-        batches = fc.mlp_batches() if kind == "mlp" else fc.gpt_batches()
+        batches = fc.batches(kind)
         counters._peak["gathered_parameters"] = counters._current["gathered_parameters"]
-        norms = fc.train(
-            fsdp, optimizer, batches, (lambda: fsdp.clip_grad_norm_(fc.CLIP)) if clip else None,
-            world.rank, world.size, accum,
-        )  # fmt: skip
+        clipper = functools.partial(fsdp.clip_grad_norm_, fc.CLIP) if clip else None
+        norms = fc.train(fsdp, optimizer, batches, clipper, world.rank, world.size, accum)
         full = fsdp.state_dict()
         np.savez(f"{out_dir}/{name}_rank{world.rank}.npz", **full)
 
-        fresh = build(kind, fc.SEED + 99, wrap, prefetch, world)
+        fresh = build(kind, fc.SEED + 99, wrap, prefetch, world, low)
         fresh.load_state_dict(full)
         again = fresh.state_dict()
         report[name] = {
@@ -71,6 +88,7 @@ def main(out_dir: str) -> None:
             "ndims_kept": all(p.ndim == len(s) for u in fsdp.units for p, s in zip(u.params, u.shapes)),
             "reload_bit_identical": all(np.array_equal(again[k], full[k]) for k in full),
             "unit_names": [u.name for u in fsdp.units],
+            "traffic": traced_step(fsdp, optimizer, batches[0], world),
         }
     write_json(out_dir, f"rank{world.rank}.json", report)
 
