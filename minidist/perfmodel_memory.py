@@ -34,11 +34,12 @@ t). minidist's engine differs, and :func:`gpt_layer_activation_bytes` counts exa
 
 Per layer, in values (multiply by ``itemsize``): c = 1 when the heads' join copies, else 0:
 
-    GPT Block (one process):           (26 - 1 + c) s b h + a s^2 b + 2 s b + 2 h
+    GPT Block (one process):           (25 + c) s b h + a s^2 b + 2 s b + 2 h
     ParallelBlock, t ranks:            (12 + (17 + c) / t) s b h + a s^2 b / t + 2 s b + 2 h
     ParallelBlock + sequence parallel: (2 + (27 + c) / t) s b h + a s^2 b / t + 2 s b / t + 2 h
 
-(the first line's 26 - 1 + c: with a > 1 heads it is 26). The tests measure these exactly.
+(so 26 s b h + a s^2 b + 2 s b + 2 h for a GPT block with several heads, against the paper's 34 s b h +
+5 a s^2 b in 16-bit). ``tests/test_memory.py`` measures all three to the byte.
 """
 
 from __future__ import annotations
