@@ -34,6 +34,7 @@ from minidist.perfmodel_memory import (  # noqa: E402
     gpt_activation_bytes,
     gpt_layer_activation_bytes,
     model_state_bytes,
+    shard_elements,
 )
 
 CE = nn.functional.cross_entropy
@@ -62,6 +63,24 @@ def test_format_bytes_round_trips_through_parse_size_within_its_precision(n):
     assert abs(memory.parse_size(shown.replace(" ", "")) - n) <= max(
         0.05 * 1024 ** (len(shown) > 6), 0.005 * n
     )
+
+
+# -- the formulas' own rules ----------------------------------------------------------------------------
+@given(st.integers(0, 10_000), st.integers(1, 9))
+def test_shards_are_array_splits_chunks_and_cover_every_element(numel, world):
+    sizes = [shard_elements(numel, world, r) for r in range(world)]
+    assert sizes == [len(c) for c in np.array_split(np.arange(numel), world)]
+    states = [model_state_bytes(numel, "fsdp", world, r)["total"] for r in range(world)]
+    assert sum(states) == model_state_bytes(numel, "ddp")["total"]  # (b + b + K) P, split without loss
+
+
+def test_the_formulas_refuse_what_they_do_not_model():
+    with pytest.raises(ValueError, match="unknown layout 'zero3'"):
+        model_state_bytes(10, "zero3")
+    with pytest.raises(ValueError, match="rank 4 is outside a world of 4 ranks"):
+        shard_elements(10, 4, 4)
+    with pytest.raises(ValueError, match="tp=4 must divide heads=6"):
+        gpt_layer_activation_bytes(2, 8, 24, 6, tp=4)
 
 
 # -- the tracker on one process -------------------------------------------------------------------------
