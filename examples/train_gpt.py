@@ -72,7 +72,7 @@ from train_gpt_layout import MeshTraining, add_layout_arguments, check_layout, i
 
 import minidist as md
 import minidist.distributed as dist
-from minidist import checkpoint, optim
+from minidist import checkpoint, memory, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.launch.env import resume_requested
 from minidist.models import GPT, GPTConfig
@@ -143,6 +143,13 @@ parser.add_argument(
 parser.add_argument("--async-checkpoint", action="store_true", help="save in the background (async_save)")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+parser.add_argument("--memory", action="store_true", help="print each rank's memory table at the end (peaks)")
+parser.add_argument(
+    "--memory-budget",
+    default=None,
+    metavar="SIZE",
+    help="per-rank budget, e.g. 64MiB: more raises OutOfMemoryError (MINIDIST_MEMORY_BUDGET)",
+)
 add_layout_arguments(parser)  # --dp --tp --pp --cp --sequence-parallel --microbatches --schedule ...
 
 
@@ -322,6 +329,12 @@ def main() -> None:
         evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, model)
         return evaluate_on({"train": train, "val": val}, args.eval_iters)
 
+    # --- memory accounting (--memory, --memory-budget SIZE or MINIDIST_MEMORY_BUDGET): bytes per category,
+    # measured; going over the budget raises memory.OutOfMemoryError, naming what holds the memory.
+    tracker = None
+    if args.memory or args.memory_budget or os.environ.get(memory.BUDGET_ENV):
+        tracker = memory.MemoryTracker(model, optimizer, budget=args.memory_budget, rank=rank).start()
+
     # --- training loop
     peak = matmul_rate(world)  # FLOP/s, for the MFU
     flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
@@ -399,6 +412,11 @@ def main() -> None:
         sent = model.comm_stats.per_step()
         print(f"--comm-hook {args.comm_hook}: {sent['bytes_sent'] / 1024:.1f} KiB sent per step by rank 0, "
               f"{sent['compression_ratio']:.1f}x less payload than a plain all-reduce")  # fmt: skip
+    if tracker is not None:  # every rank's table, printed by rank 0
+        tracker.stop()
+        tables = world.mpi.gather(tracker.table(), root=0)
+        if rank == 0:
+            print("\n".join(tables))
     # Under --fsdp the GPT holds its full weights only inside summon_full_params (collective on entry); on a
     # mesh, gpt is the one-process GPT that mesh_run.gathered() put together above.
     with model.summon_full_params() if args.fsdp and not mesh_run else contextlib.nullcontext():
@@ -422,7 +440,7 @@ def report_and_sample(args, gpt: GPT, estimate: dict, tokenizer: CharTokenizer, 
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, checkpoint.CheckpointError) as error:
+    except (ValueError, OSError, checkpoint.CheckpointError, memory.OutOfMemoryError) as error:
         # Bad input, a missing data file, no checkpoint that loads: one message (not a traceback per rank)
         # and exit code 2 on every rank.
         dist.exit_with_error(error, code=2)

@@ -55,7 +55,7 @@ from train_mlp_args import build_mesh, check_batch_args, check_pipeline_args, lo
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
-from minidist import backend, checkpoint, nn, optim, trace  # noqa: E402
+from minidist import backend, checkpoint, memory, nn, optim, trace  # noqa: E402
 from minidist.data import DataLoader, DistributedSampler  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> float:
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
     # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
     step, loss_sum = resume(args, model, optimizer, mesh, sampler) if args.resume else (0, np.zeros(2))
+    tracker = start_memory_tracker(args, model, optimizer, rank)  # --memory, --memory-budget: or None
     saved_at = step if args.resume else None  # the checkpoint we resumed from already holds this step
 
     # --- training loop
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> float:
             f"sent per step by rank 0, payload {per_step['payload_bytes'] / 1024:.1f} KiB instead of "
             f"{per_step['uncompressed_bytes'] / 1024:.1f} KiB ({per_step['compression_ratio']:.1f}x smaller)"
         )
+    if tracker is not None:
+        print_memory_tables(tracker, world)
     if rank == 0:  # after --max-steps the model is not the final one: say what was measured
         done = "final test accuracy" if step >= total else f"test accuracy after {step} steps"
         print(f"{done}: {accuracy:.4f}")
@@ -312,6 +315,22 @@ def save_checkpoint(
     return step
 
 
+def start_memory_tracker(args: argparse.Namespace, model: Any, optimizer: Any, rank: int) -> Any:
+    """A running ``memory.MemoryTracker`` if --memory, --memory-budget or MINIDIST_MEMORY_BUDGET asks
+    for one (the budget: an out-of-memory error on the rank that would exceed it), else None."""
+    if not (args.memory or args.memory_budget or os.environ.get(memory.BUDGET_ENV)):
+        return None
+    return memory.MemoryTracker(model, optimizer, budget=args.memory_budget, rank=rank).start()
+
+
+def print_memory_tables(tracker: Any, world: dist.Communicator) -> None:
+    """Rank 0 prints every rank's memory table (now, peak, and each category at the total's peak)."""
+    tracker.stop()
+    tables = world.mpi.gather(tracker.table(), root=0)  # a string per rank
+    if world.rank == 0:
+        print("\n".join(tables))
+
+
 def save_trace(args: argparse.Namespace, world: dist.Communicator, mesh: ProcessMesh) -> None:
     """Gather every rank's spans on rank 0 and put them on rank 0's clock (Cristian's algorithm, a few
     ping-pongs); print the straggler report (--straggler-report); write one Chrome-trace JSON, one track
@@ -342,8 +361,9 @@ def save_trace(args: argparse.Namespace, world: dist.Communicator, mesh: Process
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, checkpoint.CheckpointError) as error:
-        # Bad input, missing data, no checkpoint that loads: a message, not a traceback, printed once
-        # ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only some ranks raised it),
-        # exit code 2. (Any other error ends the job through dist's abort hook, with a traceback.)
+    except (ValueError, OSError, checkpoint.CheckpointError, memory.OutOfMemoryError) as error:
+        # Bad input, missing data, no checkpoint that loads, over --memory-budget: a message, not a
+        # traceback, printed once ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only
+        # some ranks raised it), exit code 2. (Any other error ends the job through dist's abort hook,
+        # with a traceback.)
         dist.exit_with_error(error, code=2)

@@ -112,6 +112,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         "--async-checkpoint", action="store_true",
         help="save in the background: training waits only for a copy of the state in memory",
     )  # fmt: skip
+    p.add_argument("--memory", action="store_true", help="print each rank's memory table at the end (peaks)")
+    p.add_argument(
+        "--memory-budget", default=None, metavar="SIZE",
+        help="per-rank budget, e.g. 64MiB: more is an out-of-memory error (or MINIDIST_MEMORY_BUDGET)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or min(args.hidden) < 1 or args.grad_accum < 1:
         p.error("--epochs, --batch-size, --hidden, --grad-accum must be >= 1 and --lr > 0")

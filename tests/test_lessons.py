@@ -302,6 +302,7 @@ FORMULAS = {
     "waits": ["last-t", "max(entries)-t", "max(entries)-entry", "last-entry"],
     "mtbf": ["node_mtbf/nodes", "mtbf/nodes", "mtbf/n", "m_node/n"],
     "young": ["sqrt(2*save_cost*mtbf)", "sqrt(2cm)", "sqrt(2*c*m)", "√(2cm)", "2*save_cost*mtbf"],
+    "block": ["26sbh", "26*sbh", "26*s*b*h", "(26sbh+as²b", "26s b h"],
 }
 # The lesson text above numgrad's exercise gives the central difference on purpose: the exercise is to
 # turn it into a loop over coordinates that leaves x unchanged, not to find the formula.
@@ -943,6 +944,29 @@ def test_lesson_13_answers_are_perfmodel_failures_and_what_the_simulation_shows(
         grid = tau * np.linspace(0.5, 2.0, 3001)
         waste = save / grid + grid / (2 * mtbf)
         assert grid[np.argmin(waste)] == pytest.approx(tau, rel=1e-3)  # the grid's step is 5e-4 tau
+
+
+def test_lesson_14_block_bytes_is_what_the_memory_tracker_measures():
+    """The reference answer of lesson 14 is ``perfmodel_memory.gpt_layer_activation_bytes`` (which
+    tests/test_memory.py holds to the tracker's measurement), and the measurement itself: one block is
+    the difference of a 2-block and a 1-block GPT's activations after forward. Under a second."""
+    import minidist as md
+    from minidist import memory
+    from minidist.models import GPT, GPTConfig
+    from minidist.perfmodel_memory import gpt_layer_activation_bytes
+
+    block_bytes = _reference("14_memory", "block", "block_activation_bytes")
+    for s, b, h, a, itemsize in [(16, 8, 96, 2, 4), (5, 3, 12, 3, 8), (64, 1, 32, 4, 2)]:
+        assert block_bytes(s, b, h, a, itemsize) == gpt_layer_activation_bytes(b, s, h, a, itemsize=itemsize)
+    held = []
+    for layers in (1, 2):
+        md.manual_seed(0)
+        gpt = GPT(GPTConfig(vocab_size=11, block_size=6, n_layer=layers, n_head=3, n_embd=12))
+        with memory.MemoryTracker(gpt) as tracker:
+            out = gpt(np.zeros((2, 6), dtype=np.int64))
+            held.append(tracker.report()["activations"]["current"])
+        del out
+    assert held[1] - held[0] == block_bytes(6, 2, 12, 3, 4)
 
 
 # --- lesson figures (issue 15, item 10) ------------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 from minidist import backend
 from minidist.autograd import grad_mode
 from minidist.autograd.tensor import Tensor
+from minidist.memory import activations, counters
 
 
 class Function:
@@ -47,6 +48,7 @@ class Function:
     # itself, as Add does, or the same array for two inputs, and one .grad must not change another).
     returns_new_arrays = False
     _released = False  # set by release(): the saved arrays are gone
+    _mem_saved = None  # set while a memory tracker counts what this op keeps (minidist.memory)
 
     def forward(self, *arrays: Any, **options: Any) -> Any:
         raise NotImplementedError
@@ -60,6 +62,8 @@ class Function:
         Called by the graph walk unless ``retain_graph=True``, so the activations can be freed as
         backward proceeds, as in PyTorch; using this op again raises instead of reusing stale state.
         """
+        if self._mem_saved is not None:  # a tracker counted this op's arrays: they are freed now
+            activations.release(self._mem_saved)
         self.__dict__.clear()
         self._released = True
 
@@ -136,6 +140,8 @@ class Function:
                 fn._versions = [t._version_counter[0] for t in tensors]
             if cls.saves_output:  # a weak reference: the output holds fn, fn must not keep it alive
                 fn._output, fn._output_version = weakref.ref(out), out._version_counter[0]
+            if counters._active:  # memory accounting: one flag check when off (minidist.memory)
+                activations.record(fn, tensors)
         return out
 
 

@@ -12,10 +12,28 @@ When no tracker is active, :func:`allocated` costs one flag check, so the hot pa
 unconditionally. ``MemoryTracker`` (tracker.py) turns the reports, together with the parameters,
 gradients and optimizer state it measures itself, into the per-rank table the examples print and
 into the optional budget that raises :class:`OutOfMemoryError`.
+
+Reading order: ``counters.py`` (the categories and the one table) -> ``activations.py`` (what the
+autograd graph keeps, counted per buffer) -> ``sizes.py`` ("64MiB") -> ``errors.py`` (the message) ->
+``tracker.py``. The formulas the measurements are compared with: ``minidist/perfmodel_memory.py``.
 """
 
 from __future__ import annotations
 
 from minidist.memory.counters import CATEGORIES, allocated, tracking
+from minidist.memory.errors import OutOfMemoryError
+from minidist.memory.sizes import format_bytes, parse_size
+from minidist.memory.tracker import BUDGET_ENV, MemoryTracker, traced_numpy_bytes, unique_nbytes
 
-__all__ = ["CATEGORIES", "allocated", "tracking"]
+__all__ = [
+    "BUDGET_ENV",
+    "CATEGORIES",
+    "MemoryTracker",
+    "OutOfMemoryError",
+    "allocated",
+    "format_bytes",
+    "parse_size",
+    "traced_numpy_bytes",
+    "tracking",
+    "unique_nbytes",
+]

@@ -100,15 +100,21 @@ class ScaledDotProductAttention(Function):
         # END SOLUTION
 
 
-@functools.lru_cache(maxsize=16)
 def mixed_dtypes_error(query: Any, key: Any, value: Any) -> RuntimeError | None:
     """torch's error for query, key and value of different dtypes, or None when they agree (also used by
     ``ring_attention``'s checks, so both attentions say the same thing)."""
-    if query.dtype == key.dtype == value.dtype:
+    # Cached by dtypes, never by the tensors: a cache keyed by them kept the last 16 calls' q, k, v and
+    # the graphs behind them alive (found by issue 21's memory tracker: a dropped graph was never freed).
+    return _mixed_dtypes_error(query.dtype, key.dtype, value.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _mixed_dtypes_error(query: Any, key: Any, value: Any) -> RuntimeError | None:
+    if query == key == value:
         return None
     return RuntimeError(
         "Expected query, key, and value to have the same dtype, but got query.dtype: "
-        f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+        f"{query} key.dtype: {key} and value.dtype: {value} instead."
     )
 
 

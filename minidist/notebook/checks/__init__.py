@@ -33,9 +33,11 @@ from minidist.notebook.checks.lesson11_transformer_parallelism import (
 )
 from minidist.notebook.checks.lesson12_network_bottleneck import inter_node_bytes, powersgd_values
 from minidist.notebook.checks.lesson13_failures import system_mtbf, waits, young_interval
+from minidist.notebook.checks.lesson14_memory import block_activation_bytes
 from minidist.notebook.checks.stand_ins import stand_in
 
 __all__ = [
+    "block_activation_bytes",
     "bubble_fraction",
     "count_flops",
     "count_parameters",
