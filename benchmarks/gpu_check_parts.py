@@ -79,7 +79,7 @@ def environment() -> dict[str, Any]:
         info["mpi_cuda_aware"] = mpi_is_cuda_aware()
         if not info["mpi_cuda_aware"]:
             info["mpi_cuda_aware_reason"] = (
-                "mpi4py has no MPI.Query_cuda_support"
+                "cannot be asked (mpi4py has no MPI.Query_cuda_support), so minidist stages through the host"
                 if not hasattr(MPI, "Query_cuda_support")
                 else "the MPI library says it cannot read GPU memory (MPIX_Query_cuda_support() is false; "
                 "the pip mpich wheel is built without CUDA)"
