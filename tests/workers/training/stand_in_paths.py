@@ -3,7 +3,8 @@
 argv: out_dir. The same few steps of a tiny MLP, once with NumPy arrays and once with tests/cupy_stand_in.py
 as the array backend (device arrays that refuse ``np.`` functions and implicit host copies), through every
 path that handles gradients between ranks: DDP with each communication hook (plain, float16, bfloat16,
-PowerSGD with error feedback), ZeRO stages 1 and 2 with their sharded gradient clipping, and
+PowerSGD with error feedback), ZeRO stages 1 and 2 with their sharded gradient clipping (2- and
+infinity-norm), and
 ``minidist.parallel.clip_grad_norm_`` with the infinity norm. Writes rank{r}.json: per case, whether the
 parameters lived on the "device", the largest difference from the CPU run, and any error.
 """
@@ -48,7 +49,7 @@ def train(case: str, rank: int, size: int) -> tuple[list[float], list[np.ndarray
         opt.zero_grad()
         loss.backward()
         if case.startswith("zero"):
-            opt.clip_grad_norm_(0.5)
+            opt.clip_grad_norm_(0.5, norm_type=2.0 if case == "zero1" else float("inf"))  # both norms
         elif case == "clip-inf":
             clip_grad_norm_(model.parameters(), 0.05, norm_type=float("inf"))
         opt.step()
