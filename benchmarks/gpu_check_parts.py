@@ -164,7 +164,7 @@ def _minidist_step(cfg: dict, tokens: tuple[np.ndarray, np.ndarray], precision: 
         raise ValueError("minidist has no autocast (mixed precision) in this version")
 
     def step() -> None:
-        scope = md.autocast(precision) if precision != "float32" else contextlib.nullcontext()
+        scope = md.autocast(dtype=precision) if precision != "float32" else contextlib.nullcontext()
         with scope:
             logits = model(x)
         loss = md.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), y.reshape(-1))
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "float16"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4 << 10, 256 << 10, 4 << 20, 64 << 20])
     args = parser.parse_args(argv)
     if args.part == "env":

@@ -144,6 +144,8 @@ def test_the_stand_in_has_what_minidist_uses_of_cupy(monkeypatch):
         cupy.linalg.norm(np.array([3.0, 4.0]))  # and refuse host arrays
     with a.device:  # ndarray.device: the GPU holding it, a context that makes it current
         pass
+    bits = a.view(np.uint64)  # bit operators, as issue 21's bfloat16 emulation on CuPy uses them
+    assert ((bits >> 52) << 52).get().tolist() == [0x4000000000000000, 0x4010000000000000]  # 2.0, 4.0
     import ml_dtypes
     from cupyx.scipy.special import erf
 
