@@ -4,21 +4,23 @@
     python benchmarks/gpu_check.py --dry-run       # the same logic on the CPU, tiny sizes (the test suite's)
     bash benchmarks/gpu_check.sh                   # the same, after installing wheels carried in .whl/
 
-Steps, each in its own process with its own timeout (a crash or hang is that step's failure; the next
-steps still run), with progress printed as it goes:
+Steps, in this order, each in its own process with its own timeout (a crash or hang is that step's
+failure; the next steps still run), all inside ``--budget`` seconds (a step the budget has no time left
+for is a failure too: "not started"), with progress printed as it goes:
 
 1. ``env``: GPU, CUDA runtime and driver, CuPy, PyTorch, mpi4py and the MPI library, CUDA-awareness.
-2. ``gpu-tests`` / ``stand-in-tests``: ``pytest -m gpu`` on the GPU test files, and the CuPy stand-in tests
-   (tests/cupy_stand_in.py), pass or fail (the dry run only collects the GPU tests).
+2. ``gpu-tests``: ``pytest -m gpu`` on the GPU test files (the dry run only collects them).
 3. ``mlp-<R>rank`` / ``gpt-<R>rank``: the float64 MLP (benchmarks/gpu_check_parts.py ``mlp``) and
    examples/train_gpt.py (float32, 50 steps) on ``MINIDIST_DEVICE=cuda`` and on the CPU, same seed and
    data, on 1 and 2 ranks (2 ranks share the one GPU), compared by benchmarks/gpu_check_compare.py.
 4. ``gpt-step``: median seconds of a training step of a GPT of 6 layers x 384 wide, block 256, batch 32,
-   in minidist on CuPy and in PyTorch (benchmarks/torch_gpt.py) on the GPU; in bfloat16 too where
-   ``minidist.autocast`` exists. Figures, not pass/fail (a step that errors is a failure).
+   in minidist on CuPy and in PyTorch (benchmarks/torch_gpt.py) on the GPU; in bfloat16 and float16 too
+   where ``minidist.autocast`` exists (else "not measured"). Figures; float32 failing on either side fails.
 5. ``all-reduce``: 2 ranks, float32 GPU arrays of 4 KiB..64 MiB, through minidist's host staging, next to
    host arrays of the same size, and device buffers straight to MPI where MPI is CUDA-aware (else the
    reason it is not available).
+6. ``stand-in-tests``: the CuPy stand-in tests (tests/cupy_stand_in.py; CPU only, so last; not in the
+   dry run).
 
 Writes ``summary.json``, ``summary.md`` and ``log.txt`` to ``--out`` (default ``$OUT`` if set, else
 ``./gpu_check_out``). Exit status: 0 all checks passed, 1 a check failed, 77 no CUDA GPU / CuPy here
@@ -140,18 +142,18 @@ def python_or_mpi(ranks: int, script: list[str]) -> list[str]:
     return [mpiexec_path(), "-n", str(ranks), sys.executable, *script]
 
 
-def run_tests(runner: Runner, dry: bool) -> None:
+def run_tests(runner: Runner, name: str, dry: bool) -> None:
+    """``gpu-tests`` (only collected in the dry run) or ``stand-in-tests`` (not in the dry run: the
+    suite runs them on every CPU anyway; on the GPU machine they run last, on what the budget leaves)."""
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    steps = [
-        ("gpu-tests", [*pytest, "-m", "gpu", *(["--collect-only"] if dry else []), *GPU_TEST_FILES], 300)
-    ]
-    if not dry:
-        steps.append(("stand-in-tests", [*pytest, *STAND_IN_TESTS], 240))
-    for name, cmd, timeout in steps:
-        start = time.monotonic()
-        status, output = runner.run(name, cmd, timeout)
-        ok = status == 0
-        runner.record(name, "pass" if ok else "fail", tail(output, 1 if ok else 4), time.monotonic() - start)
+    if name == "gpu-tests":
+        cmd, timeout = [*pytest, "-m", "gpu", *(["--collect-only"] if dry else []), *GPU_TEST_FILES], 300
+    else:
+        cmd, timeout = [*pytest, *STAND_IN_TESTS], 240
+    start = time.monotonic()
+    status, output = runner.run(name, cmd, timeout)
+    ok = status == 0
+    runner.record(name, "pass" if ok else "fail", tail(output, 1 if ok else 4), time.monotonic() - start)
 
 
 def train_and_compare(
@@ -193,7 +195,7 @@ def train_and_compare(
                 result = compare_runs(runs["device"], runs["cpu"], tolerance)
                 worst = max(result["worst"].items(), key=lambda kv: kv[1], default=("-", 0.0))
                 detail = (
-                    f"{device} vs cpu: worst |diff| {worst[1]:.2e} ({worst[0]})"
+                    f"{device} vs cpu: largest difference {worst[1]:.2e} ({worst[0]})"
                     if result["ok"]
                     else "; ".join(result["problems"][:3])
                 )
@@ -272,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         env = json.loads((scratch / "env.json").read_text()) if status == 0 else {"error": tail(output, 4)}
         print(f"[gpu_check] environment: {json.dumps(env)}", flush=True)
         if "tests" not in args.skip:
-            run_tests(runner, args.dry_run)
+            run_tests(runner, "gpu-tests", args.dry_run)
         train_and_compare(runner, args.dry_run, args.ranks, args.skip, scratch, device)
         figures = measure(runner, args.dry_run, args.skip, scratch, device)
+        if "tests" not in args.skip and not args.dry_run:
+            run_tests(runner, "stand-in-tests", args.dry_run)
     runner.log.close()
     summary = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

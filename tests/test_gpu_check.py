@@ -58,6 +58,22 @@ def test_the_dry_run_trains_compares_measures_and_writes_the_summary(tmp_path):
     assert "staged through host" in markdown and (tmp_path / "log.txt").stat().st_size > 0
 
 
+def test_steps_the_budget_cannot_fit_are_failures_and_the_exit_status_is_1(tmp_path):
+    result = run_script(
+        "--dry-run", "--out", str(tmp_path), "--budget", "1", "--skip", "tests", "gpt", "step"
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert not summary["passed"] and "not started" in summary["environment"]["error"]
+    assert [(c["name"], c["status"]) for c in summary["checks"]] == [
+        ("mlp-1rank", "fail"),
+        ("mlp-2rank", "fail"),
+        ("all-reduce", "fail"),
+    ]
+    assert all("time budget is spent" in c["detail"] for c in summary["checks"])
+    assert (tmp_path / "summary.md").read_text().startswith("# gpu_check: A CHECK FAILED")
+
+
 def gpt_run(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
