@@ -4,7 +4,8 @@ With tests/cupy_stand_in.py as the array backend (device arrays that refuse ``np
 host copies, as CuPy does), each path must give the CPU's numbers bit for bit (the same NumPy operations
 underneath): every ``nn.functional`` op and the Tensor methods through backward, SGD and AdamW with the
 1-, 2- and infinity-norm clipping and a schedule, recomputation, a checkpoint saved and loaded into device
-arrays, and, on 2 MPI ranks, DDP with each communication hook and ZeRO stages 1 and 2. The audit found
+arrays, and, on 2 MPI ranks, DDP with each communication hook, ZeRO stages 1 and 2, and a 2-stage
+pipeline (1F1B and interleaved). The audit found
 two faults, both fixed: the infinity-norm clipping applied ``np.maximum`` to a device array, and the
 stand-in itself lacked ``cupy.linalg`` (PowerSGD's ``xp.linalg.norm``) and ``ndarray.device`` (DDP's
 communication thread makes the array's GPU current with it).
@@ -133,7 +134,7 @@ def test_data_parallelism_on_the_cupy_stand_in_equals_the_cpu(tmp_path):
             assert "error" not in result, f"rank {rank}, {case}: {result.get('error')}"
             # the same NumPy operations underneath, in the same order: bit for bit
             assert result == {"on_device": True, "losses_equal": True, "max_diff": 0.0}, (rank, case)
-        assert len(report) == 7
+        assert len(report) == 9
 
 
 def test_the_stand_in_has_what_minidist_uses_of_cupy(monkeypatch):

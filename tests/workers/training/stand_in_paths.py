@@ -5,7 +5,8 @@ as the array backend (device arrays that refuse ``np.`` functions and implicit h
 path that handles gradients between ranks: DDP with each communication hook (plain, float16, bfloat16,
 PowerSGD with error feedback), ZeRO stages 1 and 2 with their sharded gradient clipping (2- and
 infinity-norm), and
-``minidist.parallel.clip_grad_norm_`` with the infinity norm. Writes rank{r}.json: per case, whether the
+``minidist.parallel.clip_grad_norm_`` with the infinity norm; and a 2-stage pipeline (1F1B and
+interleaved), whose activations cross ranks through the host. Writes rank{r}.json: per case, whether the
 parameters lived on the "device", the largest difference from the CPU run, and any error.
 """
 
@@ -17,19 +18,55 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/: the stand-in
+import pp_common  # noqa: E402
 from cupy_stand_in import DeviceArray, install  # noqa: E402
 from dist_worker_utils import run_worker, write_json  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import backend, nn, optim  # noqa: E402
-from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer, clip_grad_norm_  # noqa: E402
+from minidist.parallel import (  # noqa: E402
+    DistributedDataParallel,
+    PipelineParallel,
+    ZeroRedundancyOptimizer,
+    clip_grad_norm_,
+)
 from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 
-CASES = ["ddp-none", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "zero1", "zero2", "clip-inf"]
+CASES = [
+    "ddp-none",
+    "ddp-fp16",
+    "ddp-bf16",
+    "ddp-powersgd",
+    "zero1",
+    "zero2",
+    "clip-inf",
+    "pp-1f1b",
+    "pp-interleaved",
+]
+
+
+def train_pipeline(case: str) -> tuple[list[float], list[np.ndarray], bool]:
+    """Two AdamW steps of pp_common's 7-layer MLP as a 2-stage pipeline: activations and gradients cross
+    ranks as host arrays (staged) and become device arrays again on arrival. 1F1B sends each message
+    alone; the interleaved schedule (2 chunks per rank) batches them."""
+    model = pp_common.make_model(0)
+    interleaved = case == "pp-interleaved"
+    pipe = PipelineParallel(model, microbatches=2, schedule=case[3:], virtual_stages=2 if interleaved else 1)
+    opt = optim.AdamW(pipe.parameters(), lr=1e-2)
+    x, y = pp_common.make_data(0, n_samples=8)  # every stage the same batch: the first reads x, the last y
+    losses = []
+    for _ in range(2):
+        losses.append(pipe.train_step(md.tensor(x, dtype=np.float64), y, nn.functional.cross_entropy))
+        opt.step()
+        opt.zero_grad()
+    params = list(pipe.parameters())
+    return losses, [backend.to_numpy(p.data) for p in params], isinstance(params[0].data, DeviceArray)
 
 
 def train(case: str, rank: int, size: int) -> tuple[list[float], list[np.ndarray], bool]:
+    if case.startswith("pp-"):
+        return train_pipeline(case)
     md.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8, dtype=np.float64), nn.GELU(), nn.Linear(8, 3, dtype=np.float64))
     on_device = isinstance(model[0].weight.data, DeviceArray)
