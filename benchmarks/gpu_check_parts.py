@@ -253,6 +253,7 @@ def time_all_reduce(out: str, args: argparse.Namespace) -> None:
         }
         if aware:
             variants["cuda_aware"] = xp.ones(nbytes // 4, dtype=np.float32)
+        synchronize()  # the fills are done before MPI reads device memory (mpi4py does not wait for them)
         repeats = max(3, min(20, (8 << 20) // nbytes))  # fewer repeats of the big sizes: the time budget
         for name, a in variants.items():
             if name == "cuda_aware":
