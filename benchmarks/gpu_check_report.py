@@ -63,7 +63,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# gpu_check: {verdict}",
         "",
-        f"{summary['date_utc']} UTC, {kind}, {summary['seconds']} s.",
+        f"{summary['date_utc']} UTC, {kind}, {summary['seconds']} s. The 2-rank runs put both ranks on "
+        "GPU rank mod n_gpus (one GPU: both share it).",
         "",
         "| item | value |",
         "| --- | --- |",
