@@ -68,7 +68,7 @@ class TorchGPT(nn.Module):
                 nn.init.zeros_(p)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1])
+        positions = torch.arange(idx.shape[1], device=idx.device)  # on the ids' device (a GPU too)
         x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.h:
             x = block(x)

@@ -9,6 +9,8 @@ Its arrays (:class:`DeviceArray`) keep a NumPy array out of NumPy's reach and fa
   "Unsupported type" TypeError; host arrays are accepted only where CuPy copies them over itself:
   ``cupy.asarray``/``cupy.array`` and as indices (``device[host_ids]``, ``cupy.take``);
 * a host array assigned through a basic index (``device[...] = host``): CuPy's ValueError (it fills);
+* a ``bfloat16`` array given to ``cupyx`` (``erf``, ``scatter_add``): CuPy 14 added bfloat16 to most of
+  ``cupy`` but not to ``cupyx`` (cupy/cupy#9630); CuPy 13, which the ``gpu`` extra allows, has none at all;
 
 and, stricter than CuPy, on any ``np.<function>`` applied to a device array (CuPy would forward many of
 them through ``__array_function__``, but minidist's rule is the input's array module, never ``np.``). A
@@ -48,6 +50,25 @@ def _wrap(value: Any) -> Any:
     return value
 
 
+class _Device:
+    """``cupy.cuda.Device``: a GPU by number; ``with device:`` makes it current (a no-op here)."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.id = index
+
+    def use(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
 class DeviceArray:
     """A stand-in ``cupy.ndarray`` around a private NumPy array."""
 
@@ -85,6 +106,7 @@ class DeviceArray:
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
     T = property(lambda self: DeviceArray(self._a.T))
+    device = property(lambda self: _Device(0))  # CuPy's: the GPU holding the array (NumPy 2's is "cpu")
 
     def __getattr__(self, name: str) -> Any:  # methods: reshape, sum, astype, transpose, fill, ...
         if name.startswith("__"):  # not the inner array's __array_interface__: NumPy would read it directly
@@ -149,7 +171,21 @@ def _in_place(op: Any) -> Any:
     return apply
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "pow", "matmul", "mod", "and", "or", "xor"):
+for _name in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "pow",
+    "matmul",
+    "mod",
+    "and",
+    "or",
+    "xor",
+    "lshift",
+    "rshift",
+):
     _op = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
     setattr(DeviceArray, f"__{_name}__", _operator(_op))
     setattr(DeviceArray, f"__r{_name}__", _operator(_op, reflected=True))
@@ -171,12 +207,19 @@ _HOST_IN = {"asarray", "array", "ascontiguousarray", "take"}  # CuPy copies host
 
 
 class _FakeCupy(types.ModuleType):
-    """``cupy``: NumPy's functions on the arrays inside device arrays, results wrapped again."""
+    """``cupy``: NumPy's functions on the arrays inside device arrays, results wrapped again; its
+    submodules likewise (``cupy.linalg.norm`` is NumPy's ``linalg.norm`` on the inner arrays)."""
 
     ndarray = DeviceArray
 
+    def __init__(self, name: str, source: types.ModuleType = np) -> None:
+        super().__init__(name)
+        self._source = source
+
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(np, name)
+        attr = getattr(self._source, name)
+        if isinstance(attr, types.ModuleType):  # cupy.linalg, cupy.fft, ...: wrapped the same way
+            return _FakeCupy(f"{self.__name__}.{name}", attr)
         if isinstance(attr, type) or not callable(attr):  # dtypes (cupy.float64 is numpy's), constants
             return attr
 
@@ -186,26 +229,25 @@ class _FakeCupy(types.ModuleType):
         return function
 
 
+def _no_bfloat16(a: Any) -> Any:
+    """``a``, unless it is bfloat16: cupyx's kernels are typed for CuPy's own dtypes (cupy/cupy#9630)."""
+    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+        raise TypeError("cupyx does not support bfloat16 (cast to float32 first, or keep it on the host)")
+    return a
+
+
 def _fake_modules() -> dict[str, types.ModuleType]:
     cupy = _FakeCupy("cupy")
-
-    class _Device:
-        id = 0
-
-        def __init__(self, index: int = 0) -> None:
-            self.id = index
-
-        def use(self) -> None:
-            pass
-
     cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1), Device=_Device)
     cupyx = types.ModuleType("cupyx")
-    cupyx.scatter_add = lambda a, index, values: np.add.at(a._a, _unwrap(index, True), _unwrap(values))
+    cupyx.scatter_add = lambda a, index, values: np.add.at(
+        _no_bfloat16(a)._a, _unwrap(index, True), _unwrap(values)
+    )
     scipy = types.ModuleType("cupyx.scipy")
     special = types.ModuleType("cupyx.scipy.special")
     from scipy.special import erf  # noqa: PLC0415
 
-    special.erf = lambda x: _wrap(erf(_unwrap(x)))
+    special.erf = lambda x: _wrap(erf(_unwrap(_no_bfloat16(x))))
     cupyx.scipy, scipy.special = scipy, special
     return {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": scipy, "cupyx.scipy.special": special}
 

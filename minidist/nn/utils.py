@@ -56,8 +56,8 @@ def norm_contribution(grads: Iterable[Any], norm_type: float) -> float:
             total += float(a @ a)
             continue
         a = abs(g.astype(np.float64))
-        if math.isinf(norm_type):  # np.maximum, not max(): max(0.0, nan) is 0.0, and NaN must show
-            total = float(np.maximum(total, a.max()))
+        if math.isinf(norm_type):  # np.maximum, not max(): max(0.0, nan) is 0.0, and NaN must show;
+            total = float(np.maximum(total, float(a.max())))  # on host floats: a.max() may be a GPU array
         else:
             total += float((a**norm_type).sum())
     return total
