@@ -171,7 +171,8 @@ class MatMul(Function):
 
     def backward(self, grad):
         if autocast.is_low(self.a.dtype):  # float32 products; the graph walk rounds them to the inputs' dtype
-            self.a, self.b, grad = self.a.astype(np.float32), self.b.astype(np.float32), grad.astype(np.float32)
+            f32 = np.float32
+            self.a, self.b, grad = self.a.astype(f32), self.b.astype(f32), grad.astype(f32)
         # BEGIN SOLUTION A1.2: the gradients of A @ B (batched, broadcast batch axes)
         grad_a = grad @ self.b.swapaxes(-1, -2)
         if (

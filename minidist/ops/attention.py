@@ -34,8 +34,8 @@ from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
 from minidist.ops.arithmetic import unbroadcast
-from minidist.ops.dtypes import autocast_low, autocast_output
 from minidist.ops.dropout import mask_stream, scaled_keep_mask
+from minidist.ops.dtypes import autocast_low, autocast_output
 
 
 def _swap(a: Any) -> Any:
