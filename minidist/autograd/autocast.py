@@ -32,6 +32,8 @@ for Deep Learning Training" (bfloat16: float32's exponent, so no loss scaling is
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -108,6 +110,17 @@ class autocast:  # noqa: N801  (torch's name: a context manager used like a func
                 return fn(*args, **kwargs)
 
         return wrapper
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Autocast off inside (an op that has cast its inputs already calls itself again in it)."""
+    global low_dtype, emulated
+    previous, low_dtype, emulated = (low_dtype, emulated), None, False
+    try:
+        yield
+    finally:
+        low_dtype, emulated = previous
 
 
 def is_autocast_enabled() -> bool:

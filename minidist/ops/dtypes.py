@@ -112,7 +112,8 @@ def autocast_low(x: Any) -> Any:
 
 
 def autocast_output(y: Tensor) -> Tensor:
-    """The result of a low-precision op under autocast: rounded to bfloat16 where that is emulated."""
+    """The result of a low-precision op under autocast: rounded to bfloat16 where that is emulated
+    (CuPy, autograd/autocast.py); on NumPy the op returned the low dtype already."""
     return RoundBFloat16.apply(y) if autocast.emulated else y
 
 

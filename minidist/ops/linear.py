@@ -86,13 +86,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     the general ``add`` after the op, as torch allows; errors: see :class:`Linear` and ``add``.
     Under ``minidist.autocast`` the inputs are rounded to the low dtype and so is the result.
     """
-    if autocast.low_dtype is not None:
+    if autocast.low_dtype is not None:  # (one flag check when off: no extra call, the MLP's budget)
         x, weight, bias = autocast_low(x), autocast_low(weight), autocast_low(bias)
-        return autocast_output(_linear(x, weight, bias))
-    return _linear(x, weight, bias)
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if autocast.emulated:  # bfloat16 on CuPy: round the float32 result (autograd/autocast.py)
+            with autocast.paused():
+                y = linear(x, weight, bias)
+            return autocast_output(y)
     if bias is None:
         return Linear.apply(x, weight)
     shape = tuple(getattr(bias, "shape", ()))
