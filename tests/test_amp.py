@@ -66,7 +66,7 @@ def test_cast_rounds_and_sends_the_gradient_back_in_the_input_dtype():
 def _ops(low: np.dtype, rng: np.random.Generator) -> dict:
     """(function, input arrays) of each low-precision op; float64 inputs, as the finite differences."""
     return {
-        "linear": (lambda x, w, b: F.linear(x, w, b), [rng.standard_normal(s) for s in [(2, 3, 4), (5, 4), (5,)]]),
+        "linear": (F.linear, [rng.standard_normal(s) for s in [(2, 3, 4), (5, 4), (5,)]]),
         "matmul": (lambda a, b: a @ b, [rng.standard_normal(s) for s in [(2, 3, 4), (4, 6)]]),
         "attention": (
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -150,15 +150,15 @@ def test_output_dtypes_op_by_op(low):
     with md.autocast(dtype=low.name):
         h = F.linear(x, w)
         q = h.reshape(1, 4, 8)
-        dtypes = {
-            "linear": h.dtype, "matmul": (h @ w).dtype, "attention": F.scaled_dot_product_attention(q, q, q).dtype,
-            "gelu": F.gelu(h).dtype, "h * 2": (h * 2.0).dtype, "reshape": q.dtype,
-            "h + x (promotes)": (h + x).dtype,
-            "softmax": F.softmax(h).dtype, "log_softmax": F.log_softmax(h).dtype,
-            "cross_entropy": F.cross_entropy(h, np.arange(4)).dtype, "layer_norm": F.layer_norm(h, 8, gain, shift).dtype,
-            "sum": h.sum().dtype, "mean": h.mean(axis=0).dtype, "exp": h.exp().dtype, "log": (h * h).log().dtype,
-            "x (float32 input)": x.dtype, "embedding-free relu of x": F.relu(x).dtype,
+        results = {
+            "linear": h, "matmul": h @ w, "attention": F.scaled_dot_product_attention(q, q, q),
+            "gelu": F.gelu(h), "h * 2": h * 2.0, "reshape": q, "h + x (promotes)": h + x,
+            "softmax": F.softmax(h), "log_softmax": F.log_softmax(h),
+            "cross_entropy": F.cross_entropy(h, np.arange(4)), "layer_norm": F.layer_norm(h, 8, gain, shift),
+            "sum": h.sum(), "mean": h.mean(axis=0), "exp": h.exp(), "log": (h * h).log(),
+            "x (float32 input)": x, "relu of x": F.relu(x),
         }  # fmt: skip
+        dtypes = {name: t.dtype for name, t in results.items()}
         saved = h._ctx.x  # what the linear op keeps for backward: the low array itself (half the bytes)
     low_ops = {"linear", "matmul", "attention", "gelu", "h * 2", "reshape"}
     assert dtypes == {k: (low if k in low_ops else F32) for k in dtypes}
