@@ -2,9 +2,11 @@
 
 Trains the same small GPT from the same seed and data in each dtype (one process each), plots the three
 training-loss curves (benchmarks/mixed_precision.png) and prints a Markdown table: final train and
-validation loss, skipped steps (float16's loss scaler), ms per step (from the example's tokens/s lines,
-so evaluation is not included) and the bytes of the arrays one forward keeps for backward (measured by
-walking the autograd graph: every array an op saved, each counted once, parameters excluded).
+validation loss, skipped steps (float16's loss scaler), ms per step of the run (from the example's
+tokens/s lines, without evaluation; noisy on a loaded machine), a paired in-process timing of one
+forward + backward in the three dtypes taken in turn (machine load hits all three alike), and the bytes
+of the arrays one forward keeps for backward (measured by walking the autograd graph: every array an
+op saved, each counted once, parameters excluded).
 
     python benchmarks/mixed_precision.py [--steps 300]          # ~3-6 minutes on a 2-core laptop
 """
@@ -76,14 +78,44 @@ def activation_bytes(dtype: str) -> int:
     return total
 
 
+def paired_ms(rounds: int) -> dict[str, float]:
+    """Median ms of a forward + backward of the benchmark's GPT in each dtype, the dtypes taken in turn."""
+    import time  # noqa: PLC0415
+
+    import minidist as md  # noqa: PLC0415
+    from minidist.models import GPT, GPTConfig  # noqa: PLC0415
+    from minidist.nn import functional as F  # noqa: PLC0415
+
+    c = MODEL
+    md.manual_seed(0)
+    gpt = GPT(
+        GPTConfig(block_size=c["block-size"], n_layer=c["n-layer"], n_head=c["n-head"], n_embd=c["n-embd"])
+    )
+    x = np.random.default_rng(0).integers(0, 65, (c["batch-size"], c["block-size"]))
+    times: dict[str, list[float]] = {d: [] for d in DTYPES}
+    for i in range(rounds + 2):
+        for d in DTYPES:
+            start = time.perf_counter()
+            with md.autocast(dtype=d if d != "float32" else "bfloat16", enabled=d != "float32"):
+                loss = F.cross_entropy(gpt(x).reshape(-1, 65), x.reshape(-1))
+            loss.backward()
+            if i >= 2:  # two warm-up rounds
+                times[d].append(time.perf_counter() - start)
+            for p in gpt.parameters():
+                p.grad = None
+    return {d: 1000 * float(np.median(t)) for d, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=40, help="paired forward + backward timings per dtype")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = {d: train(d, args.steps, Path(tmp)) for d in DTYPES}
     for d in DTYPES:
         runs[d]["activation_bytes"] = activation_bytes(d)
+    paired = paired_ms(args.rounds)
 
     import matplotlib  # noqa: PLC0415
 
@@ -106,13 +138,15 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(REPO / "benchmarks" / "mixed_precision.png", dpi=110)
 
-    print("| dtype | final train loss | final val loss | skipped steps | ms/step | activation bytes |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | final train loss | final val loss | skipped steps | ms/step (run) | fwd+bwd ms (paired) "
+          "| vs float32 | activation bytes |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for d in DTYPES:
         r = runs[d]
         losses = f"{float(r['train_loss']):.4f} | {float(r['val_loss']):.4f}"
         skipped, ms, nbytes = int(r["skipped_steps"]), r["ms_per_step"], r["activation_bytes"]
-        print(f"| {d} | {losses} | {skipped} | {ms:.1f} | {nbytes:,} |")
+        pair = f"{paired[d]:.1f} | {paired[d] / paired['float32']:.2f}x"
+        print(f"| {d} | {losses} | {skipped} | {ms:.1f} | {pair} | {nbytes:,} |")
     print(f"load: {open('/proc/loadavg').read().strip()}")
 
 
