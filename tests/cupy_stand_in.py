@@ -149,7 +149,21 @@ def _in_place(op: Any) -> Any:
     return apply
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "pow", "matmul", "mod", "and", "or", "xor"):
+for _name in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "pow",
+    "matmul",
+    "mod",
+    "and",
+    "or",
+    "xor",
+    "rshift",
+    "lshift",
+):
     _op = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
     setattr(DeviceArray, f"__{_name}__", _operator(_op))
     setattr(DeviceArray, f"__r{_name}__", _operator(_op, reflected=True))

@@ -247,3 +247,27 @@ def test_train_gpt_mixed_precision_on_2_ranks_matches_one_process(trained, flags
             np.testing.assert_allclose(two[name], one[name], rtol=0, atol=2 * 2e-3 * 3, err_msg=name)
             diffs.append(np.abs(two[name] - one[name]).ravel())
     assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4  # the bulk agrees ~10x closer than one update
+
+
+def test_autocast_on_the_cupy_stand_in_emulates_bfloat16_and_runs_float16(monkeypatch):
+    """CuPy has no bfloat16: there it is float32 arrays rounded to bfloat16's values (round_bfloat16, bit
+    for bit ml_dtypes' rounding). A GPT step under autocast on the stand-in must run (every op on device
+    arrays) and give the CPU's loss within bfloat16's rounding: the products round at the same places,
+    the elementwise ops between them (gelu, the bias add) round on the CPU only: a few u of the loss."""
+    from cupy_stand_in import DeviceArray, install  # noqa: PLC0415
+
+    cpu = {d: _train_gpt(d, steps=1)[0][0] for d in ("bfloat16", "float16")}
+    install(monkeypatch)
+    for d, loss in cpu.items():
+        md.manual_seed(0)
+        gpt = GPT(GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        data = np.random.default_rng(0)
+        x, y = data.integers(0, 17, (4, 8)), data.integers(0, 17, (4, 8))
+        with md.autocast(dtype=d):
+            logits = gpt(x)
+            out = F.cross_entropy(logits.reshape(-1, 17), y.reshape(-1))
+        assert isinstance(logits.data, DeviceArray)
+        assert logits.dtype == (F32 if d == "bfloat16" else F16)  # emulated bfloat16 is float32 storage
+        out.backward()
+        assert all(isinstance(p.grad, DeviceArray) and p.grad.dtype == F32 for p in gpt.parameters())
+        assert out.item() == pytest.approx(loss, abs=8 * UNIT[np.dtype(ml_dtypes.bfloat16)])
