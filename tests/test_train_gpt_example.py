@@ -230,6 +230,7 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
         (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
+        (["--dtype", "bfloat16", "--tp", "2"], "--dtype bfloat16 runs with DDP or --zero"),  # (issue 21)
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
