@@ -203,7 +203,7 @@ def test_bfloat16_and_float16_train_the_gpt_close_to_float32():
 
 
 # --- the done-when: examples/train_gpt.py in mixed precision on 2 ranks matches one process ---
-TINY = ["--max-iters", "3", "--eval-interval", "3", "--eval-iters", "1", "--batch-size", "4",
+TINY = ["--max-iters", "3", "--eval-interval", "1", "--eval-iters", "1", "--batch-size", "4",
         "--block-size", "16", "--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--sample-tokens", "0",
         "--lr", "2e-3"]  # fmt: skip
 
@@ -212,11 +212,17 @@ TINY = ["--max-iters", "3", "--eval-interval", "3", "--eval-iters", "1", "--batc
 def trained(tmp_path_factory):
     from gpt_example import launch  # noqa: PLC0415  (the example's launcher, shared with its own tests)
 
+    runs = {}
+
     def run(n: int, *flags: str) -> dict[str, np.ndarray]:
-        out = tmp_path_factory.mktemp(f"amp{n}") / "out.npz"
-        launch(n, *TINY, *flags, "--out", str(out), timeout=120)
-        with np.load(out) as saved:
-            return dict(saved)
+        """The example's --out of n ranks (its checkpoints, one per step, in saved["ckpt"])."""
+        if (n, flags) not in runs:
+            folder = tmp_path_factory.mktemp(f"amp{n}")
+            out, ckpt = folder / "out.npz", folder / "ckpt"
+            launch(n, *TINY, *flags, "--checkpoint-dir", str(ckpt), "--out", str(out), timeout=120)
+            with np.load(out) as saved:
+                runs[n, flags] = {**saved, "ckpt": ckpt}
+        return runs[n, flags]
 
     return run
 
@@ -236,7 +242,8 @@ def test_train_gpt_mixed_precision_on_2_ranks_matches_one_process(trained, flags
     = 1.2e-2 after 3 steps (measured max: 2.6e-3). The losses: step 1 is computed before any update, on
     the same rows, so rounds identically; after it they differ by what the parameters do (measured 4e-5).
     """
-    one, two = trained(1, *flags), trained(2, *flags)
+    one, two = dict(trained(1, *flags)), dict(trained(2, *flags))
+    one.pop("ckpt"), two.pop("ckpt")
     assert one.keys() == two.keys()
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-3)
     assert two["losses"][0] == pytest.approx(one["losses"][0], abs=1e-6)
@@ -271,3 +278,19 @@ def test_autocast_on_the_cupy_stand_in_emulates_bfloat16_and_runs_float16(monkey
         out.backward()
         assert all(isinstance(p.grad, DeviceArray) and p.grad.dtype == F32 for p in gpt.parameters())
         assert out.item() == pytest.approx(loss, abs=8 * UNIT[np.dtype(ml_dtypes.bfloat16)])
+
+
+def test_train_gpt_float16_resumes_bit_for_bit_with_its_loss_scale(trained, tmp_path):
+    """Resumed at step 2 from the 1-process float16 run's checkpoint (the scale and the scaler's counters
+    in its extra), the last step is the uninterrupted run's, bit for bit (DESIGN.md §3, property 4)."""
+    from gpt_example import checkpoint_at_step_2, launch  # noqa: PLC0415
+
+    flags = ("--dtype", "float16", "--zero", "2")
+    straight = trained(1, *flags)
+    root = checkpoint_at_step_2(straight["ckpt"], tmp_path)
+    out = tmp_path / "resumed.npz"
+    result = launch(1, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out))
+    assert "resumed from" in result.stdout
+    with np.load(out) as resumed:
+        for name in resumed.files:
+            np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
