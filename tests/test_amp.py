@@ -51,6 +51,12 @@ def test_autocast_rejects_other_dtypes_and_restores_the_outer_setting():
         assert md.get_autocast_dtype() == F16
     assert md.get_autocast_dtype() is None
 
+    @md.autocast(dtype="bfloat16")  # as a decorator, as torch.autocast
+    def inside() -> np.dtype | None:
+        return md.get_autocast_dtype()
+
+    assert inside() == BF16 and md.get_autocast_dtype() is None
+
 
 def test_cast_rounds_and_sends_the_gradient_back_in_the_input_dtype():
     x = md.tensor(np.random.default_rng(0).standard_normal((3, 5)).astype(F32), requires_grad=True)
