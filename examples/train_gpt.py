@@ -23,6 +23,7 @@ of one process; checkpoints load on any other layout. That machinery is in train
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --cp 2 --sequence-parallel   # x context
+    mpirun -n 8 python examples/train_gpt.py --dtype bfloat16         # mixed precision (README.md)
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
 41-60 of a run; the full figures and conditions are in benchmarks/README.md, "GPT (issue 17)"):
@@ -73,6 +74,7 @@ from train_gpt_layout import MeshTraining, add_layout_arguments, check_layout, i
 import minidist as md
 import minidist.distributed as dist
 from minidist import checkpoint, memory, optim
+from minidist.amp import GradScaler
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.launch.env import resume_requested
 from minidist.models import GPT, GPTConfig
@@ -133,7 +135,11 @@ HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidi
 parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
 parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
 parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
-parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
+parser.add_argument(
+    "--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+    help="float32/float64: the parameters' dtype; bfloat16/float16: mixed precision (autocast) with float32 "
+    "master weights, float16 with dynamic loss scaling",
+)  # fmt: skip
 parser.add_argument("--checkpoint-dir", default=None, help="save here at every evaluation and at the end")
 parser.add_argument(
     "--resume",
@@ -163,6 +169,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fsdp shards the parameters, gradients and AdamW state itself: drop --zero")
     if args.fsdp and args.comm_hook != "none":
         parser.error(f"--comm-hook {args.comm_hook} is a DDP hook; --fsdp reduce-scatters without DDP")
+    # Mixed precision: products in bfloat16/float16 under md.autocast, float32 parameters (master weights).
+    args.autocast = args.dtype if args.dtype in ("bfloat16", "float16") else None
+    args.param_dtype = "float64" if args.dtype == "float64" else "float32"
+    if args.autocast and not is_data_parallel(args):
+        parser.error(
+            f"--dtype {args.dtype} runs with DDP or --zero; the --tp/--pp/--cp layers have no autocast yet"
+        )
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     if args.async_checkpoint and not args.checkpoint_dir:
@@ -175,7 +188,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def estimate_loss(gpt: GPT, splits: dict, eval_iters: int) -> dict[str, float]:
+def estimate_loss(gpt: GPT, splits: dict, eval_iters: int, autocast: md.autocast) -> dict[str, float]:
     """Mean loss on ``eval_iters`` global batches of each split's windows (the same windows at every
     evaluation: they come from the windows' own evaluation stream), each rank scoring its slice."""
     gpt.eval()  # no dropout
@@ -184,8 +197,10 @@ def estimate_loss(gpt: GPT, splits: dict, eval_iters: int) -> dict[str, float]:
         for split, windows in splits.items():
             total = np.zeros(2)  # [sum of micro-batch mean losses, micro-batches]
             for x, y in windows.eval_batches(eval_iters):
-                logits = gpt(x)
-                total += (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item(), 1)
+                with autocast:  # (off unless --dtype bfloat16|float16; the loss in float32 then too)
+                    logits = gpt(x)
+                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+                total += (loss.item(), 1)
             dist.all_reduce(total, op="sum")  # equal micro-batches everywhere: the mean of means is the mean
             losses[split] = float(total[0] / total[1])
     gpt.train()
@@ -247,7 +262,7 @@ def main() -> None:
     md.manual_seed(args.seed)
     config = GPTConfig(
         vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.dtype,
+        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.param_dtype,
     )  # fmt: skip
     gpt = GPT(config)
     if mesh_run:  # every rank keeps its pieces of this model (tp shards, pp stage); gpt itself is not trained
@@ -285,6 +300,13 @@ def main() -> None:
         register_by_name(model, args.comm_hook, powersgd_rank=args.powersgd_rank)  # state is not saved)
     # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
     # A run shorter than the warmup (a quick look) warms up over its first half instead.
+    # Mixed precision (--dtype bfloat16|float16): the forward under autocast; float16 also scales the loss
+    # (its gradients underflow below 6e-8), skipping the steps whose gradients overflow. Under ZeRO each rank
+    # sees only its own gradients before the reduce-scatter: the skip is agreed over the world. bfloat16
+    # needs no scaling (float32's range): a disabled scaler passes every call through. DDP averages the
+    # float32 master gradients in float32 (no --comm-hook by default: bf16 loses ~3 digits of the average).
+    autocast = md.autocast(dtype=args.autocast or "bfloat16", enabled=args.autocast is not None)
+    scaler = GradScaler(enabled=args.autocast == "float16", group=world if args.zero or args.fsdp else None)
     warmup = max(1, min(args.warmup_iters, args.max_iters // 2))
     scheduler = cosine_with_warmup(optimizer, warmup, max(args.max_iters, 2), eta_min=args.min_lr)
 
@@ -306,6 +328,8 @@ def main() -> None:
         )  # (saved on another layout: resharded, by GPT's parameter names; a damaged one is skipped)
         if info is not None:
             step, losses = info["step"], list(info["extra"]["losses"])
+            if scaler.is_enabled() and info["extra"].get("scaler"):  # the loss scale and skipped steps
+                scaler.load_state_dict(info["extra"]["scaler"])
             # The rate is a function of the step and of THIS run's flags: step the schedule to where the run
             # stands. (Loading the saved scheduler would keep the saved run's --max-iters: a run extended
             # with a larger one would follow the cosine past its end, back up to the peak rate.)
@@ -326,7 +350,9 @@ def main() -> None:
 
     def evaluate(train: RandomWindows, val: RandomWindows) -> dict[str, float]:
         """Train and validation loss estimates (the same windows on every layout)."""
-        evaluate_on = mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, model)
+        evaluate_on = (
+            mesh_run.estimate_loss if mesh_run else functools.partial(estimate_loss, model, autocast=autocast)
+        )
         return evaluate_on({"train": train, "val": val}, args.eval_iters)
 
     # --- memory accounting (--memory, --memory-budget SIZE or MINIDIST_MEMORY_BUDGET): bytes per category,
@@ -350,15 +376,20 @@ def main() -> None:
         else:
             for k in range(args.grad_accum):
                 x, y = batches.next()  # this rank's (batch / ranks / grad_accum, block) ids and next chars
-                logits = model(x)  # (b, T, vocab)
-                # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of every
-                # micro-batch then gives the gradient of the mean loss over the global batch.
-                loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1)) / args.grad_accum
+                with autocast:  # (off unless --dtype bfloat16|float16)
+                    logits = model(x)  # (b, T, vocab)
+                    # The mean over this rank's windows, / grad_accum: DDP's average over equal shares of
+                    # every micro-batch then gives the gradient of the mean loss over the global batch.
+                    loss = (
+                        F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1))
+                        / args.grad_accum
+                    )
                 last = k == args.grad_accum - 1
                 # All but the last backward accumulate locally (no_sync); the last all-reduces the sum once.
                 with contextlib.nullcontext() if last or args.zero else model.no_sync():  # (DDP's or FSDP's)
-                    loss.backward()
+                    scaler.scale(loss).backward()  # (loss itself unless --dtype float16)
                 step_loss += loss.item()
+        scaler.unscale_(optimizer)  # float16: the true gradients for clipping (and inf/NaN found, agreed)
         if args.grad_clip:
             # By the norm of the averaged gradient, as one process would (Pascanu et al. 2013). Under ZeRO
             # the averaged gradient exists only as shards after the reduce-scatter: it clips those.
@@ -370,7 +401,8 @@ def main() -> None:
                 model.clip_grad_norm_(args.grad_clip)
             else:
                 clip_grad_norm_(gpt.parameters(), args.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)  # optimizer.step(), unless float16 gradients overflowed: then skipped
+        scaler.update()
         optimizer.zero_grad()
         scheduler.step()
         dist.all_reduce(step_loss, op="sum")  # the mean loss over the global batch (a one-number all-reduce)
@@ -397,7 +429,7 @@ def main() -> None:
                 checkpoint.save(
                     args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,
                     extra={"scheduler": scheduler.state_dict(), "tokenizer": tokenizer.state_dict(),
-                           "losses": losses}, async_save=args.async_checkpoint,
+                           "losses": losses, "scaler": scaler.state_dict()}, async_save=args.async_checkpoint,
                 )  # fmt: skip
             logged_at, seconds = step, 0.0  # evaluating and saving are not training time
     bar.close()
@@ -417,14 +449,19 @@ def main() -> None:
         tables = world.mpi.gather(tracker.table(), root=0)
         if rank == 0:
             print("\n".join(tables))
+    if rank == 0 and scaler.is_enabled():
+        skipped, scale = scaler.skipped_steps, scaler.get_scale()
+        print(f"skipped steps: {skipped} (inf/NaN gradients), final loss scale {scale:g}")
     # Under --fsdp the GPT holds its full weights only inside summon_full_params (collective on entry); on a
     # mesh, gpt is the one-process GPT that mesh_run.gathered() put together above.
     with model.summon_full_params() if args.fsdp and not mesh_run else contextlib.nullcontext():
         if rank == 0:
-            report_and_sample(args, gpt, estimate, tokenizer, text, losses)
+            report_and_sample(args, gpt, estimate, tokenizer, text, losses, scaler)
 
 
-def report_and_sample(args, gpt: GPT, estimate: dict, tokenizer: CharTokenizer, text: str, losses: list):
+def report_and_sample(
+    args, gpt: GPT, estimate: dict, tokenizer: CharTokenizer, text: str, losses: list, scaler: GradScaler
+):
     """Rank 0: print the validation loss and a sample; with --out, save the losses and weights."""
     print(f"val loss: {estimate['val']:.4f}")
     # (1, 1): start from a newline, or from the text's first character if it has none
@@ -434,7 +471,8 @@ def report_and_sample(args, gpt: GPT, estimate: dict, tokenizer: CharTokenizer, 
     print(tokenizer.decode(sample[0]))
     if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
         weights = {name: p.numpy() for name, p in gpt.named_parameters()}
-        np.savez(args.out, losses=np.array(losses), val_loss=estimate["val"], **weights)
+        scalars = {"val_loss": estimate["val"], "train_loss": estimate["train"], "skipped_steps": scaler.skipped_steps}
+        np.savez(args.out, losses=np.array(losses), **scalars, **weights)
 
 
 if __name__ == "__main__":

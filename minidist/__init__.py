@@ -6,6 +6,7 @@ Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> distributed
 
 from minidist import host_memory, nn, optim  # nn and optim import minidist.autograd themselves
 from minidist.autograd import Function, Tensor, is_grad_enabled, no_grad, tensor
+from minidist.autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from minidist.random import manual_seed
 
 __version__ = "0.1.0"
@@ -21,6 +22,9 @@ __all__ = [
     "no_grad",
     "is_grad_enabled",
     "manual_seed",
+    "autocast",
+    "is_autocast_enabled",
+    "get_autocast_dtype",
     "nn",
     "optim",
     "__version__",

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
-from minidist.autograd import grad_mode
+from minidist.autograd import autocast, grad_mode
 from minidist.autograd.tensor import Tensor
 from minidist.memory import activations, counters
 
@@ -49,6 +49,10 @@ class Function:
     returns_new_arrays = False
     _released = False  # set by release(): the saved arrays are gone
     _mem_saved = None  # set while a memory tracker counts what this op keeps (minidist.memory)
+    # Under ``autocast``, an op given a low-precision (2-byte) array runs on float32 copies of it
+    # (``autograd/autocast.py``: NumPy's float16 arithmetic is ~200x slower), unless it handles such
+    # arrays itself (the matrix products, the cast) or only moves data (views): those set this.
+    handles_low_precision = False
 
     def forward(self, *arrays: Any, **options: Any) -> Any:
         raise NotImplementedError
@@ -117,7 +121,13 @@ class Function:
                 tensors = tuple([_lift(t, like) for t in inputs])
                 break
         fn = cls()
-        result = fn.forward(*[t._data for t in tensors], **options)
+        arrays = [t._data for t in tensors]
+        if autocast.low_dtype is None or cls.handles_low_precision or cls.is_view:
+            result = fn.forward(*arrays, **options)
+        elif any(autocast.is_low(a.dtype) for a in arrays):
+            result = autocast.upcast_apply(fn, arrays, options)
+        else:
+            result = fn.forward(*arrays, **options)
         # Full reductions give NumPy scalars; keep .data a (0-d) backend array so in-place writes work.
         if isinstance(result, np.generic):
             result = _asarray_like(result, tensors)

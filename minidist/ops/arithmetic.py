@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import DEFAULT_DTYPE, Tensor
-from minidist.ops.dtypes import promote, to
+from minidist.ops.dtypes import autocast_low, autocast_output, promote, to
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
@@ -135,8 +136,10 @@ class MatMul(Function):
     """Z = A @ B for A (..., n, k) and B (..., k, m), batch axes broadcast;  Z is (..., n, m).
 
     dL/dA = dL/dZ @ B^T and dL/dB = A^T @ dL/dZ (transposing the last two axes), summed over
-    broadcast batch axes.
+    broadcast batch axes. 2-byte inputs (autocast) are multiplied as float32 copies (ops/linear.py).
     """
+
+    handles_low_precision = True
 
     def forward(self, a, b):
         if a.ndim < 2 or b.ndim < 2:
@@ -162,9 +165,14 @@ class MatMul(Function):
                 "broadcast together"
             ) from None
         self.a, self.b = a, b
+        if autocast.is_low(a.dtype):  # 2-byte inputs: a float32 product rounded once (ops/linear.py)
+            return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
         return a @ b
 
     def backward(self, grad):
+        if autocast.is_low(self.a.dtype):  # float32 products; the graph walk rounds them to the inputs' dtype
+            f32 = np.float32
+            self.a, self.b, grad = self.a.astype(f32), self.b.astype(f32), grad.astype(f32)
         # BEGIN SOLUTION A1.2: the gradients of A @ B (batched, broadcast batch axes)
         grad_a = grad @ self.b.swapaxes(-1, -2)
         if (
@@ -220,4 +228,7 @@ def pow(a, exponent: float):  # noqa: A001  (mirrors Tensor.__pow__)
 
 
 def matmul(a, b):
+    """a @ b (``MatMul``); under ``minidist.autocast`` a low-precision op: inputs and result rounded."""
+    if autocast.low_dtype is not None:
+        return autocast_output(MatMul.apply(autocast_low(a), autocast_low(b)))
     return MatMul.apply(a, b)

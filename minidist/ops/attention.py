@@ -14,6 +14,10 @@ Backward, with dO = dL/dO:
 The ``(..., L, S)`` arrays are the memory of attention: this op keeps only P (and M with dropout) of
 them, where the same graph from matmul, add, softmax and dropout ops would keep S, P and P * M.
 The matrix products are ``xp.matmul`` on the batched arrays: one call per product for all heads.
+
+Low precision (``minidist.autocast``): Q, K, V come rounded to float16/bfloat16; the op computes on
+float32 copies (the softmax in float32, as Micikevicius et al. 2018 §3.3 ask), keeps Q, K, V and P in
+the low dtype for backward and returns O (and the gradients) in it.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from minidist.autograd import grad_mode
+from minidist.autograd import autocast, grad_mode
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
 from minidist.ops.arithmetic import unbroadcast
 from minidist.ops.dropout import mask_stream, scaled_keep_mask
+from minidist.ops.dtypes import autocast_low, autocast_output
 
 
 def _swap(a: Any) -> Any:
@@ -48,8 +53,21 @@ class ScaledDotProductAttention(Function):
 
     saved_inputs = (1, 2)  # K and V; Q is kept scaled, as the op's own array
     returns_new_arrays = True
+    handles_low_precision = True  # computes on float32 copies of 2-byte inputs (module docstring)
 
     def forward(self, q, k, v, bias=None, empty_rows=False, scale=1.0, dropout_p=0.0):
+        low = q.dtype if autocast.is_low(q.dtype) else None
+        if low is not None:
+            out = self._forward(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), bias,
+                                empty_rows, scale, dropout_p)  # fmt: skip
+            # kept for backward in the low dtype (half the bytes), as a low-precision op saves them
+            self.qs, self.p = self.qs.astype(low), self.p.astype(low)
+            self.k, self.v, self.low = k, v, low
+            return out.astype(low)
+        self.low = None
+        return self._forward(q, k, v, bias, empty_rows, scale, dropout_p)
+
+    def _forward(self, q, k, v, bias, empty_rows, scale, dropout_p):
         xp = array_module(q)
         qs = q * q.dtype.type(scale)  # scaling Q (L x E values) is cheaper than scaling S (L x S)
         scores = qs @ _swap(k)
@@ -76,6 +94,10 @@ class ScaledDotProductAttention(Function):
         return (p * self.keep if self.keep is not None else p) @ v
 
     def backward(self, grad):
+        if self.low is not None:  # float32 copies; the graph walk rounds the gradients to the low dtype
+            f32 = np.float32
+            self.qs, self.k, self.v, self.p = (a.astype(f32) for a in (self.qs, self.k, self.v, self.p))
+            grad, self.low = grad.astype(f32), None
         # BEGIN SOLUTION A8.2: attention's backward: dL/dq, dL/dk, dL/dv from the saved weights P
         qs, k, v, p, keep = self.qs, self.k, self.v, self.p, self.keep
         dp = grad @ _swap(v)
@@ -159,6 +181,9 @@ def scaled_dot_product_attention(
             (torch's texts where it has them).
         ValueError: an input with fewer than 2 axes, or ``dropout_p`` outside [0, 1].
     """
+    autocasting = autocast.low_dtype is not None
+    if autocasting:  # a low-precision op: inputs and result rounded (module docstring)
+        query, key, value = autocast_low(query), autocast_low(key), autocast_low(value)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.ndim < 2:
             raise ValueError(
@@ -167,7 +192,7 @@ def scaled_dot_product_attention(
     mixed = mixed_dtypes_error(query, key, value)
     if mixed is not None:
         raise mixed
-    if query.dtype.kind != "f":  # (integers failed inside NumPy's exp, with a casting error)
+    if query.dtype.kind != "f" and not autocast.is_low(query.dtype):  # (integers failed in NumPy's exp)
         raise RuntimeError(
             f"scaled_dot_product_attention: expected floating-point query, key and value, got {query.dtype}; "
             "convert them to float32 or float64"
@@ -193,7 +218,8 @@ def scaled_dot_product_attention(
             raise RuntimeError(
                 "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True"
             )
-        bias = _causal_bias(length, keys, query.dtype.str, is_gpu_array(query.data))
+        dtype = "<f4" if autocast.is_low(query.dtype) else query.dtype.str  # a 2-byte op computes in float32
+        bias = _causal_bias(length, keys, dtype, is_gpu_array(query.data))
     elif attn_mask is not None:
         if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and grad_mode.is_grad_enabled():
             # torch differentiates a float mask (a learned attention bias); this op does not, and a bias
@@ -207,7 +233,7 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(features) if scale is None else float(scale)
     # Only a dropout draws: without one, a tensor-parallel shard needs no seeded per-rank stream.
     with mask_stream(query) if dropout_p > 0 else nullcontext():
-        return ScaledDotProductAttention.apply(
+        out = ScaledDotProductAttention.apply(
             query,
             key,
             value,
@@ -216,6 +242,7 @@ def scaled_dot_product_attention(
             scale=scale,
             dropout_p=float(dropout_p),
         )
+    return autocast_output(out) if autocasting else out
 
 
 def _mask_to_bias(attn_mask: Any, query: Tensor, key: Tensor, scores_shape: tuple[int, int]) -> Any:

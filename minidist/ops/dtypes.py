@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from minidist import backend
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import DEFAULT_DTYPE, Tensor
 
@@ -26,6 +27,8 @@ _CATEGORY_OF_KIND = {"b": 0, "i": 1, "u": 1, "f": 2}
 
 
 def _category(dtype: np.dtype) -> int:
+    if dtype.kind == "V" and dtype.itemsize == 2:  # ml_dtypes' bfloat16 is a float (bf16 + f32 -> f32)
+        return 2
     return _CATEGORY_OF_KIND.get(dtype.kind, 3)
 
 
@@ -69,6 +72,7 @@ class Cast(Function):
     """y = x converted to another dtype;  dL/dx = dL/dy converted back to x's dtype."""
 
     saved_inputs = ()
+    handles_low_precision = True  # a cast only converts (rounds): no arithmetic to move to float32
 
     def forward(self, x, dtype=None):
         self.dtype = x.dtype
@@ -82,6 +86,42 @@ def to(x: Tensor, dtype: Any) -> Tensor:
     """``x`` in ``dtype`` (``x`` itself when it already has it), as ``torch.Tensor.to(dtype)``."""
     dtype = np.dtype(dtype)
     return x if x.dtype == dtype else Cast.apply(x, dtype=dtype)
+
+
+class RoundBFloat16(Function):
+    """y = x rounded to bfloat16's values, kept float32 (bfloat16 emulated on CuPy, which has none);
+    dL/dx = dL/dy rounded likewise (a gradient between low-precision ops is low precision)."""
+
+    saved_inputs = ()
+    handles_low_precision = True
+
+    def forward(self, x):
+        return autocast.round_bfloat16(x)
+
+    def backward(self, grad):
+        return (autocast.round_bfloat16(grad),)
+
+
+def autocast_low(x: Any) -> Any:
+    """``x`` rounded to autocast's low dtype for a low-precision op (a float Tensor; else ``x``)."""
+    if not isinstance(x, Tensor) or x._data.dtype.kind != "f":
+        return x  # None (no bias), an integer tensor, or a low one already (bfloat16's kind is "V")
+    if autocast.emulated:
+        return RoundBFloat16.apply(x)
+    return to(x, autocast.low_dtype)
+
+
+def autocast_output(y: Tensor) -> Tensor:
+    """The result of a low-precision op under autocast: rounded to bfloat16 where that is emulated
+    (CuPy, autograd/autocast.py); on NumPy the op returned the low dtype already."""
+    return RoundBFloat16.apply(y) if autocast.emulated else y
+
+
+def autocast_float32(x: Any) -> Any:
+    """``x`` in float32 for an op of autocast's float32 list, if it is a low-precision Tensor."""
+    if isinstance(x, Tensor) and autocast.is_low(x._data.dtype):
+        return Cast.apply(x, dtype=np.dtype(np.float32))
+    return x
 
 
 def promote(a: Any, b: Any, floating: bool = False) -> tuple[Any, Any]:

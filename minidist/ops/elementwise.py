@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
 from minidist.backend import is_gpu_array
-from minidist.ops.dtypes import DEFAULT_DTYPE, to
+from minidist.ops.dtypes import DEFAULT_DTYPE, autocast_float32, to
 
 
 class Exp(Function):
@@ -152,10 +153,14 @@ def _floating(x):
 
 
 def exp(x):
+    if autocast.low_dtype is not None:  # exp and log are on autocast's float32 list
+        x = autocast_float32(x)
     return Exp.apply(_floating(x))
 
 
 def log(x):
+    if autocast.low_dtype is not None:
+        x = autocast_float32(x)
     return Log.apply(_floating(x))
 
 

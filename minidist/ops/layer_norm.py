@@ -22,9 +22,11 @@ import math
 
 import numpy as np
 
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module
+from minidist.ops.dtypes import autocast_float32
 
 
 class LayerNorm(Function):
@@ -101,6 +103,8 @@ def layer_norm(
             differs from the input's.
         ValueError: ``normalized_shape`` is empty.
     """
+    if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
+        input = autocast_float32(input)
     single = isinstance(normalized_shape, (int, np.integer))
     shape = (int(normalized_shape),) if single else tuple(normalized_shape)
     if not shape:

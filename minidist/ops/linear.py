@@ -9,14 +9,22 @@ layer needs none). Measured on the small MLP: benchmarks/README.md, "Cuts: the a
 
 where g = dL/dy, and "rows" are all leading axes of x flattened into one (a batch of sequences is
 a batch of rows for a Linear layer). The same formulas as ``MatMul`` and ``Add`` give, in one place.
+
+Low precision (float16, bfloat16; ``minidist.autocast``): the inputs stay 2-byte arrays (so are the
+saved x and W), the products run on float32 copies and the results are rounded to the low dtype once:
+a tensor core's numerics (Micikevicius et al. 2018, §3.3), without NumPy's slow 2-byte arithmetic.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
+from minidist.ops.dtypes import autocast_low, autocast_output
 
 
 class Linear(Function):
@@ -28,26 +36,37 @@ class Linear(Function):
 
     saved_inputs = (0, 1)  # x and W; the bias gradient needs only the incoming gradient
     returns_new_arrays = True  # three new arrays: W and b keep theirs as .grad without a copy
+    handles_low_precision = True  # float32 products of 2-byte inputs (module docstring)
 
     def forward(self, x, weight, bias=None):
         _check(x, weight, bias)
         self.x, self.weight = x, weight
+        low = x.dtype if autocast.is_low(x.dtype) else None
+        if low is not None:  # float32 copies for the arithmetic; the low arrays stay saved
+            x, weight = x.astype(np.float32), weight.astype(np.float32)
+            bias = None if bias is None else bias.astype(np.float32)
         # One 2-D product over all leading axes: NumPy's matmul of a stack (B, T, in) @ (in, out) runs
         # B small products, 1.1-2.2x slower than one (B T, in) @ (in, out) at a GPT's shapes (measured,
         # benchmarks/README.md, "GPT"). The reshape is a view for a contiguous x.
         y = _rows(x) @ weight.T
         if bias is not None:
             y += bias  # y is the matmul's own new array: add in place, no second array of its size
+        if low is not None:
+            y = y.astype(low)
         return y.reshape(*x.shape[:-1], weight.shape[0]) if x.ndim != 2 else y
 
     def backward(self, grad):
         # Only the gradients that some input needs: the first layer's x is data, not a parameter.
         inputs = self.inputs
         has_bias = len(inputs) == 3
+        x, weight = self.x, self.weight
+        if autocast.is_low(x.dtype):  # float32 products; the graph walk rounds them to x's dtype
+            x, weight = x.astype(np.float32), weight.astype(np.float32)
+            grad = grad.astype(np.float32)
         rows = _rows(grad)  # (rows, out): all leading axes are rows, one 2-D product (see forward)
-        grad_x = (rows @ self.weight).reshape(self.x.shape) if inputs[0].requires_grad else None
+        grad_x = (rows @ weight).reshape(x.shape) if inputs[0].requires_grad else None
         # (out, rows) @ (rows, in): laid out like W itself, so W.grad can be this very array.
-        grad_w = rows.T @ _rows(self.x) if inputs[1].requires_grad else None
+        grad_w = rows.T @ _rows(x) if inputs[1].requires_grad else None
         if not has_bias:
             return grad_x, grad_w
         return grad_x, grad_w, rows.sum(axis=0) if inputs[2].requires_grad else None
@@ -65,7 +84,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     A bias of another shape that broadcasts against (..., out), e.g. (1, out) or a scalar, is added by
     the general ``add`` after the op, as torch allows; errors: see :class:`Linear` and ``add``.
+    Under ``minidist.autocast`` the inputs are rounded to the low dtype and so is the result.
     """
+    if autocast.low_dtype is not None:  # (one flag check when off: no extra call, the MLP's budget)
+        x, weight, bias = autocast_low(x), autocast_low(weight), autocast_low(bias)
+        if autocast.emulated:  # bfloat16 on CuPy: round the float32 result (autograd/autocast.py)
+            with autocast.paused():
+                y = linear(x, weight, bias)
+            return autocast_output(y)
     if bias is None:
         return Linear.apply(x, weight)
     shape = tuple(getattr(bias, "shape", ()))

@@ -10,9 +10,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
+from minidist.ops.dtypes import autocast_float32
 
 
 def _normalize_axes(axis: Any, ndim: int) -> tuple[int, ...]:
@@ -113,12 +115,16 @@ def _axis_of(name: str, axis: Any, keepdims: bool, dim: Any, keepdim: bool | Non
 def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None):  # noqa: A001
     """Sum over ``axis`` (None: all; int or tuple), as ``x.sum(axis)`` / torch's ``x.sum(dim=...)``."""
     axis, keepdims = _axis_of("sum", axis, keepdims, dim, keepdim)
+    if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
+        x = autocast_float32(x)
     return Sum.apply(x, axis=axis, keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None):
     """Mean over ``axis`` (None: all; int or tuple), as ``x.mean(axis)`` / torch's ``x.mean(dim=...)``."""
     axis, keepdims = _axis_of("mean", axis, keepdims, dim, keepdim)
+    if autocast.low_dtype is not None:  # on autocast's float32 list
+        x = autocast_float32(x)
     return Mean.apply(x, axis=axis, keepdims=keepdims)
 
 

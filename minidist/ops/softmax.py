@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
+from minidist.ops.dtypes import autocast_float32
 
 
 def _log_softmax(x: Any, axis: int) -> Any:
@@ -79,12 +81,16 @@ def _dim(fn: str, dim: int | None, axis: int | None) -> int:
 def log_softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
     """log softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
     the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
+    if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
+        x = autocast_float32(x)
     return LogSoftmax.apply(x, axis=_dim("log_softmax", dim, axis))
 
 
 def softmax(x: Tensor, dim: int | None = None, *, axis: int | None = None) -> Tensor:
     """softmax(x) along ``dim`` (torch's name) or ``axis`` (NumPy's), the last one by default;
     the result has x's shape. Raises ``TypeError`` if ``dim`` and ``axis`` are both given and differ."""
+    if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
+        x = autocast_float32(x)
     return Softmax.apply(x, axis=_dim("softmax", dim, axis))
 
 
@@ -112,6 +118,8 @@ def cross_entropy(
     """
     from minidist.backend import asarray  # noqa: PLC0415
 
+    if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
+        logits = autocast_float32(logits)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
