@@ -130,3 +130,27 @@ def test_registered_generators_are_replayed_and_restored(monkeypatch):
     later = Counter()
     md_random.register("later", later)
     assert later.n == 7
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_the_recomputation_runs_under_the_forwards_autocast(low):
+    """A segment run under autocast is recomputed under the same autocast, though backward runs after the
+    ``with`` block ended (as torch.utils.checkpoint restores the autocast state): else backward would
+    differentiate a float32 forward that never ran, and FSDP (which recomputes every unit) would give
+    other gradients than one process under --dtype bfloat16. Same ops, same numbers: equal to the bit."""
+
+    def grads(use_recompute: bool) -> dict:
+        md.manual_seed(3)
+        b = nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 5))
+        x = md.tensor(np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32), requires_grad=True)
+        with md.autocast(dtype=low):
+            h = recompute(lambda t: b(t), x) if use_recompute else b(x)
+            loss = (h * h).mean()  # (mean: a float32 op under autocast)
+        loss.backward()
+        out = {n: p.grad.copy() for n, p in b.named_parameters()}
+        out["x"] = x.grad.copy()
+        return out
+
+    plain, recomputed = grads(False), grads(True)
+    for name in plain:
+        np.testing.assert_array_equal(recomputed[name], plain[name], err_msg=name)

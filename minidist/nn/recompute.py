@@ -29,6 +29,7 @@ from typing import Any
 from minidist import autograd, backend
 from minidist import random as md_random
 from minidist.autograd import Function, Tensor, enable_grad, no_grad
+from minidist.autograd import autocast as autocast_state
 
 
 def recompute(
@@ -91,6 +92,10 @@ def _tagged(t: Tensor, tag: Any) -> Tensor:
 class _Recompute(Function):
     """y = fn(x...) computed without a graph;  dL/dx = backward through a recomputed fn(x...)."""
 
+    # The segment's inputs go in as they are (a low-precision input is not upcast by Function.apply):
+    # the ops inside decide under the autocast state of the forward, which backward replays.
+    handles_low_precision = True
+
     def forward(
         self,
         *arrays: Any,
@@ -102,6 +107,9 @@ class _Recompute(Function):
         self.body, self.flags, self.tags, self.after_backward = body, flags, tags, after_backward
         self.inputs_data = arrays[: len(flags)]  # the only activations kept: the segment's inputs
         self.rng = md_random.get_all_rng_states()
+        # The autocast state of the forward (backward runs after its `with` block has ended): the
+        # recomputation must run the same ops in the same precision, as torch.utils.checkpoint does.
+        self.low_dtype = autocast_state.low_dtype
         with no_grad():
             out = body(*(_tagged(Tensor(a), tag) for a, tag in zip(self.inputs_data, tags)))
         self.out_shape, self.out_tag = out.shape, out.sharded_over
@@ -115,8 +123,9 @@ class _Recompute(Function):
         ]
         current = md_random.get_all_rng_states()
         md_random.set_all_rng_states(self.rng)  # replay the forward's random draws (dropout masks)
+        replay = autocast_state.autocast(dtype=self.low_dtype or "bfloat16", enabled=self.low_dtype is not None)
         try:
-            with enable_grad():
+            with enable_grad(), replay:
                 out = self.body(*leaves)
         finally:
             md_random.set_all_rng_states(current)  # the rest of training continues from where it was
