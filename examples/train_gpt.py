@@ -471,7 +471,8 @@ def report_and_sample(
     print(tokenizer.decode(sample[0]))
     if args.out:  # for tests: the weights and losses of N ranks should equal those of 1
         weights = {name: p.numpy() for name, p in gpt.named_parameters()}
-        scalars = {"val_loss": estimate["val"], "train_loss": estimate["train"], "skipped_steps": scaler.skipped_steps}
+        scalars = {"val_loss": estimate["val"], "train_loss": estimate["train"]}
+        scalars["skipped_steps"] = scaler.skipped_steps
         np.savez(args.out, losses=np.array(losses), **scalars, **weights)
 
 

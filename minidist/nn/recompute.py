@@ -123,7 +123,8 @@ class _Recompute(Function):
         ]
         current = md_random.get_all_rng_states()
         md_random.set_all_rng_states(self.rng)  # replay the forward's random draws (dropout masks)
-        replay = autocast_state.autocast(dtype=self.low_dtype or "bfloat16", enabled=self.low_dtype is not None)
+        low = self.low_dtype
+        replay = autocast_state.autocast(dtype=low or "bfloat16", enabled=low is not None)
         try:
             with enable_grad(), replay:
                 out = self.body(*leaves)
