@@ -262,6 +262,27 @@ def test_train_gpt_mixed_precision_on_2_ranks_matches_one_process(trained, flags
     assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4  # the bulk agrees ~10x closer than one update
 
 
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_train_gpt_mixed_precision_under_fsdp_matches_one_process(trained, low):
+    """The done-when of issue 21 for FSDP and mixed precision together: --fsdp on 2 ranks (every Block
+    a unit, run under recomputation, whose backward replays the forward's autocast) against ONE plain
+    process in the same dtype (float32 master weights in both). The same bound as the DDP case above and
+    for the same reason (per-rank rounding of the batch's gradient sums); float16 also agrees on the
+    skipped steps, with the GradScaler's inf check agreed over the world (each rank sees only its shards)."""
+    one, two = dict(trained(1, "--dtype", low)), dict(trained(2, "--dtype", low, "--fsdp"))
+    one.pop("ckpt"), two.pop("ckpt")
+    assert one.keys() == two.keys()
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-3)
+    assert two["losses"][0] == pytest.approx(one["losses"][0], abs=1e-6)
+    assert int(one["skipped_steps"]) == int(two["skipped_steps"])
+    diffs = []
+    for name in one:
+        if name not in ("losses", "val_loss", "train_loss", "skipped_steps"):
+            np.testing.assert_allclose(two[name], one[name], rtol=0, atol=2 * 2e-3 * 3, err_msg=name)
+            diffs.append(np.abs(two[name] - one[name]).ravel())
+    assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4
+
+
 def test_autocast_on_the_cupy_stand_in_emulates_bfloat16_and_runs_float16(monkeypatch):
     """CuPy has no bfloat16: there it is float32 arrays rounded to bfloat16's values (round_bfloat16, bit
     for bit ml_dtypes' rounding). A GPT step under autocast on the stand-in must run (every op on device
