@@ -7,14 +7,16 @@ exercise's placeholder and its check cells, then its solution and the check cell
 :func:`view` then gives each version's cells, with the outputs they would have had in a run of their own,
 provided that
 
-* no later cell (code, other exercises and their checks, other solutions) names anything an exercise
-  cell or its solution defines: the cells after it cannot see which version ran;
+* no later cell (code, other exercises and their checks, other solutions) reads a name an exercise
+  cell or its solution binds: the cells after it cannot see which version ran (``checks.stand_in("f")``,
+  the library's own version of the answer, names no variable);
 * exercise and solution cells only define things (functions, classes, constants, imports the notebook
   already made): neither changes state that a later cell reads.
 
 A notebook that breaks a rule (an exercise whose function a later cell plots, say) gets ``None``: it
-runs twice, as before. The rules are checked on the text, conservatively (any whole-word mention counts,
-comments included), so a merge never hides a placeholder that a later cell would trip over.
+runs twice, as before. The rules are checked on the syntax tree, conservatively (a name read anywhere in a
+later cell counts, inside a function or an f-string too; any word of a shell line), so a merge never hides
+a placeholder that a later cell would trip over.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ def _defined(source: str, imported_before: set[str]) -> set[str] | None:
     return names
 
 
+def _read(source: str) -> set[str]:
+    """Every name the cell's Python reads (in functions and f-strings too; not in strings or comments),
+    and every word of its magic and shell lines (``!cmd {name}`` interpolates names)."""
+    names = {n.id for n in ast.walk(_python(source)) if isinstance(n, ast.Name)}
+    shell = [ln for ln in source.splitlines() if ln.lstrip().startswith(("%", "!"))]
+    return names | set(re.findall(r"\w+", "\n".join(shell)))
+
+
 def _tags(cell) -> list[str]:
     return cell.metadata.get("tags", [])
 
@@ -74,15 +84,15 @@ def merged_notebook(nb, answers: dict[str, str]):
         names = [_defined(cell.source, before), _defined(answers[key], before)]
         if None in names:
             return None
-        words = re.compile(r"\b(" + "|".join(map(re.escape, names[0] | names[1])) + r")\b")
+        defined = names[0] | names[1]
         for later in cells[i + 1 :]:
             own_check = "check" in _tags(later) and later.metadata["exercise"] == key
-            if later.cell_type != "code" or own_check or not (names[0] | names[1]):
+            if later.cell_type != "code" or own_check:
                 continue
             texts = [later.source]
             if "exercise" in _tags(later):
                 texts.append(answers[later.metadata["exercise"]])
-            if any(words.search(t) for t in texts):
+            if any(defined & _read(t) for t in texts):
                 return None
     merged = copy.deepcopy(nb)
     out = []

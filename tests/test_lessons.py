@@ -3,9 +3,10 @@
 Every notebook is executed twice with nbclient, as a new user gets it (placeholders: each check cell
 prints NOT DONE YET) and with the reference answers of ``lessons/.solutions/`` filled in (each check
 prints CORRECT), both in a student's copy made by ``lessons/copy_lessons.py`` (where students work; it
-holds no solutions). Where no later cell can tell the two apart, both versions are one kernel run
-(tests/lesson_runs.py: the kernel, engines and lesson runs start once). A failing cell fails the test. The wrong answers of ``lessons/.solutions/`` are fed
-to the check functions in this process: each must raise ``AssertionError``.
+holds no solutions). Where no later cell can tell the two apart, the two versions are one kernel run
+(tests/lesson_runs.py; the kernel, the engines and the lesson's runs start once): 9 of the 13 lessons.
+A failing cell fails the test. The wrong answers of ``lessons/.solutions/`` are fed to the check
+functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
 ipyparallel, matplotlib). About 3.5 minutes on 2 cores, and about 1 more for lesson 10 (its two runs took
