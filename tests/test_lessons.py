@@ -3,8 +3,10 @@
 Every notebook is executed twice with nbclient, as a new user gets it (placeholders: each check cell
 prints NOT DONE YET) and with the reference answers of ``lessons/.solutions/`` filled in (each check
 prints CORRECT), both in a student's copy made by ``lessons/copy_lessons.py`` (where students work; it
-holds no solutions). A failing cell fails the test. The wrong answers of ``lessons/.solutions/`` are fed
-to the check functions in this process: each must raise ``AssertionError``.
+holds no solutions). Where no later cell can tell the two apart, the two versions are one kernel run
+(tests/lesson_runs.py; the kernel, the engines and the lesson's runs start once): 9 of the 13 lessons.
+A failing cell fails the test. The wrong answers of ``lessons/.solutions/`` are fed to the check
+functions in this process: each must raise ``AssertionError``.
 
 Marked ``lessons`` (deselect with ``-m "not lessons"``); needs the ``dev`` extra (nbclient, ipykernel,
 ipyparallel, matplotlib). About 3.5 minutes on 2 cores, and about 1 more for lesson 10 (its two runs took
@@ -32,6 +34,8 @@ LESSONS = REPO / "lessons"
 _spec = importlib.util.spec_from_file_location("lessons_build", LESSONS / "build.py")
 build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
+
+import lesson_runs  # noqa: E402
 
 from minidist.notebook import checks  # noqa: E402  (as the notebooks import them)
 
@@ -67,20 +71,47 @@ def _exercise_keys(nb) -> list[str]:
     return [c.metadata["exercise"] for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
 
 
-@pytest.mark.parametrize("solutions", [False, True], ids=["placeholders", "solutions"])
-@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
-def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, student_copy: Path, monkeypatch):
-    nb = build.build_notebook(source)
-    keys = _exercise_keys(nb)
-    if solutions:
+@pytest.fixture(scope="module")
+def executed(student_copy: Path):
+    """``executed(source, solutions) -> (notebook, seconds)``: the notebook run top to bottom in a fresh
+    kernel, as a new user gets it or with the reference answers. Where tests/lesson_runs.py can run both in
+    one kernel (about half the time: the kernel, the MPI engines and the lesson's runs start once), the
+    placeholders' test makes that run and the solutions' test reads its half; ``seconds`` is then the
+    whole run's."""
+    runs: dict[str, tuple[object, float]] = {}
+
+    def run(source: Path, solutions: bool):
+        nb = build.build_notebook(source)
+        keys = _exercise_keys(nb)
         answers = build.solution_cells(source.stem)
         assert set(keys) <= set(answers), f"{source.stem}: exercises without a reference solution"
-        nb = build.with_answers(nb, {k: answers[k]["solution"][0] for k in keys})
+        answers = {k: answers[k]["solution"][0] for k in keys}
+        version = lesson_runs.SOLUTIONS if solutions else lesson_runs.PLACEHOLDERS
+        merged = lesson_runs.merged_notebook(nb, answers)
+        if merged is None:  # a later cell uses an exercise's answer: each version needs its own run
+            return _execute(build.with_answers(nb, answers) if solutions else nb, student_copy)
+        if source.stem not in runs:
+            runs[source.stem] = _execute(merged, student_copy)
+        merged, seconds = runs[source.stem]
+        return lesson_runs.view(merged, version), seconds
+
+    return run
+
+
+def _execute(nb, cwd: Path):
     start = time.perf_counter()
     # The kernel (and the ranks it starts) import this checkout's minidist, whatever is installed.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    build.execute(nb, timeout=MAX_SECONDS, cwd=student_copy)  # raises CellExecutionError at a failing cell
-    seconds = time.perf_counter() - start
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        build.execute(nb, timeout=MAX_SECONDS, cwd=cwd)  # raises CellExecutionError at a failing cell
+    return nb, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("solutions", [False, True], ids=["placeholders", "solutions"])
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, executed):
+    keys = _exercise_keys(build.build_notebook(source))
+    nb, seconds = executed(source, solutions)
     assert seconds < MAX_SECONDS, f"{source.stem} took {seconds:.0f} s"
     # A `!python missing.py` cell does not raise: a path that only resolves in lessons/ shows up here.
     texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
@@ -99,6 +130,44 @@ def test_notebook_runs_top_to_bottom(source: Path, solutions: bool, student_copy
     want = "correct" if solutions else "not done"
     assert all(status == want for _, status in results), results
     _assert_no_engines_left()
+
+
+def test_one_run_serves_both_versions_only_where_no_later_cell_sees_the_answer():
+    """tests/lesson_runs.py: the merged notebook's two views are the two notebooks (cells and order of
+    the code that reads no answer), and a notebook whose later cell calls the exercise's function, or whose
+    answer does more than define, is not merged."""
+    import nbformat
+
+    def notebook(*cells):
+        nb = nbformat.v4.new_notebook()
+        for kind, text in cells:
+            cell = nbformat.v4.new_code_cell(text)
+            if kind != "code":
+                cell.metadata = {"tags": [kind], "exercise": "k"}
+            nb.cells.append(cell)
+        return nb
+
+    nb = notebook(("code", "import numpy as np"), ("exercise", "def f(x):\n    pass"), ("code", "y = 2"),
+                  ("check", "checks.f(f)"), ("code", "print(y)"))  # fmt: skip
+    answer = "import numpy as np\n\n\ndef f(x):\n    return np.sin(x)"
+    merged = lesson_runs.merged_notebook(nb, {"k": answer})
+    sources = [c.source for c in merged.cells]
+    assert sources[4:6] == [answer, "checks.f(f)"] and sources[-1] == "print(y)"  # the solution follows
+    placeholders = lesson_runs.view(merged, lesson_runs.PLACEHOLDERS)
+    assert [c.source for c in placeholders.cells] == [c.source for c in nb.cells]
+    solutions = lesson_runs.view(merged, lesson_runs.SOLUTIONS)
+    want = ["import numpy as np", "y = 2", answer, "checks.f(f)", "print(y)"]
+    assert [c.source for c in solutions.cells] == want
+    assert len({c.id for c in merged.cells}) == len(merged.cells)
+    reads = notebook(*nb_cells(nb)[:-1], ("code", "plot(f)"))
+    assert lesson_runs.merged_notebook(reads, {"k": answer}) is None
+    # a call, an attribute, a statement; a new import whose name a later cell uses
+    for acting in ("f = make()", "state.x = 1", "print(1)", "import y"):
+        assert lesson_runs.merged_notebook(nb, {"k": acting + "\n" + answer}) is None, acting
+
+
+def nb_cells(nb) -> list[tuple[str, str]]:
+    return [(c.metadata.get("tags", ["code"])[0], c.source) for c in nb.cells]
 
 
 def _check_calls(nb, key: str) -> list[str]:
