@@ -6,6 +6,8 @@ inside library code (an op's forward, FSDP's gather) that has no tracker object 
 
 from __future__ import annotations
 
+import threading
+
 # What a rank's memory is spent on. Parameters, gradients and optimizer state are measured by the
 # tracker from the model and optimizer; the others are reported by the code that allocates them.
 CATEGORIES = (
@@ -22,6 +24,9 @@ _current: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _owners: dict[tuple[str, str], int] = {}  # (category, owner) -> bytes now, for the out-of-memory message
 _listeners: list = []  # callables(category) run after each change while active (the budget check)
+# Communication threads report too (FSDP frees a gradient buffer once its reduce-scatter has run): a
+# read-modify-write of the table must not interleave with the main thread's. Taken only while tracking.
+_lock = threading.RLock()
 
 
 def tracking() -> bool:
@@ -44,11 +49,12 @@ def allocated(category: str, nbytes: int, owner: str = "") -> None:
         return
     if category not in _current:
         raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
-    now = _current[category] + nbytes
-    _current[category] = now
-    if now > _peak[category]:
-        _peak[category] = now
-    key = (category, owner)
-    _owners[key] = _owners.get(key, 0) + nbytes
-    for listener in _listeners:
-        listener(category)
+    with _lock:
+        now = _current[category] + nbytes
+        _current[category] = now
+        if now > _peak[category]:
+            _peak[category] = now
+        key = (category, owner)
+        _owners[key] = _owners.get(key, 0) + nbytes
+        for listener in _listeners:
+            listener(category)

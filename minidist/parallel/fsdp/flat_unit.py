@@ -184,15 +184,24 @@ class FlatUnit:
                 p.grad = None
         memory.allocated("communication", flat.nbytes, owner=self.name)
         result: list[Any] = []
-        job = self._thread.submit(Job(lambda: result.append(self._reduce_scatter(flat, flags))))
-        self._reduces.append((job, flat.nbytes, result))
+        # The job takes the buffer out of `pending` and drops it once sent, so a unit's full gradient
+        # lives only until its reduce-scatter has run (while backward goes on), not until backward ends:
+        # else every unit's would pile up, a whole model's gradients, as DDP holds.
+        pending = [flat]
+        del flat
+        job = self._thread.submit(Job(lambda: result.append(self._reduce_scatter(pending, flags))))
+        self._reduces.append((job, pending, result))
 
-    def _reduce_scatter(self, flat: Any, flags: np.ndarray) -> tuple[Any, np.ndarray]:
+    def _reduce_scatter(self, pending: list[Any], flags: np.ndarray) -> tuple[Any, np.ndarray]:
         """On the communication thread: this rank's chunk of the average, and which parameters any
-        rank had a gradient for."""
-        with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
-            averaged = dist.reduce_scatter(flat, op="avg", group=self.group).astype(self.dtype, copy=False)
-            used = dist.all_reduce(flags, op="max", group=self.group)
+        rank had a gradient for; the full gradient buffer in ``pending`` is released after it."""
+        try:
+            with trace.span(f"reduce_scatter {self.name or 'root'}", trace.COMM):
+                averaged = dist.reduce_scatter(pending[0], op="avg", group=self.group)
+                averaged = averaged.astype(self.dtype, copy=False)
+                used = dist.all_reduce(flags, op="max", group=self.group)
+        finally:
+            memory.allocated("communication", -pending.pop().nbytes, owner=self.name)
         return averaged, used
 
     def wait_gradients(self, keep: bool = True) -> None:
@@ -203,12 +212,13 @@ class FlatUnit:
         gradients must not leak into the next step.
         """
         jobs, self._reduces = self._reduces, []
-        for job, nbytes, result in jobs:
+        for job, pending, result in jobs:
             try:
                 with trace.span(f"wait reduce_scatter {self.name or 'root'}", trace.WAIT):
                     job.wait()
             finally:
-                memory.allocated("communication", -nbytes, owner=self.name)
+                if pending:  # the job never ran (an earlier job failed): its buffer goes here
+                    memory.allocated("communication", -pending.pop().nbytes, owner=self.name)
             if keep:
                 self._accumulate(*result[0])
 

@@ -40,6 +40,7 @@ class UnitSchedule:
         self._next_in_forward = {id(a): b for a, b in zip(self.inner, self.inner[1:])}
         self.sync, self.summoned = True, False
         self._ran: list[FlatUnit] = []  # units whose forward ran with a graph, in order, not yet backward
+        self._reducing: list[FlatUnit] = []  # units whose reduce-scatter may still be running, oldest first
         self._awaiting_backward = False  # a forward with a graph ran; its backward has not finished
         self._pass = -1  # the backward pass whose end-of-pass callback is queued
         self._finish_pending = False  # queued and not run yet: outside backward, that pass failed
@@ -112,7 +113,13 @@ class UnitSchedule:
     def _after_backward(self, unit: FlatUnit) -> None:
         self.queue_finish()  # (a unit's backward runs inside a pass)
         if self.sync:
+            # At most two units' full gradients in flight: wait for (and add to the shards) older ones
+            # first. Else, if the communication thread fell behind, every unit's flat gradient could be
+            # waiting at once, a whole model's gradients, which FSDP exists not to hold.
+            while len(self._reducing) >= 2:
+                self._reducing.pop(0).wait_gradients()
             unit.reduce_gradients()
+            self._reducing.append(unit)
         unit.free()
 
     # -- the end of the backward pass -----------------------------------------------------------------
@@ -132,6 +139,7 @@ class UnitSchedule:
                 u.wait_gradients()
         finally:
             self._awaiting_backward, self._ran, self._finish_pending = False, [], False
+            self._reducing = []
             self.free_all()
 
     def abandon_failed_pass(self) -> None:
@@ -143,6 +151,7 @@ class UnitSchedule:
                 u.wait_gradients(keep=False)
         finally:
             self._awaiting_backward, self._ran, self._finish_pending = False, [], False
+            self._reducing = []
             self.free_all()
 
 
