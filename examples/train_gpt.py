@@ -174,7 +174,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args.param_dtype = "float64" if args.dtype == "float64" else "float32"
     if args.autocast and not is_data_parallel(args):
         parser.error(
-            f"--dtype {args.dtype} runs with DDP or --zero; the --tp/--pp/--cp layers have no autocast yet"
+            f"--dtype {args.dtype} runs with DDP, --zero or --fsdp; "
+            "the --tp/--pp/--cp layers have no autocast yet"
         )
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the folder to resume from)")

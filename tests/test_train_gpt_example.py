@@ -256,7 +256,7 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
             ["--fsdp", "--comm-hook", "bf16"],
             "--comm-hook bf16 is a DDP hook; --fsdp reduce-scatters without DDP",
         ),
-        (["--dtype", "bfloat16", "--tp", "2"], "--dtype bfloat16 runs with DDP or --zero"),  # (issue 21)
+        (["--dtype", "bfloat16", "--tp", "2"], "--dtype bfloat16 runs with DDP, --zero or --fsdp"),  # (21)
     ],
 )
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
