@@ -19,12 +19,14 @@ DDP the gradients are equal on every rank already (no group needed, though one d
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from minidist import backend
 from minidist.autograd import Tensor
+from minidist.autograd.autocast import is_low
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
@@ -76,8 +78,8 @@ class GradScaler:
         enabled: bool = True,
         group: Any = None,
     ) -> None:
-        if not init_scale > 0:
-            raise ValueError(f"GradScaler: init_scale must be positive, got {init_scale}")
+        if not 0 < init_scale < math.inf:  # inf: every loss would overflow and every step be skipped
+            raise ValueError(f"GradScaler: init_scale must be positive and finite, got {init_scale}")
         if not growth_factor > 1.0:
             raise ValueError(f"GradScaler: growth_factor must be > 1 got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
@@ -101,13 +103,19 @@ class GradScaler:
         return self._scale if self._enabled else 1.0
 
     def scale(self, outputs: Any) -> Any:
-        """``outputs`` (a loss Tensor, or a list/tuple of them) times S; unchanged when disabled."""
+        """``outputs`` (a loss Tensor, or a list/tuple of them) times S; unchanged when disabled.
+
+        A 2-byte float loss (float16, bfloat16) is cast to float32 first, as PyTorch's float32 scale
+        promotes it: 2^16 times a float16 loss above 1 is inf (float16's largest value is 65504), which
+        would skip every step. The cast is differentiable: the gradient reaches the loss in its dtype."""
         if not self._enabled:
             return outputs
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
         if not isinstance(outputs, Tensor):
             raise TypeError(f"GradScaler.scale: expected a Tensor (the loss), got {type(outputs).__name__}")
+        if is_low(outputs.dtype):
+            outputs = outputs.float()
         return outputs * self._scale
 
     def unscale_(self, optimizer: Any) -> None:
@@ -167,6 +175,12 @@ class GradScaler:
         ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin."""
         if not self._enabled:
             return
+        if not self._per_optimizer and new_scale is None:
+            # Counting a step that never checked its gradients would grow the scale for nothing.
+            raise RuntimeError(
+                "No inf checks were recorded prior to update(): call scaler.step(optimizer) (or "
+                "scaler.unscale_(optimizer)) after backward and before update()"
+            )
         found = any(s["found_inf"] for s in self._per_optimizer.values())
         if found:
             self.skipped_steps += 1

@@ -1,0 +1,87 @@
+"""Regressions found by trying to break issue 21's features (FSDP, autocast, GradScaler, MemoryTracker).
+
+Each test is the smallest use that went wrong before its fix; the docstring says what broke. All run
+in one process (no MPI): the bugs were in single-rank logic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist import memory, nn, optim
+from minidist.amp import GradScaler
+from minidist.parallel import FullyShardedDataParallel
+
+
+def test_gradscaler_scales_a_float16_loss_without_overflowing():
+    """A float16 loss times the scale was computed in float16: 100 * 2^10 is inf there (float16 stops
+    at 65504), so every step was skipped and the scale backed off step after step. PyTorch's float32
+    scale promotes the loss to float32; minidist does the same now."""
+    w = md.tensor(np.array([60.0, 40.0], dtype=np.float16), requires_grad=True)
+    loss = w.sum()  # a float16 loss of 100 (no autocast: a model cast to half)
+    assert loss.dtype == np.float16
+    scaler = GradScaler(init_scale=2.0**10)
+    scaled = scaler.scale(loss)
+    assert scaled.dtype == np.float32 and float(scaled.item()) == 100.0 * 2.0**10  # exact: integers
+    scaled.backward()
+    assert w.grad.dtype == np.float16  # the gradient comes back in the parameter's dtype
+    np.testing.assert_array_equal(w.grad, [2.0**10, 2.0**10])  # d(sum)/dw * S, exact in float16
+    opt = optim.SGD([w], lr=2.0**-4)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.skipped_steps == 0  # before the fix: skipped (the scaled loss was inf)
+    np.testing.assert_array_equal(w.data, [60.0 - 2.0**-4, 40.0 - 2.0**-4])  # one SGD step, exact in float16
+
+
+def test_gradscaler_refuses_an_infinite_init_scale():
+    """init_scale=inf was accepted: every loss became inf, every step was skipped, and backing off
+    inf * 0.5 stays inf, so training silently never stepped."""
+    with pytest.raises(ValueError, match="init_scale must be positive and finite"):
+        GradScaler(init_scale=math.inf)
+
+
+def test_gradscaler_update_without_a_step_raises():
+    """update() with no step()/unscale_() since the last update counted a good step that never
+    happened and grew the scale (three updates: x8). PyTorch raises here; so does minidist now."""
+    scaler = GradScaler(growth_interval=1)
+    with pytest.raises(RuntimeError, match="No inf checks were recorded prior to update"):
+        scaler.update()
+    assert scaler.get_scale() == 2.0**16
+    scaler.update(new_scale=4.0)  # setting the scale explicitly needs no step (as PyTorch)
+    assert scaler.get_scale() == 4.0
+
+
+def test_one_autocast_object_entered_inside_itself_restores_float32():
+    """The same autocast object entered twice (nested) kept one saved state: the inner entry overwrote
+    the outer's "off", so after both blocks autocast stayed on for the rest of the program."""
+    ac = md.autocast("bfloat16")
+    with ac:
+        with ac:
+            assert md.is_autocast_enabled()
+        assert md.is_autocast_enabled()
+    assert not md.is_autocast_enabled()
+    off = md.autocast("float16", enabled=False)
+    with md.autocast("bfloat16"), off, off:
+        assert not md.is_autocast_enabled()
+    assert not md.is_autocast_enabled()
+
+
+def test_a_tracker_stopped_after_fsdp_wrapped_the_model_keeps_fsdps_unit_forwards():
+    """MemoryTracker(model) started, then the model wrapped by FSDP inside the tracked span (to measure
+    the wrapping too): stop() put the units' original forwards back over FSDP's, so the next forward ran
+    a unit on its empty (0, 0) shard placeholders: "input of shape (5, 3) and weight of shape (0, 0)"."""
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    reference = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    reference.load_state_dict(model.state_dict())
+    x = md.tensor(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32))
+    with memory.MemoryTracker(model) as tracker:
+        fsdp = FullyShardedDataParallel(model, wrap=nn.Linear)  # one process: the world of one
+        fsdp(x).sum().backward()
+    assert tracker.report()["gathered_parameters"]["peak"] > 0
+    out = fsdp(x)  # after stop(): still FSDP's gathering forward
+    np.testing.assert_array_equal(out.data, reference(x).data)  # one rank: the same arithmetic, bit for bit
