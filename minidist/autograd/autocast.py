@@ -87,7 +87,9 @@ class autocast:  # noqa: N801  (torch's name: a context manager used like a func
 
     def __enter__(self) -> autocast:
         global low_dtype, emulated
-        self._previous = low_dtype, emulated
+        # A stack, not one slot: the same instance may be entered again inside itself (one autocast
+        # object kept by a training loop and used by a nested helper); each exit restores its own entry.
+        self.__dict__.setdefault("_previous", []).append((low_dtype, emulated))
         if self.enabled:
             from minidist import backend  # noqa: PLC0415
 
@@ -99,7 +101,7 @@ class autocast:  # noqa: N801  (torch's name: a context manager used like a func
 
     def __exit__(self, *exc: Any) -> None:
         global low_dtype, emulated
-        low_dtype, emulated = self._previous
+        low_dtype, emulated = self._previous.pop()
 
     def __call__(self, fn: Any) -> Any:
         import functools  # noqa: PLC0415
