@@ -79,6 +79,10 @@ def _set_instance_attribute(obj: Any, name: str, value: Any, undo: list) -> None
     obj.__dict__[name] = value
 
     def restore() -> None:
+        if obj.__dict__.get(name, missing) is not value:
+            # Replaced after us (FSDP wrapped the model inside the tracked span: its unit forwards call
+            # ours): putting ``before`` back would undo that wrapper. Ours stays in its chain, harmless.
+            return
         if before is missing:
             obj.__dict__.pop(name, None)
         else:
