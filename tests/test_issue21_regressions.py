@@ -85,3 +85,23 @@ def test_a_tracker_stopped_after_fsdp_wrapped_the_model_keeps_fsdps_unit_forward
     assert tracker.report()["gathered_parameters"]["peak"] > 0
     out = fsdp(x)  # after stop(): still FSDP's gathering forward
     np.testing.assert_array_equal(out.data, reference(x).data)  # one rank: the same arithmetic, bit for bit
+
+
+def test_autocast_leaves_float64_ops_in_float64():
+    """A float64 model under autocast had its matrix products rounded to bfloat16 (8 significant bits
+    instead of 53). PyTorch's autocast casts only float32 tensors ("eligible": floating point, not
+    double); so does minidist now: the result and the gradients equal the float64 ones bit for bit."""
+    md.manual_seed(0)
+    layer = nn.Linear(3, 2, dtype="float64")
+    x = md.tensor(np.random.default_rng(0).standard_normal((4, 3)), requires_grad=True)
+    plain = layer(x) @ layer.weight
+    plain.sum().backward()
+    expected = [x.grad.copy(), layer.weight.grad.copy()]
+    x.grad = layer.weight.grad = layer.bias.grad = None
+    with md.autocast("bfloat16"):
+        y = layer(x) @ layer.weight
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y.data, plain.data)
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad, expected[0])
+    np.testing.assert_array_equal(layer.weight.grad, expected[1])
