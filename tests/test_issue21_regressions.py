@@ -105,3 +105,40 @@ def test_autocast_leaves_float64_ops_in_float64():
     y.sum().backward()
     np.testing.assert_array_equal(x.grad, expected[0])
     np.testing.assert_array_equal(layer.weight.grad, expected[1])
+
+
+def test_out_of_memory_in_an_fsdp_gather_leaves_nothing_counted_and_training_can_go_on():
+    """A budget overflowed by an FSDP all-gather (the prefetch of the next unit): the refused gather
+    stayed counted forever, and the frees in FSDP's clean-up raised OutOfMemoryError again (every
+    change was checked, decreases too) and stopped half-way, a unit left "gathered" on empty arrays.
+    Now a free never raises and a refused gather is not counted: with a larger budget it trains on, as
+    one plain process."""
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3))
+    reference = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3))
+    reference.load_state_dict(model.state_dict())
+    x = md.tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32))
+    fsdp = FullyShardedDataParallel(model, wrap=nn.Linear)
+    shards = sum(u.flat_shard.nbytes for u in fsdp.units)  # one process: the shards are the model
+    # Room for the shards, the small first unit (160 B) and a few activations, not for the second unit
+    # (2304 B) and the third (780 B, prefetched while the second computes) gathered together.
+    tracker = memory.MemoryTracker(fsdp, budget=shards + 2304 + 200).start()
+    try:
+        with pytest.raises(memory.OutOfMemoryError, match="exceeds the budget"):
+            fsdp(x)
+        assert not any(u.gathered for u in fsdp.units)
+        assert tracker.report()["gathered_parameters"]["current"] == 0
+        assert tracker.report()["communication"]["current"] == 0
+        tracker.budget = 10 * shards + 10**5  # enough now: the same model trains on, as one process
+        out = fsdp(x)
+        out.sum().backward()
+    finally:
+        tracker.stop()
+    np.testing.assert_array_equal(out.data, reference(x).data)  # one process: the same arithmetic
+    reference(x).sum().backward()
+    got = dict(zip([n for n, _ in model.named_parameters()], [None] * 6))
+    for u in fsdp.units:
+        for seg, shard in zip(u.layout.segments, u.shards):
+            got[u.names[seg.param_index]] = shard.grad
+    for name, p in reference.named_parameters():
+        np.testing.assert_array_equal(got[name], p.grad.reshape(-1))

@@ -6,8 +6,9 @@ reported by the autograd engine as ops record and release them (``activations.py
 parameters and communication buffers by the code that allocates them (``counters.allocated``). The
 tracker re-measures its own categories at the moments they change: when the model's forward starts,
 after each gradient accumulates into a parameter (backward), and after ``optimizer.step()`` and
-``zero_grad()``. Every change runs the budget check, so the error is raised by the allocation that would
-overflow, with the stack of the code that made it.
+``zero_grad()``. Every increase runs the budget check, so the error is raised by the allocation that would
+overflow, with the stack of the code that made it; a decrease never raises (the clean-up after an error
+frees memory, and must not fail again half-way).
 
 Usage (a context manager, or ``start()`` / ``stop()``)::
 
