@@ -142,3 +142,33 @@ def test_out_of_memory_in_an_fsdp_gather_leaves_nothing_counted_and_training_can
             got[u.names[seg.param_index]] = shard.grad
     for name, p in reference.named_parameters():
         np.testing.assert_array_equal(got[name], p.grad.reshape(-1))
+
+
+def _scaler_steps(scaler, losses):
+    """One parameter, one step per loss value: loss = w * value (NaN or inf poisons the gradient).
+    float64, so that a huge scale times the loss stays finite (float32 would overflow first)."""
+    w = md.tensor(np.array([1.0], dtype=np.float64), requires_grad=True)
+    opt = optim.SGD([w], lr=1e-3)
+    for value in losses:
+        scaler.scale((w * value).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+
+def test_gradscaler_never_grows_its_scale_to_inf():
+    """Growth multiplied the scale past float's range to inf; from inf every loss is inf, every step
+    skipped, and inf * backoff stays inf: training stopped for good. PyTorch keeps the old scale then."""
+    scaler = GradScaler(growth_factor=2.0**600, growth_interval=1)
+    _scaler_steps(scaler, [1.0, 1.0, 1.0])  # 2^16 -> 2^616 -> (2^1216 = inf: kept)
+    assert scaler.get_scale() == 2.0**616 and scaler.skipped_steps == 0
+
+
+def test_gradscaler_with_a_nan_loss_every_step_says_so_instead_of_dividing_by_zero():
+    """A NaN loss every step backs the scale off each step until it underflows to 0.0; then unscale_
+    died with "ZeroDivisionError: float division by zero". Now: a RuntimeError saying the loss is NaN."""
+    scaler = GradScaler(init_scale=1.0, backoff_factor=1e-200)
+    _scaler_steps(scaler, [float("nan"), float("nan")])  # 1 -> 1e-200 -> 0.0 (underflow)
+    assert scaler.get_scale() == 0.0 and scaler.skipped_steps == 2
+    with pytest.raises(RuntimeError, match="the loss itself is probably inf/NaN"):
+        _scaler_steps(scaler, [float("nan")])

@@ -132,6 +132,12 @@ class GradScaler:
             )
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        if not self._scale > 0:  # backed off to 0 (float underflow): 1/S would be a ZeroDivisionError
+            raise RuntimeError(
+                f"GradScaler: the loss scale has backed off to {self._scale} after {self.skipped_steps} "
+                "skipped steps: the gradients are inf/NaN whatever the scale, so the loss itself is probably "
+                "inf/NaN (check the data, the learning rate, the model's output)"
+            )
         inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
         found = False
         for p in _parameters(optimizer):
@@ -192,7 +198,8 @@ class GradScaler:
         else:
             self._growth_tracker += 1
             if self._growth_tracker == self._growth_interval:
-                self._scale *= self._growth_factor
+                if math.isfinite(self._scale * self._growth_factor):  # as PyTorch: never grow to inf,
+                    self._scale *= self._growth_factor  # which no backoff could bring back
                 self._growth_tracker = 0
         self._per_optimizer = {}
 
