@@ -21,20 +21,32 @@ def test_gradscaler_scales_a_float16_loss_without_overflowing():
     """A float16 loss times the scale was computed in float16: 100 * 2^10 is inf there (float16 stops
     at 65504), so every step was skipped and the scale backed off step after step. PyTorch's float32
     scale promotes the loss to float32; minidist does the same now."""
-    w = md.tensor(np.array([60.0, 40.0], dtype=np.float16), requires_grad=True)
-    loss = w.sum()  # a float16 loss of 100 (no autocast: a model cast to half)
+    w = md.tensor(np.array([60.0, 40.0], dtype=np.float32), requires_grad=True)  # a float32 master weight
+    loss = w.to(np.float16).sum()  # a float16 loss of 100 (a cast the user wrote, outside autocast)
     assert loss.dtype == np.float16
     scaler = GradScaler(init_scale=2.0**10)
     scaled = scaler.scale(loss)
     assert scaled.dtype == np.float32 and float(scaled.item()) == 100.0 * 2.0**10  # exact: integers
     scaled.backward()
-    assert w.grad.dtype == np.float16  # the gradient comes back in the parameter's dtype
-    np.testing.assert_array_equal(w.grad, [2.0**10, 2.0**10])  # d(sum)/dw * S, exact in float16
+    assert w.grad.dtype == np.float32  # the cast sends the gradient back in the parameter's dtype
+    np.testing.assert_array_equal(w.grad, [2.0**10, 2.0**10])  # d(sum)/dw * S, exact
     opt = optim.SGD([w], lr=2.0**-4)
     scaler.step(opt)
     scaler.update()
     assert scaler.skipped_steps == 0  # before the fix: skipped (the scaled loss was inf)
-    np.testing.assert_array_equal(w.data, [60.0 - 2.0**-4, 40.0 - 2.0**-4])  # one SGD step, exact in float16
+    np.testing.assert_array_equal(w.data, [60.0 - 2.0**-4, 40.0 - 2.0**-4])  # one SGD step, exact
+
+
+def test_gradscaler_refuses_to_unscale_float16_gradients():
+    """float16 parameters (a model cast to half, no master weights) were unscaled in float16, where
+    the small gradients the scale had rescued underflow again, silently. PyTorch refuses: so does
+    minidist, before changing any gradient."""
+    w = md.tensor(np.array([1.0, 2.0], dtype=np.float16), requires_grad=True)
+    scaler = GradScaler(init_scale=2.0**4)
+    scaler.scale(w.sum()).backward()
+    with pytest.raises(ValueError, match="attempting to unscale FP16 gradients"):
+        scaler.step(optim.SGD([w], lr=0.1))
+    np.testing.assert_array_equal(w.grad, [16.0, 16.0])  # untouched
 
 
 def test_gradscaler_refuses_an_infinite_init_scale():

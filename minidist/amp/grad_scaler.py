@@ -65,8 +65,8 @@ class GradScaler:
 
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
-    Raises ``ValueError`` for factors or an interval out of range; ``RuntimeError`` for calls out of
-    order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice), PyTorch's texts.
+    Raises ``ValueError`` for factors or an interval out of range, or float16 gradients to unscale
+    (float16 parameters: no master weights); ``RuntimeError`` for calls out of order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice), PyTorch's texts.
     """
 
     def __init__(
@@ -139,8 +139,18 @@ class GradScaler:
                 "inf/NaN (check the data, the learning rate, the model's output)"
             )
         inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
+        params = _parameters(optimizer)
+        for p in params:  # checked before any gradient changes
+            if p.grad is not None and p.grad.dtype == np.float16:
+                # Unscaled in float16, the small gradients the scale rescued underflow again, and the
+                # optimizer would update float16 weights: no master weights (PyTorch refuses it too).
+                raise ValueError(
+                    f"GradScaler.unscale_: attempting to unscale FP16 gradients (a parameter of shape "
+                    f"{tuple(p.shape)} is float16): keep the parameters float32 (the master weights) "
+                    "and compute in float16 under md.autocast('float16')"
+                )
         found = False
-        for p in _parameters(optimizer):
+        for p in params:
             g = p.grad
             if g is None:
                 continue
