@@ -184,3 +184,13 @@ def test_gradscaler_with_a_nan_loss_every_step_says_so_instead_of_dividing_by_ze
     assert scaler.get_scale() == 0.0 and scaler.skipped_steps == 2
     with pytest.raises(RuntimeError, match="the loss itself is probably inf/NaN"):
         _scaler_steps(scaler, [float("nan")])
+
+
+def test_parse_size_is_exact_and_never_overflows():
+    """parse_size multiplied a float: "1.001MB" was 1000999 bytes (1.001 * 10^6 = 1000999.9999999999,
+    rounded down), and a number of 400 digits was an OverflowError instead of a size (the budget check
+    compares ints: any int is fine)."""
+    assert memory.parse_size("1.001MB") == 1_001_000
+    assert memory.parse_size("1.005 MB") == 1_005_000
+    assert memory.parse_size("0.5KiB") == 512
+    assert memory.parse_size("9" * 400) == int("9" * 400)
