@@ -194,3 +194,19 @@ def test_parse_size_is_exact_and_never_overflows():
     assert memory.parse_size("1.005 MB") == 1_005_000
     assert memory.parse_size("0.5KiB") == 512
     assert memory.parse_size("9" * 400) == int("9" * 400)
+
+
+def test_a_tracker_nothing_refers_to_any_more_can_still_be_stopped():
+    """A tracker started and then lost (a notebook cell run twice: ``t = MemoryTracker(m).start()``)
+    kept every later tracker from starting ("already running; stop() it first") with no way to reach
+    it. MemoryTracker.running is it."""
+    model = nn.Linear(2, 2)
+    memory.MemoryTracker(model).start()  # the reference is dropped at once
+    with pytest.raises(RuntimeError, match=r"MemoryTracker.running.stop\(\)"):
+        memory.MemoryTracker(model).start()
+    memory.MemoryTracker.running.stop()
+    assert memory.MemoryTracker.running is None
+    with memory.MemoryTracker(model) as tracker:
+        assert memory.MemoryTracker.running is tracker
+    assert memory.MemoryTracker.running is None
+    assert tracker.report()["parameters"]["current"] == 6 * 4  # 2x2 weight + 2 bias, float32

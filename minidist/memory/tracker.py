@@ -105,10 +105,14 @@ class MemoryTracker:
             ``parse_size``); default: the environment variable ``MINIDIST_MEMORY_BUDGET``, else none.
         rank: named in ``table()``; default: the MPI launcher's rank variable, if any.
 
+    ``MemoryTracker.running`` (class attribute): the tracker running on this process, or None.
+
     Raises:
         OutOfMemoryError: (from the tracked code) when the total would exceed ``budget``.
         ValueError: an unreadable budget. RuntimeError: ``start()`` while another tracker runs.
     """
+
+    running: MemoryTracker | None = None
 
     def __init__(
         self,
@@ -137,7 +141,10 @@ class MemoryTracker:
     def start(self) -> MemoryTracker:
         """Reset the counters and start measuring (returns self)."""
         if counters._active:
-            raise RuntimeError("a MemoryTracker is already running on this process; stop() it first")
+            raise RuntimeError(
+                "a MemoryTracker is already running on this process; stop() it first (if nothing refers to "
+                "it any more, e.g. a notebook cell ran twice: MemoryTracker.running.stop())"
+            )
         for table in (counters._current, counters._peak):
             table.update(dict.fromkeys(counters.CATEGORIES, 0))
         counters._owners.clear()
@@ -146,6 +153,7 @@ class MemoryTracker:
         self._install_hooks()
         counters._listeners.append(self._on_change)
         counters._active = True
+        MemoryTracker.running = self
         try:
             self.measure()  # the parameters alone may exceed the budget: then stop before raising
         except BaseException:
@@ -158,6 +166,7 @@ class MemoryTracker:
         if not counters._active or self._on_change not in counters._listeners:
             return
         counters._active = False
+        MemoryTracker.running = None
         counters._listeners.remove(self._on_change)
         for undo in reversed(self._undo):
             undo()
