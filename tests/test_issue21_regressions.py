@@ -202,9 +202,11 @@ def test_a_tracker_nothing_refers_to_any_more_can_still_be_stopped():
     it. MemoryTracker.running is it."""
     model = nn.Linear(2, 2)
     memory.MemoryTracker(model).start()  # the reference is dropped at once
-    with pytest.raises(RuntimeError, match=r"MemoryTracker.running.stop\(\)"):
-        memory.MemoryTracker(model).start()
-    memory.MemoryTracker.running.stop()
+    try:
+        with pytest.raises(RuntimeError, match=r"MemoryTracker.running.stop\(\)"):
+            memory.MemoryTracker(model).start()
+    finally:  # (a failure here must not leave a tracker running for the next tests)
+        memory.MemoryTracker.running.stop()
     assert memory.MemoryTracker.running is None
     with memory.MemoryTracker(model) as tracker:
         assert memory.MemoryTracker.running is tracker

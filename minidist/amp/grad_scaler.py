@@ -66,7 +66,9 @@ class GradScaler:
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
     Raises ``ValueError`` for factors or an interval out of range, or float16 gradients to unscale
-    (float16 parameters: no master weights); ``RuntimeError`` for calls out of order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice), PyTorch's texts.
+    (float16 parameters: no master weights); ``RuntimeError`` for calls out of order (``unscale_``
+    twice, or after ``step``, before ``update``; ``step`` twice; ``update`` with neither since the last
+    one), and for a scale backed off to 0 (the loss is inf/NaN); PyTorch's texts where it has them.
     """
 
     def __init__(
