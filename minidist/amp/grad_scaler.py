@@ -19,12 +19,14 @@ DDP the gradients are equal on every rank already (no group needed, though one d
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from minidist import backend
 from minidist.autograd import Tensor
+from minidist.autograd.autocast import is_low
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
@@ -63,8 +65,10 @@ class GradScaler:
 
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
-    Raises ``ValueError`` for factors or an interval out of range; ``RuntimeError`` for calls out of
-    order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice), PyTorch's texts.
+    Raises ``ValueError`` for factors or an interval out of range, or float16 gradients to unscale
+    (float16 parameters: no master weights); ``RuntimeError`` for calls out of order (``unscale_``
+    twice, or after ``step``, before ``update``; ``step`` twice; ``update`` with neither since the last
+    one), and for a scale backed off to 0 (the loss is inf/NaN); PyTorch's texts where it has them.
     """
 
     def __init__(
@@ -76,8 +80,8 @@ class GradScaler:
         enabled: bool = True,
         group: Any = None,
     ) -> None:
-        if not init_scale > 0:
-            raise ValueError(f"GradScaler: init_scale must be positive, got {init_scale}")
+        if not 0 < init_scale < math.inf:  # inf: every loss would overflow and every step be skipped
+            raise ValueError(f"GradScaler: init_scale must be positive and finite, got {init_scale}")
         if not growth_factor > 1.0:
             raise ValueError(f"GradScaler: growth_factor must be > 1 got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
@@ -101,13 +105,19 @@ class GradScaler:
         return self._scale if self._enabled else 1.0
 
     def scale(self, outputs: Any) -> Any:
-        """``outputs`` (a loss Tensor, or a list/tuple of them) times S; unchanged when disabled."""
+        """``outputs`` (a loss Tensor, or a list/tuple of them) times S; unchanged when disabled.
+
+        A 2-byte float loss (float16, bfloat16) is cast to float32 first, as PyTorch's float32 scale
+        promotes it: 2^16 times a float16 loss above 1 is inf (float16's largest value is 65504), which
+        would skip every step. The cast is differentiable: the gradient reaches the loss in its dtype."""
         if not self._enabled:
             return outputs
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
         if not isinstance(outputs, Tensor):
             raise TypeError(f"GradScaler.scale: expected a Tensor (the loss), got {type(outputs).__name__}")
+        if is_low(outputs.dtype):
+            outputs = outputs.float()
         return outputs * self._scale
 
     def unscale_(self, optimizer: Any) -> None:
@@ -124,9 +134,25 @@ class GradScaler:
             )
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        if not self._scale > 0:  # backed off to 0 (float underflow): 1/S would be a ZeroDivisionError
+            raise RuntimeError(
+                f"GradScaler: the loss scale has backed off to {self._scale} after {self.skipped_steps} "
+                "skipped steps: the gradients are inf/NaN whatever the scale, so the loss itself is probably "
+                "inf/NaN (check the data, the learning rate, the model's output)"
+            )
         inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
+        params = _parameters(optimizer)
+        for p in params:  # checked before any gradient changes
+            if p.grad is not None and p.grad.dtype == np.float16:
+                # Unscaled in float16, the small gradients the scale rescued underflow again, and the
+                # optimizer would update float16 weights: no master weights (PyTorch refuses it too).
+                raise ValueError(
+                    f"GradScaler.unscale_: attempting to unscale FP16 gradients (a parameter of shape "
+                    f"{tuple(p.shape)} is float16): keep the parameters float32 (the master weights) "
+                    "and compute in float16 under md.autocast('float16')"
+                )
         found = False
-        for p in _parameters(optimizer):
+        for p in params:
             g = p.grad
             if g is None:
                 continue
@@ -167,6 +193,12 @@ class GradScaler:
         ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin."""
         if not self._enabled:
             return
+        if not self._per_optimizer and new_scale is None:
+            # Counting a step that never checked its gradients would grow the scale for nothing.
+            raise RuntimeError(
+                "No inf checks were recorded prior to update(): call scaler.step(optimizer) (or "
+                "scaler.unscale_(optimizer)) after backward and before update()"
+            )
         found = any(s["found_inf"] for s in self._per_optimizer.values())
         if found:
             self.skipped_steps += 1
@@ -178,7 +210,8 @@ class GradScaler:
         else:
             self._growth_tracker += 1
             if self._growth_tracker == self._growth_interval:
-                self._scale *= self._growth_factor
+                if math.isfinite(self._scale * self._growth_factor):  # as PyTorch: never grow to inf,
+                    self._scale *= self._growth_factor  # which no backoff could bring back
                 self._growth_tracker = 0
         self._per_optimizer = {}
 

@@ -6,7 +6,8 @@ Inside ``with minidist.autocast("bfloat16"):`` (as ``torch.autocast``) the ops f
   (``@``) and the two products of ``scaled_dot_product_attention``. Their inputs are rounded to the low
   dtype by a differentiable cast (``ops.dtypes.Cast``: its gradient is cast back to the input's dtype,
   so a float32 parameter, the *master weight*, still gets a float32 ``.grad``); they return, save for
-  backward, and pass back gradients in the low dtype.
+  backward, and pass back gradients in the low dtype. float64 inputs are left as they are (as in
+  PyTorch, only float32 is cast: float64 means more precision was asked for).
 * **float32** (PyTorch's "fp32" list): ``softmax``, ``log_softmax``, ``cross_entropy``, ``layer_norm``,
   ``sum``, ``mean``, ``exp``, ``log``: a low-precision input is cast to float32 first, because their
   sums and exponentials lose too much in 8 (bfloat16) or 11 (float16) significant bits.
@@ -87,7 +88,9 @@ class autocast:  # noqa: N801  (torch's name: a context manager used like a func
 
     def __enter__(self) -> autocast:
         global low_dtype, emulated
-        self._previous = low_dtype, emulated
+        # A stack, not one slot: the same instance may be entered again inside itself (one autocast
+        # object kept by a training loop and used by a nested helper); each exit restores its own entry.
+        self.__dict__.setdefault("_previous", []).append((low_dtype, emulated))
         if self.enabled:
             from minidist import backend  # noqa: PLC0415
 
@@ -99,7 +102,7 @@ class autocast:  # noqa: N801  (torch's name: a context manager used like a func
 
     def __exit__(self, *exc: Any) -> None:
         global low_dtype, emulated
-        low_dtype, emulated = self._previous
+        low_dtype, emulated = self._previous.pop()
 
     def __call__(self, fn: Any) -> Any:
         import functools  # noqa: PLC0415

@@ -23,7 +23,7 @@ _active = False  # True while a tracker listens; allocated() checks only this wh
 _current: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _owners: dict[tuple[str, str], int] = {}  # (category, owner) -> bytes now, for the out-of-memory message
-_listeners: list = []  # callables(category) run after each change while active (the budget check)
+_listeners: list = []  # callables(category) run after each increase while active (the budget check)
 # Communication threads report too (FSDP frees a gradient buffer once its reduce-scatter has run): a
 # read-modify-write of the table must not interleave with the main thread's. Taken only while tracking.
 _lock = threading.RLock()
@@ -56,5 +56,6 @@ def allocated(category: str, nbytes: int, owner: str = "") -> None:
             _peak[category] = now
         key = (category, owner)
         _owners[key] = _owners.get(key, 0) + nbytes
+    if nbytes > 0:  # only growth is checked: freeing must never raise (clean-up after an error frees)
         for listener in _listeners:
             listener(category)

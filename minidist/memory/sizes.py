@@ -9,6 +9,7 @@ text: a plain number of bytes, or a number with a unit. Binary units (KiB, MiB, 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _UNITS = {
     "": 1,
@@ -52,7 +53,9 @@ def parse_size(text: str | int) -> int:
             "e.g. '1048576', '64MiB', '1.5GiB', '500MB' (units: B, KiB, MiB, GiB, TiB = powers of 1024; "
             "kB, MB, GB, TB = powers of 1000; K, M, G, T = KiB, MiB, GiB, TiB)"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    # Exact decimal arithmetic: float would read "1.001MB" as 1000999 bytes and overflow to an
+    # OverflowError (not this ValueError) on a number of 309 digits or more.
+    return int(Fraction(match.group(1)) * _UNITS[unit])
 
 
 def format_bytes(n: int) -> str:

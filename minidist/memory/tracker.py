@@ -6,8 +6,9 @@ reported by the autograd engine as ops record and release them (``activations.py
 parameters and communication buffers by the code that allocates them (``counters.allocated``). The
 tracker re-measures its own categories at the moments they change: when the model's forward starts,
 after each gradient accumulates into a parameter (backward), and after ``optimizer.step()`` and
-``zero_grad()``. Every change runs the budget check, so the error is raised by the allocation that would
-overflow, with the stack of the code that made it.
+``zero_grad()``. Every increase runs the budget check, so the error is raised by the allocation that would
+overflow, with the stack of the code that made it; a decrease never raises (the clean-up after an error
+frees memory, and must not fail again half-way).
 
 Usage (a context manager, or ``start()`` / ``stop()``)::
 
@@ -79,6 +80,10 @@ def _set_instance_attribute(obj: Any, name: str, value: Any, undo: list) -> None
     obj.__dict__[name] = value
 
     def restore() -> None:
+        if obj.__dict__.get(name, missing) is not value:
+            # Replaced after us (FSDP wrapped the model inside the tracked span: its unit forwards call
+            # ours): putting ``before`` back would undo that wrapper. Ours stays in its chain, harmless.
+            return
         if before is missing:
             obj.__dict__.pop(name, None)
         else:
@@ -100,10 +105,14 @@ class MemoryTracker:
             ``parse_size``); default: the environment variable ``MINIDIST_MEMORY_BUDGET``, else none.
         rank: named in ``table()``; default: the MPI launcher's rank variable, if any.
 
+    ``MemoryTracker.running`` (class attribute): the tracker running on this process, or None.
+
     Raises:
         OutOfMemoryError: (from the tracked code) when the total would exceed ``budget``.
         ValueError: an unreadable budget. RuntimeError: ``start()`` while another tracker runs.
     """
+
+    running: MemoryTracker | None = None
 
     def __init__(
         self,
@@ -132,7 +141,10 @@ class MemoryTracker:
     def start(self) -> MemoryTracker:
         """Reset the counters and start measuring (returns self)."""
         if counters._active:
-            raise RuntimeError("a MemoryTracker is already running on this process; stop() it first")
+            raise RuntimeError(
+                "a MemoryTracker is already running on this process; stop() it first (if nothing refers to "
+                "it any more, e.g. a notebook cell ran twice: MemoryTracker.running.stop())"
+            )
         for table in (counters._current, counters._peak):
             table.update(dict.fromkeys(counters.CATEGORIES, 0))
         counters._owners.clear()
@@ -141,6 +153,7 @@ class MemoryTracker:
         self._install_hooks()
         counters._listeners.append(self._on_change)
         counters._active = True
+        MemoryTracker.running = self
         try:
             self.measure()  # the parameters alone may exceed the budget: then stop before raising
         except BaseException:
@@ -153,6 +166,7 @@ class MemoryTracker:
         if not counters._active or self._on_change not in counters._listeners:
             return
         counters._active = False
+        MemoryTracker.running = None
         counters._listeners.remove(self._on_change)
         for undo in reversed(self._undo):
             undo()

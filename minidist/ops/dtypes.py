@@ -104,8 +104,11 @@ class RoundBFloat16(Function):
 
 def autocast_low(x: Any) -> Any:
     """``x`` rounded to autocast's low dtype for a low-precision op (a float Tensor; else ``x``)."""
-    if not isinstance(x, Tensor) or x._data.dtype.kind != "f":
-        return x  # None (no bias), an integer tensor, or a low one already (bfloat16's kind is "V")
+    if not isinstance(x, Tensor) or x._data.dtype.kind != "f" or x._data.dtype.itemsize == 8:
+        # None (no bias), an integer tensor, a low one already (bfloat16's kind is "V"), or float64:
+        # PyTorch's autocast leaves float64 alone (only float32 is "eligible"): whoever computes in
+        # float64 asked for more precision, not less.
+        return x
     if autocast.emulated:
         return RoundBFloat16.apply(x)
     return to(x, autocast.low_dtype)

@@ -104,9 +104,21 @@ class FlatUnit:
         """Submit the all-gather of this unit's parameters (no-op if gathered or already in flight)."""
         if self._full is not None or self._job is not None:
             return
+        # Counted before the buffers exist, so a budget refuses them before they are made; a refused
+        # gather is uncounted again (it never happens, and nothing would ever free it).
+        counted = []
+        try:
+            for category, nbytes in (
+                ("gathered_parameters", self.full_nbytes),
+                ("communication", self._staging_nbytes),
+            ):
+                counted.append((category, nbytes))
+                memory.allocated(category, nbytes, owner=self.name)
+        except BaseException:
+            for category, nbytes in counted:
+                memory.allocated(category, -nbytes, owner=self.name)
+            raise
         send = self.flat_shard.astype(self.param_dtype, copy=False)  # copy only for a lower param_dtype
-        memory.allocated("gathered_parameters", self.full_nbytes, owner=self.name)
-        memory.allocated("communication", self._staging_nbytes, owner=self.name)
         self._result = []
         result, group, dtype, name = self._result, self.group, self.dtype, self.name or "root"
 
@@ -176,13 +188,17 @@ class FlatUnit:
         """
         xp = self._xp
         flat = xp.zeros(self.layout.numel, dtype=self.reduce_dtype)
+        try:  # counted before the gradients move into it: a refusal (a budget) leaves them where they are
+            memory.allocated("communication", flat.nbytes, owner=self.name)
+        except BaseException:
+            memory.allocated("communication", -flat.nbytes, owner=self.name)
+            raise
         flags = np.zeros(len(self.params), dtype=np.int64)
         for i, (p, offset) in enumerate(zip(self.params, self.layout.offsets)):
             if p.grad is not None:
                 flat[offset : offset + p.size] = p.grad.reshape(-1)
                 flags[i] = 1
                 p.grad = None
-        memory.allocated("communication", flat.nbytes, owner=self.name)
         result: list[Any] = []
         # The job takes the buffer out of `pending` and drops it once sent, so a unit's full gradient
         # lives only until its reduce-scatter has run (while backward goes on), not until backward ends:
