@@ -53,6 +53,8 @@ class GradScaler:
         scaler.update()
 
     Args:
+        device: "cpu", "cuda" or None, first as in ``torch.amp.GradScaler("cuda")``; accepted and
+            ignored (minidist's backend decides where arrays live).
         init_scale: the first S (default 2^16).
         growth_factor: S *= this after ``growth_interval`` steps without inf/NaN (> 1).
         backoff_factor: S *= this after a step with inf/NaN (in (0, 1)).
@@ -63,12 +65,20 @@ class GradScaler:
 
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
-    Raises ``ValueError`` for factors or an interval out of range; ``RuntimeError`` for calls out of
-    order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice), PyTorch's texts.
+    Differences from PyTorch (tests/test_torch_oracle_issue21.py compares the two): the scale is a
+    Python float, not a tensor; ``state_dict`` has one more key, ``skipped_steps`` (each library loads
+    the other's); the arguments are checked (torch takes any factor); ``step`` on an optimizer whose
+    parameters have no gradient steps it (torch asserts) so that every rank of ``group`` reaches the
+    collective; ``scale`` of a non-Tensor is a ``TypeError`` (torch: ``ValueError``).
+
+    Raises ``ValueError`` for factors or an interval out of range, or another device; ``RuntimeError``
+    for calls out of order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice;
+    ``update`` with no ``step``/``unscale_`` since the last ``update``), PyTorch's texts.
     """
 
     def __init__(
         self,
+        device: str | None = None,
         init_scale: float = 2.0**16,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
@@ -76,6 +86,12 @@ class GradScaler:
         enabled: bool = True,
         group: Any = None,
     ) -> None:
+        if device not in (None, "cpu", "cuda"):  # torch.amp.GradScaler's first argument
+            raise ValueError(
+                f"GradScaler: the first argument is the device, 'cpu' or 'cuda' (as torch.amp.GradScaler; "
+                f"accepted and ignored: minidist's backend decides), got {device!r}; pass the scale as "
+                "init_scale=..."
+            )
         if not init_scale > 0:
             raise ValueError(f"GradScaler: init_scale must be positive, got {init_scale}")
         if not growth_factor > 1.0:
@@ -95,6 +111,24 @@ class GradScaler:
 
     def is_enabled(self) -> bool:
         return self._enabled
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._growth_interval = int(new_interval)
 
     def get_scale(self) -> float:
         """The current scale S (1.0 when disabled), a Python float."""
@@ -164,9 +198,13 @@ class GradScaler:
 
     def update(self, new_scale: float | None = None) -> None:
         """Adapt S after the step(s): back off if any optimizer found inf/NaN, grow after
-        ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin."""
+        ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin.
+        Raises ``RuntimeError`` when no ``step`` (or ``unscale_``) came since the last ``update``: a
+        second ``update`` would otherwise count a step that never ran towards growing the scale."""
         if not self._enabled:
             return
+        if not self._per_optimizer:
+            raise RuntimeError("No inf checks were recorded prior to update.")
         found = any(s["found_inf"] for s in self._per_optimizer.values())
         if found:
             self.skipped_steps += 1
