@@ -414,3 +414,27 @@ def test_memory_tracker_bytes_equal_what_torch_holds():
     # int (not an array, not counted): the only difference.
     steps = [s["step"] for s in topt.state.values()]
     assert report["optimizer_state"]["current"] == nbytes(moments) == nbytes(moments + steps) - 4 * len(steps)
+
+
+# ---------------------------------------------------------------------------------------- autocast API
+def test_autocast_takes_torchs_arguments_and_leaves_float64_alone():
+    # torch's dtype objects and device_type arguments, as a PyTorch user passes them
+    assert md.autocast("cpu", dtype=torch.bfloat16).dtype == md.autograd.autocast.low_precision_dtype(
+        "bfloat16"
+    )
+    assert md.autocast("cuda", dtype=torch.float16).dtype == np.float16
+    with md.autocast("cpu", dtype=torch.float16):
+        assert md.is_autocast_enabled("cpu") is True
+        assert md.get_autocast_dtype("cpu") == np.float16
+    assert md.is_autocast_enabled("cpu") is False and md.get_autocast_dtype("cpu") is None
+    # float64 is not autocast-eligible in torch: a float64 product stays float64, bit for bit
+    a, b = np.random.default_rng(4).standard_normal((2, 3, 3))
+    with md.autocast("bfloat16"):
+        mine = md.tensor(a) @ md.tensor(b)
+        linear = F.linear(md.tensor(a), md.tensor(b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = torch.tensor(a) @ torch.tensor(b)
+    assert mine.dtype == np.float64 and theirs.dtype == torch.float64 and linear.dtype == np.float64
+    np.testing.assert_array_equal(mine.data, a @ b)  # NumPy's float64 product, unrounded
+    # torch's float64 kernel sums the 3 terms with FMAs or in another order: a few ulps of float64
+    np.testing.assert_allclose(mine.data, theirs.numpy(), rtol=1e-14, atol=1e-15)

@@ -3,10 +3,11 @@
 Inside ``with minidist.autocast("bfloat16"):`` (as ``torch.autocast``) the ops fall in three kinds:
 
 * **low precision** (PyTorch's "lower_precision_fp" list): ``linear`` / ``nn.Linear``, ``matmul``
-  (``@``) and the two products of ``scaled_dot_product_attention``. Their inputs are rounded to the low
-  dtype by a differentiable cast (``ops.dtypes.Cast``: its gradient is cast back to the input's dtype,
-  so a float32 parameter, the *master weight*, still gets a float32 ``.grad``); they return, save for
-  backward, and pass back gradients in the low dtype.
+  (``@``) and the two products of ``scaled_dot_product_attention``. Their float32 inputs (float64 ones
+  are left alone, as PyTorch's autocast leaves them) are rounded to the low dtype by a differentiable
+  cast (``ops.dtypes.Cast``: its gradient is cast back to the input's dtype, so a float32 parameter,
+  the *master weight*, still gets a float32 ``.grad``); they return, save for backward, and pass back
+  gradients in the low dtype.
 * **float32** (PyTorch's "fp32" list): ``softmax``, ``log_softmax``, ``cross_entropy``, ``layer_norm``,
   ``sum``, ``mean``, ``exp``, ``log``: a low-precision input is cast to float32 first, because their
   sums and exponentials lose too much in 8 (bfloat16) or 11 (float16) significant bits.
@@ -63,7 +64,9 @@ def is_low(dtype: Any) -> bool:
 def low_precision_dtype(name: Any) -> np.dtype:
     """The NumPy dtype for ``"bfloat16"`` / ``"float16"`` (or such a dtype). ``ml_dtypes`` is imported
     here, on first use (its import costs ~1 s of CPU). Raises ``ValueError`` for any other dtype."""
-    text = getattr(name, "__name__", None) or str(np.dtype(name) if not isinstance(name, str) else name)
+    text = name if isinstance(name, str) else getattr(name, "__name__", None)
+    if text is None:  # torch.bfloat16 (no __name__, and NumPy cannot read it) or a NumPy dtype
+        text = str(name) if str(name).startswith("torch.") else str(np.dtype(name))
     text = text.replace("torch.", "")
     if text in ("bfloat16", "bf16"):
         import ml_dtypes  # noqa: PLC0415
@@ -134,13 +137,16 @@ def paused() -> Iterator[None]:
         low_dtype, emulated = previous
 
 
-def is_autocast_enabled() -> bool:
-    """Whether an ``autocast`` block is active (as ``torch.is_autocast_enabled``)."""
+def is_autocast_enabled(device_type: str | None = None) -> bool:
+    """Whether an ``autocast`` block is active (as ``torch.is_autocast_enabled``; ``device_type`` is
+    accepted for its signature and ignored: one autocast state serves the backend in use)."""
     return low_dtype is not None
 
 
-def get_autocast_dtype() -> np.dtype | None:
-    """The low dtype of the active ``autocast`` block, or None outside one."""
+def get_autocast_dtype(device_type: str | None = None) -> np.dtype | None:
+    """The low dtype of the active ``autocast`` block, or None outside one (unlike
+    ``torch.get_autocast_dtype(device_type)``, which returns the device's default low dtype even
+    outside a block). ``device_type`` is accepted for torch's signature and ignored."""
     return low_dtype
 
 

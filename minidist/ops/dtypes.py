@@ -103,9 +103,12 @@ class RoundBFloat16(Function):
 
 
 def autocast_low(x: Any) -> Any:
-    """``x`` rounded to autocast's low dtype for a low-precision op (a float Tensor; else ``x``)."""
-    if not isinstance(x, Tensor) or x._data.dtype.kind != "f":
-        return x  # None (no bias), an integer tensor, or a low one already (bfloat16's kind is "V")
+    """``x`` rounded to autocast's low dtype for a low-precision op (a float Tensor; else ``x``).
+
+    float64 is not cast, as in PyTorch (a float64 tensor is not "autocast-eligible"): a float64 model
+    or input keeps its precision inside ``autocast``, which is meant for float32 ones."""
+    if not isinstance(x, Tensor) or x._data.dtype.kind != "f" or x._data.dtype.itemsize == 8:
+        return x  # None (no bias), an integer or float64 tensor, or a low one (bfloat16's kind is "V")
     if autocast.emulated:
         return RoundBFloat16.apply(x)
     return to(x, autocast.low_dtype)
