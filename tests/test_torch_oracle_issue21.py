@@ -438,3 +438,19 @@ def test_autocast_takes_torchs_arguments_and_leaves_float64_alone():
     np.testing.assert_array_equal(mine.data, a @ b)  # NumPy's float64 product, unrounded
     # torch's float64 kernel sums the 3 terms with FMAs or in another order: a few ulps of float64
     np.testing.assert_allclose(mine.data, theirs.numpy(), rtol=1e-14, atol=1e-15)
+
+
+def test_grad_scaler_refuses_float16_parameters_as_torch():
+    w0 = np.ones(3, dtype=np.float16)
+    wm, wt = md.tensor(w0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    texts = []
+    for scaler, optimizer, w in (
+        (GradScaler(), md.optim.SGD([wm], lr=0.1), wm),
+        (torch.amp.GradScaler("cpu"), torch.optim.SGD([wt], lr=0.1), wt),
+    ):
+        scaler.scale((w * w).sum()).backward()
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients.") as info:
+            scaler.step(optimizer)
+        texts.append(str(info.value))
+    assert texts[0].startswith(texts[1])  # torch's text, then minidist's advice
+    np.testing.assert_array_equal(wm.data, w0)  # no step taken

@@ -71,7 +71,8 @@ class GradScaler:
     parameters have no gradient steps it (torch asserts) so that every rank of ``group`` reaches the
     collective; ``scale`` of a non-Tensor is a ``TypeError`` (torch: ``ValueError``).
 
-    Raises ``ValueError`` for factors or an interval out of range, or another device; ``RuntimeError``
+    Raises ``ValueError`` for factors or an interval out of range, another device, or (``unscale_``,
+    ``step``) float16 parameters, PyTorch's "Attempting to unscale FP16 gradients."; ``RuntimeError``
     for calls out of order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice;
     ``update`` with no ``step``/``unscale_`` since the last ``update``), PyTorch's texts.
     """
@@ -158,9 +159,18 @@ class GradScaler:
             )
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        params = _parameters(optimizer)
+        # float16 parameters (not float32 master weights): the unscaled update would be lost to their
+        # rounding. Checked on the parameters, which every rank of a group holds (a gradient may be
+        # missing on one), so all ranks raise before the collective. PyTorch's text, then the fix.
+        if any(p.dtype == np.float16 for p in params):
+            raise ValueError(
+                "Attempting to unscale FP16 gradients. GradScaler is for float32 parameters (master "
+                "weights) trained under minidist.autocast('float16'); keep the model in float32"
+            )
         inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
         found = False
-        for p in _parameters(optimizer):
+        for p in params:
             g = p.grad
             if g is None:
                 continue
