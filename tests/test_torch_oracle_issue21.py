@@ -380,24 +380,33 @@ def test_fsdp_has_torchs_method_names():
 
 
 # ---------------------------------------------------------------------------------------- memory
-def test_memory_tracker_bytes_equal_what_torch_holds():
-    config = dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
-    md.manual_seed(0)
+@pytest.mark.parametrize(("opt_name", "low"), [("AdamW", None), ("SGD", "bfloat16")])
+def test_memory_tracker_bytes_equal_what_torch_holds(opt_name, low):
+    """After a step (AdamW in float32; SGD with momentum under bfloat16 autocast, float32 master
+    weights in both) and after zero_grad (gradients set to None in both)."""
     from minidist.models import GPT, GPTConfig
 
+    config = dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    md.manual_seed(0)
     gpt = GPT(GPTConfig(**config))
-    opt = md.optim.AdamW(gpt.parameters(), lr=1e-3)
+    kwargs = {"momentum": 0.9} if opt_name == "SGD" else {}
+    opt = getattr(md.optim, opt_name)(gpt.parameters(), lr=1e-3, **kwargs)
     model = TorchGPT(**config)
     load_minidist(model, {n: p.data for n, p in gpt.named_parameters()})
-    topt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    topt = getattr(torch.optim, opt_name)(model.parameters(), lr=1e-3, **kwargs)
     ids = np.random.default_rng(0).integers(0, 11, (2, 9))
     with memory.MemoryTracker(gpt, opt) as tracker:
-        loss = F.cross_entropy(gpt(ids[:, :-1]).reshape(-1, 11), ids[:, 1:].reshape(-1))
+        with md.autocast(low or "bfloat16", enabled=low is not None):
+            loss = F.cross_entropy(gpt(ids[:, :-1]).reshape(-1, 11), ids[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         report = tracker.report()
-    logits = model(torch.tensor(ids[:, :-1]))
-    TF.cross_entropy(logits.reshape(-1, 11), torch.tensor(ids[:, 1:]).reshape(-1)).backward()
+        opt.zero_grad()
+        cleared = tracker.report()["gradients"]["current"]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low is not None):
+        logits = model(torch.tensor(ids[:, :-1]))
+        loss = TF.cross_entropy(logits.reshape(-1, 11), torch.tensor(ids[:, 1:]).reshape(-1))
+    loss.backward()
     topt.step()
 
     def nbytes(tensors):
@@ -409,11 +418,22 @@ def test_memory_tracker_bytes_equal_what_torch_holds():
     tparams = list(model.parameters())  # the tied embedding once, in both
     assert report["parameters"]["current"] == nbytes(tparams)
     assert report["gradients"]["current"] == nbytes(p.grad for p in tparams)
-    moments = [s[k] for s in topt.state.values() for k in ("exp_avg", "exp_avg_sq")]
-    # torch also keeps each parameter's step count as a float32 tensor (4 bytes); minidist a Python
-    # int (not an array, not counted): the only difference.
-    steps = [s["step"] for s in topt.state.values()]
-    assert report["optimizer_state"]["current"] == nbytes(moments) == nbytes(moments + steps) - 4 * len(steps)
+    if opt_name == "SGD":
+        assert report["optimizer_state"]["current"] == nbytes(
+            s["momentum_buffer"] for s in topt.state.values()
+        )
+    else:
+        moments = [s[k] for s in topt.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        # torch also keeps each parameter's step count as a float32 tensor (4 bytes); minidist a
+        # Python int (not an array, not counted): the only difference.
+        steps = [s["step"] for s in topt.state.values()]
+        assert (
+            report["optimizer_state"]["current"]
+            == nbytes(moments)
+            == nbytes(moments + steps) - 4 * len(steps)
+        )
+    topt.zero_grad()
+    assert cleared == 0 and all(p.grad is None for p in tparams)
 
 
 # ---------------------------------------------------------------------------------------- autocast API
