@@ -465,8 +465,8 @@ def test_grad_scaler_refuses_float16_parameters_as_torch():
     wm, wt = md.tensor(w0, requires_grad=True), torch.tensor(w0, requires_grad=True)
     texts = []
     for scaler, optimizer, w in (
-        (GradScaler(), md.optim.SGD([wm], lr=0.1), wm),
-        (torch.amp.GradScaler("cpu"), torch.optim.SGD([wt], lr=0.1), wt),
+        (GradScaler(init_scale=4.0), md.optim.SGD([wm], lr=0.1), wm),  # (2^16 overflows float16)
+        (torch.amp.GradScaler("cpu", init_scale=4.0), torch.optim.SGD([wt], lr=0.1), wt),
     ):
         scaler.scale((w * w).sum()).backward()
         with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients.") as info:
