@@ -44,7 +44,7 @@ def test_gradscaler_refuses_to_unscale_float16_gradients():
     w = md.tensor(np.array([1.0, 2.0], dtype=np.float16), requires_grad=True)
     scaler = GradScaler(init_scale=2.0**4)
     scaler.scale(w.sum()).backward()
-    with pytest.raises(ValueError, match="attempting to unscale FP16 gradients"):
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
         scaler.step(optim.SGD([w], lr=0.1))
     np.testing.assert_array_equal(w.grad, [16.0, 16.0])  # untouched
 

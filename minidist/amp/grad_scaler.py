@@ -55,6 +55,8 @@ class GradScaler:
         scaler.update()
 
     Args:
+        device: "cpu", "cuda" or None, first as in ``torch.amp.GradScaler("cuda")``; accepted and
+            ignored (minidist's backend decides where arrays live).
         init_scale: the first S (default 2^16).
         growth_factor: S *= this after ``growth_interval`` steps without inf/NaN (> 1).
         backoff_factor: S *= this after a step with inf/NaN (in (0, 1)).
@@ -65,14 +67,22 @@ class GradScaler:
 
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
-    Raises ``ValueError`` for factors or an interval out of range, or float16 gradients to unscale
-    (float16 parameters: no master weights); ``RuntimeError`` for calls out of order (``unscale_``
-    twice, or after ``step``, before ``update``; ``step`` twice; ``update`` with neither since the last
-    one), and for a scale backed off to 0 (the loss is inf/NaN); PyTorch's texts where it has them.
+    Differences from PyTorch (tests/test_torch_oracle_issue21.py compares the two): the scale is a
+    Python float, not a tensor; ``state_dict`` has one more key, ``skipped_steps`` (each library loads
+    the other's); the arguments are checked (torch takes any factor); ``step`` on an optimizer whose
+    parameters have no gradient steps it (torch asserts) so that every rank of ``group`` reaches the
+    collective; ``scale`` of a non-Tensor is a ``TypeError`` (torch: ``ValueError``).
+
+    Raises ``ValueError`` for factors or an interval out of range, another device, or (``unscale_``,
+    ``step``) float16 parameters, PyTorch's "Attempting to unscale FP16 gradients."; ``RuntimeError``
+    for calls out of order (``unscale_`` twice, or after ``step``, before ``update``; ``step`` twice;
+    ``update`` with no ``step``/``unscale_`` since the last ``update``), PyTorch's texts, and for a
+    scale backed off to 0 (the loss itself is then inf/NaN).
     """
 
     def __init__(
         self,
+        device: str | None = None,
         init_scale: float = 2.0**16,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
@@ -80,6 +90,12 @@ class GradScaler:
         enabled: bool = True,
         group: Any = None,
     ) -> None:
+        if device not in (None, "cpu", "cuda"):  # torch.amp.GradScaler's first argument
+            raise ValueError(
+                f"GradScaler: the first argument is the device, 'cpu' or 'cuda' (as torch.amp.GradScaler; "
+                f"accepted and ignored: minidist's backend decides), got {device!r}; pass the scale as "
+                "init_scale=..."
+            )
         if not 0 < init_scale < math.inf:  # inf: every loss would overflow and every step be skipped
             raise ValueError(f"GradScaler: init_scale must be positive and finite, got {init_scale}")
         if not growth_factor > 1.0:
@@ -99,6 +115,24 @@ class GradScaler:
 
     def is_enabled(self) -> bool:
         return self._enabled
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._growth_interval = int(new_interval)
 
     def get_scale(self) -> float:
         """The current scale S (1.0 when disabled), a Python float."""
@@ -140,17 +174,16 @@ class GradScaler:
                 "skipped steps: the gradients are inf/NaN whatever the scale, so the loss itself is probably "
                 "inf/NaN (check the data, the learning rate, the model's output)"
             )
-        inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
         params = _parameters(optimizer)
-        for p in params:  # checked before any gradient changes
-            if p.grad is not None and p.grad.dtype == np.float16:
-                # Unscaled in float16, the small gradients the scale rescued underflow again, and the
-                # optimizer would update float16 weights: no master weights (PyTorch refuses it too).
-                raise ValueError(
-                    f"GradScaler.unscale_: attempting to unscale FP16 gradients (a parameter of shape "
-                    f"{tuple(p.shape)} is float16): keep the parameters float32 (the master weights) "
-                    "and compute in float16 under md.autocast('float16')"
-                )
+        # float16 parameters (not float32 master weights): the unscaled update would be lost to their
+        # rounding. Checked on the parameters, which every rank of a group holds (a gradient may be
+        # missing on one), so all ranks raise before the collective. PyTorch's text, then the fix.
+        if any(p.dtype == np.float16 for p in params):
+            raise ValueError(
+                "Attempting to unscale FP16 gradients. GradScaler is for float32 parameters (master "
+                "weights) trained under minidist.autocast('float16'); keep the model in float32"
+            )
+        inverse = 1.0 / self._scale  # exact: S is a power of two with the default factors
         found = False
         for p in params:
             g = p.grad
@@ -190,15 +223,15 @@ class GradScaler:
 
     def update(self, new_scale: float | None = None) -> None:
         """Adapt S after the step(s): back off if any optimizer found inf/NaN, grow after
-        ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin."""
+        ``growth_interval`` good steps; or set it to ``new_scale``. Then a new step may begin.
+        Raises ``RuntimeError`` when no ``step`` (or ``unscale_``) came since the last ``update``: a
+        second ``update`` would otherwise count a step that never ran towards growing the scale."""
         if not self._enabled:
             return
         if not self._per_optimizer and new_scale is None:
-            # Counting a step that never checked its gradients would grow the scale for nothing.
-            raise RuntimeError(
-                "No inf checks were recorded prior to update(): call scaler.step(optimizer) (or "
-                "scaler.unscale_(optimizer)) after backward and before update()"
-            )
+            # Counting a step that never checked its gradients would grow the scale for nothing. PyTorch's
+            # text, word for word (tests/test_torch_oracle_issue21.py): call step(optimizer) first.
+            raise RuntimeError("No inf checks were recorded prior to update.")
         found = any(s["found_inf"] for s in self._per_optimizer.values())
         if found:
             self.skipped_steps += 1

@@ -14,6 +14,16 @@ Inside ``with minidist.autocast("bfloat16"):`` (as ``torch.autocast``) the ops f
 * **everything else** (``gelu``, ``dropout``, ``relu``, ``*``, ``+`` ...) keeps its input's dtype, as in
   PyTorch: low in, low out. ``x + residual`` of a low and a float32 tensor promotes to float32.
 
+The two lists are those of ``torch.autocast("cuda")``. ``torch.autocast("cpu")`` differs, deliberately
+not followed here: its softmax, log_softmax, layer_norm, sum, mean, exp and log take a low input and
+return the low dtype (computed in float32 inside and rounded), where these return float32; rounded to
+the low dtype, minidist's values are torch's bits (log_softmax: torch rounds intermediates, so it is
+<= 2 ulps off, more near 0). Its cross_entropy returns float32, as here. Products, gelu, relu and adds
+give torch CPU's dtypes and bits (gelu: an ulp of the low dtype apart at a few values, two erf codes).
+``scaled_dot_product_attention``: torch's CPU kernel rounds the softmax weights to the low dtype
+before multiplying V; minidist keeps them in float32 (closer to the exact result). The float32 master
+gradients of a small MLP under bfloat16 equal torch's to the bit (tests/test_torch_oracle_issue21.py).
+
 How it is computed here, and why: NumPy's float16 arithmetic is ~200x slower than float32's, and
 ml_dtypes' bfloat16 ufuncs are slow too, so no op does elementwise arithmetic in a 2-byte dtype.
 Low-precision arrays are *stored* in the low dtype (real half bytes: saved activations take half the
@@ -54,7 +64,9 @@ def is_low(dtype: Any) -> bool:
 def low_precision_dtype(name: Any) -> np.dtype:
     """The NumPy dtype for ``"bfloat16"`` / ``"float16"`` (or such a dtype). ``ml_dtypes`` is imported
     here, on first use (its import costs ~1 s of CPU). Raises ``ValueError`` for any other dtype."""
-    text = getattr(name, "__name__", None) or str(np.dtype(name) if not isinstance(name, str) else name)
+    text = name if isinstance(name, str) else getattr(name, "__name__", None)
+    if text is None:  # torch.bfloat16 (no __name__, and NumPy cannot read it) or a NumPy dtype
+        text = str(name) if str(name).startswith("torch.") else str(np.dtype(name))
     text = text.replace("torch.", "")
     if text in ("bfloat16", "bf16"):
         import ml_dtypes  # noqa: PLC0415
@@ -69,7 +81,8 @@ def low_precision_dtype(name: Any) -> np.dtype:
 
 
 class autocast:  # noqa: N801  (torch's name: a context manager used like a function)
-    """Run the ops inside in mixed precision (module docstring), as ``torch.autocast``.
+    """Run the ops inside in mixed precision (module docstring), as ``torch.autocast`` (with the op lists
+    of its CUDA autocast on every device: the module docstring says where torch's CPU lists differ).
 
     ``dtype``: "bfloat16" (default, as torch's CPU autocast) or "float16". ``enabled=False`` makes the
     block run in float32, as if there were no ``autocast``. Nested blocks restore the outer setting on
@@ -126,13 +139,16 @@ def paused() -> Iterator[None]:
         low_dtype, emulated = previous
 
 
-def is_autocast_enabled() -> bool:
-    """Whether an ``autocast`` block is active (as ``torch.is_autocast_enabled``)."""
+def is_autocast_enabled(device_type: str | None = None) -> bool:
+    """Whether an ``autocast`` block is active (as ``torch.is_autocast_enabled``; ``device_type`` is
+    accepted for its signature and ignored: one autocast state serves the backend in use)."""
     return low_dtype is not None
 
 
-def get_autocast_dtype() -> np.dtype | None:
-    """The low dtype of the active ``autocast`` block, or None outside one."""
+def get_autocast_dtype(device_type: str | None = None) -> np.dtype | None:
+    """The low dtype of the active ``autocast`` block, or None outside one (unlike
+    ``torch.get_autocast_dtype(device_type)``, which returns the device's default low dtype even
+    outside a block). ``device_type`` is accepted for torch's signature and ignored."""
     return low_dtype
 
 

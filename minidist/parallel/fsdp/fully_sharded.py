@@ -81,6 +81,16 @@ class FullyShardedDataParallel(Module):
     stale numbers); ``state_dict()`` gives the full values. A unit's parameters must be used only
     inside its own forward (or be root parameters). A unit's ``forward`` must return one Tensor.
 
+    Names against ``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1): ``group`` is its
+    ``process_group``, ``wrap`` its ``auto_wrap_policy`` (a class tuple or predicate, not a policy
+    object), ``param_dtype`` / ``reduce_dtype`` the fields of its ``MixedPrecision``, ``prefetch=True``
+    its ``forward_prefetch=True`` with ``backward_prefetch=BACKWARD_PRE``. ``no_sync``,
+    ``summon_full_params``, ``clip_grad_norm_`` (returns a Python float, torch a tensor),
+    ``state_dict`` (torch's default ``FULL_STATE_DICT``: full values, the model's names, on every rank)
+    and ``load_state_dict`` behave as torch's. Unlike torch's flat parameters, ``named_parameters()``
+    names each shard ``"<name>[lo:hi]"``. Trained on 2 ranks with AdamW and clipping, the GPT equals
+    PyTorch's on one process (tests/test_torch_oracle_issue21.py).
+
     Attributes:
         units: the ``FlatUnit`` s, root first (see ``flat_unit.py``: ``.name``, ``.params``,
             ``.names``, ``.layout``, ``.shards``, ``.flat_shard``).
