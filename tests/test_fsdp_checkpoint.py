@@ -93,6 +93,11 @@ def test_an_optimizer_over_the_wrong_tensors_is_an_error_on_every_rank(run):
             assert message is not None, (what, r)
             assert "is not a shard tensor" in message and "fsdp.parameters()" in message
         assert info[f"unchanged_{r}"], r
+        # Over the wrapped model's own parameters the optimizer itself refuses (else it trains nothing,
+        # silently: FSDP leaves empty arrays there), naming what to pass instead.
+        built = info[f"wrong_build_{r}"]
+        assert built is not None and "sharded by FullyShardedDataParallel" in built, built
+        assert "fsdp.shard_param_groups(groups)" in built, built
     assert not (run / "ckpt" / "wrong").exists() or not any((run / "ckpt" / "wrong").glob("step_*"))
 
 

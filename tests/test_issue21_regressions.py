@@ -212,3 +212,15 @@ def test_a_tracker_nothing_refers_to_any_more_can_still_be_stopped():
         assert memory.MemoryTracker.running is tracker
     assert memory.MemoryTracker.running is None
     assert tracker.report()["parameters"]["current"] == 6 * 4  # 2x2 weight + 2 bias, float32
+
+
+def test_an_optimizer_over_an_fsdp_models_own_parameters_is_refused():
+    """AdamW(model.parameters()) after FullyShardedDataParallel(model) trained nothing, silently (the
+    breaker's loss stayed at 0.07742342 for 3 steps): FSDP leaves empty arrays in the original
+    parameters and trains its shard tensors. The optimizer now refuses them and says what to pass."""
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    fsdp = FullyShardedDataParallel(model, wrap=nn.Linear)
+    with pytest.raises(ValueError, match=r"sharded by FullyShardedDataParallel .*fsdp\.parameters\(\)"):
+        optim.AdamW(model.parameters(), lr=1e-3)
+    optim.AdamW(fsdp.parameters(), lr=1e-3)  # the shard tensors: accepted

@@ -60,6 +60,14 @@ class Optimizer:
         for p in params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizers take tensors (model.parameters()), got a {type(p).__name__}")
+            if getattr(p, "_fsdp_unit_name", None) is not None:
+                # FSDP keeps empty arrays in the original parameters and steps shard tensors: an
+                # optimizer over these would silently train nothing (duck-typed: optim imports no nn).
+                raise ValueError(
+                    f"a parameter of shape {tuple(p.shape)} is sharded by FullyShardedDataParallel "
+                    f"(unit {p._fsdp_unit_name!r}): build the optimizer over fsdp.parameters() or "
+                    "fsdp.shard_param_groups(groups), whose shard tensors FSDP trains"
+                )
             if id(p) in seen:
                 continue  # a parameter shared by two layers is updated once
             if id(p) in taken:

@@ -75,8 +75,10 @@ class FlatUnit:
         self._result: list[Any] = []  # where the job puts the gathered buffer
         self._full: Any = None  # the gathered flat buffer while gathered
         self._reduces: list[
-            tuple[Job, int, list]
-        ] = []  # reduce-scatters not yet waited for: job, bytes, result
+            tuple[Job, list, list]
+        ] = []  # reduce-scatters not yet waited for: job, the buffer until sent, result
+        for p in self.params:  # an optimizer over these would step nothing: it refuses them (Optimizer)
+            p._fsdp_unit_name = self.name or "root"
         # Between uses: shape (0,) * ndim (at least 1-D), so ``p.ndim`` still tells a matrix from a
         # vector (weight-decay groups are built from it) while any read of values fails at once.
         self._empties = [xp.empty((0,) * max(len(s), 1), dtype=self.dtype) for s in self.shapes]

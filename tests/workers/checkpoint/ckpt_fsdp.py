@@ -150,8 +150,15 @@ def main() -> None:
         info[f"clip_{p}_{world.rank}"] = [ours, f4.model.clip_grad_norm_(1e9, norm_type=p)]
     f4.opt.zero_grad()
 
-    # 6. An optimizer over the model's own parameters: FSDP steps shard tensors. Every rank raises.
-    wrong = optim.AdamW(f4.gpt.parameters(), lr=LR)
+    # 6. An optimizer over the model's own parameters: FSDP steps shard tensors, so the optimizer refuses
+    # them at once; one over another model's tensors gets as far as the checkpoint. Every rank raises.
+    try:
+        optim.AdamW(f4.gpt.parameters(), lr=LR)
+        info[f"wrong_build_{world.rank}"] = None
+    except ValueError as err:
+        info[f"wrong_build_{world.rank}"] = str(err)
+    md.manual_seed(5)
+    wrong = optim.AdamW(GPT(CONFIG).parameters(), lr=LR)
     try:
         checkpoint.save(ckpt / "wrong", f4.model, wrong, step=2, mesh=f4.mesh)
         info[f"wrong_{world.rank}"] = None
