@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import compileall
+import importlib.util
 import json
 import os
 import shutil
@@ -143,10 +145,23 @@ def test_release_never_deletes_what_it_did_not_write(tmp_path):
     assert (copy / "minidist").is_dir()
 
 
+@pytest.fixture(scope="module")
+def compiled() -> None:
+    """Bytecode next to the reference's sources, as any earlier run leaves it where Python may write it.
+
+    The grader's processes write none (``PYTHONDONTWRITEBYTECODE``: nothing in a student's folder) and
+    neither does this machine's environment, so without this every probe, pytest child and MPI rank
+    compiled minidist anew: ~0.2 s of CPU each, a fifth of the A2 grading. Python checks each .pyc
+    against its source's mtime and size, so an edited file is compiled from its source all the same.
+    """
+    for folder in (REPO / "minidist", REPO / "lessons" / "assignments"):
+        compileall.compile_dir(folder, quiet=1)
+
+
 # A1 is graded in test_grading_workflow.py's class workflow: "alice" hands in a copy of the reference and
 # must score 28 of 28, public and hidden tests (the same check, through the command line): not twice.
 @pytest.mark.parametrize("assignment", [a for a in ASSIGNMENTS if a != "A1"])
-def test_reference_scores_full_marks(assignment):
+def test_reference_scores_full_marks(assignment, compiled):
     report = grade(assignment)
     assert report.score == report.max_score > 0, report.table()
     assert not report.notes, report.notes  # hidden tests were found and run
@@ -342,14 +357,16 @@ MUTANTS = [
     "assignment, task, file, old, new, words, timeout", MUTANTS, ids=[f"{m[1]}-{m[5]}" for m in MUTANTS]
 )
 def test_a_plausible_mistake_loses_the_task_and_is_named(
-    tmp_path, assignment, task, file, old, new, words, timeout
+    tmp_path, assignment, task, file, old, new, words, timeout, compiled
 ):
     copy = tmp_path / "student"
-    shutil.copytree(REPO / "minidist", copy / "minidist", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "minidist", copy / "minidist")  # with the bytecode (mtimes kept), see compiled
     target = copy / file
     source = target.read_text()
     assert source.count(old) == 1, f"mutant for {task}: {old!r} must occur once in {file}"
     target.write_text(source.replace(old, new))
+    # The patched file's bytecode goes: the mutant is certainly compiled from its patched source.
+    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
     report = grade(assignment, copy, only_tasks=[task], include_hidden=False, timeout=timeout)
     assert report.points_of(task) < report.tasks[0].max_points, report.table()
     assert words in report.feedback_of(task), report.table()
@@ -472,10 +489,10 @@ RULE_BREAKERS = [
     ids=[f"{m[1]}-{m[5][:24]}" for m in RULE_BREAKERS],
 )
 def test_a_forbidden_call_loses_the_test_and_is_explained(
-    tmp_path, assignment, task, file, old, new, words, timeout
+    tmp_path, assignment, task, file, old, new, words, timeout, compiled
 ):
     test_a_plausible_mistake_loses_the_task_and_is_named(
-        tmp_path, assignment, task, file, old, new, words, timeout
+        tmp_path, assignment, task, file, old, new, words, timeout, compiled
     )
 
 

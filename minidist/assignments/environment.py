@@ -21,6 +21,9 @@ from minidist.assignments import layout
 STARTUP_LIMIT_S = 120.0  # from starting the child to its first test: imports and collection
 GRADE_EXTRA = "grade"  # pyproject.toml's extra with what grading needs beyond minidist's dependencies
 _TEST_MODULES = ("pytest", "hypothesis")  # what every assignment's tests import
+# The pytest plugins the child loads (``-p``; auto-loading is off, see child_env): hypothesis's, which
+# reports a falsifying example and checks ``@given`` tests' fixtures. Present whenever hypothesis is.
+CHILD_PLUGINS = ("_hypothesis_pytestplugin",)
 _MPI_MODULES = ("mpi4py",)  # also needed when the assignment launches MPI ranks (it has workers/)
 # Modules the grading needs that no student writes: the test modules, minidist's dependencies
 # (pyproject.toml) and the tests' shared helper. A missing module outside this list (say ``torch``,
@@ -60,6 +63,10 @@ def child_env(code: Path, limit: float, tmp: Path) -> dict[str, str]:
             "MKL_NUM_THREADS": "1",
             "PYTHONDONTWRITEBYTECODE": "1",  # leave no __pycache__ in a student's folder
             "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp / "hypothesis"),
+            # pytest rewrites the asserts of every module of an auto-loaded plugin's distribution: all
+            # of hypothesis (90 modules), and with no bytecode written, again in every child: ~1.5 s of
+            # CPU per child. The grader loads the one plugin the tests need by name instead (CHILD_PLUGINS).
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         }
     )
     return env

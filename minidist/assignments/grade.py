@@ -116,6 +116,7 @@ def _run_tests(specs: list[TestSpec], folder: Path, limit: float, env: dict, tmp
         round_no += 1
         report = tmp / f"report{round_no}.jsonl"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(base / "pytest.ini")]
+        cmd += [arg for plugin in environment.CHILD_PLUGINS for arg in ("-p", plugin)]
         cmd += ["--rootdir", str(base), "--import-mode=importlib", *(str(base / k) for k in pending)]
         events, hung, output = _watch(cmd, {**env, "MINIDIST_GRADE_REPORT": str(report)}, tmp, limit)
         for e in events:
