@@ -292,14 +292,18 @@ def test_the_gpt_one_rank_cannot_train_trains_on_four_with_fsdp_under_the_same_b
     # gradient is a nearly cancelling sum that rounding becomes a visible part of a step of lr = 1e-2
     # (lesson 10 measures ~1e-4 after 20 float32 steps; here up to 3e-5 after 3, varying run to run with
     # the reduction order: 7.8e-4 in one CI run; 99.5 % of the elements within 1e-6). Such an element can
-    # at most step the other way, 2 lr per step. So: every element within 2 lr STEPS, and 99 % of them
-    # within 1e-6, which a real difference in the computation (a missed or misplaced gradient moves
-    # every element of a tensor by a step of ~1e-2) breaks at once. (FSDP's own tests: float64, 1e-11.)
+    # at most step the other way, 2 lr per step, and how many do varies from run to run (99.5 % and 98.0 %
+    # of the elements within 1e-6 in two CI runs). So: every element within 2 lr STEPS, 95 % within 1e-6,
+    # and in EVERY tensor the median element within 1e-6, which a real difference in the computation (a
+    # missed or misplaced gradient moves most elements of a tensor by ~1e-2) breaks at once; the losses
+    # above too. (FSDP's own tests compare in float64, to 1e-11.)
     mean_loss = np.mean([r["fsdp"]["losses"] for r in ranks], axis=0)
     np.testing.assert_allclose(mean_loss, losses, rtol=1e-5)
     diffs = np.concatenate([np.abs(state[n] - p.data).ravel() for n, p in model.named_parameters()])
     assert diffs.max() < 2 * common.LR * common.STEPS, diffs.max()
-    assert np.mean(diffs < 1e-6) > 0.99, np.mean(diffs < 1e-6)
+    assert np.mean(diffs < 1e-6) > 0.95, np.mean(diffs < 1e-6)
+    medians = {n: float(np.median(np.abs(state[n] - p.data))) for n, p in model.named_parameters()}
+    assert max(medians.values()) < 1e-6, medians
 
 
 def _example(n: int, script: str, *args: str, env: dict | None = None, budget_rank0: str | None = None):
