@@ -233,6 +233,21 @@ def trained(tmp_path_factory):
     return run
 
 
+def assert_trains_like_one_process(one: dict, two: dict) -> None:
+    """The bounds the next test's docstring derives, for the --out files of one process and of two ranks."""
+    one.pop("ckpt"), two.pop("ckpt")
+    assert one.keys() == two.keys()
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-3)
+    assert two["losses"][0] == pytest.approx(one["losses"][0], abs=1e-6)
+    assert int(one["skipped_steps"]) == int(two["skipped_steps"])
+    diffs = []
+    for name in one:
+        if name not in ("losses", "val_loss", "train_loss", "skipped_steps"):
+            np.testing.assert_allclose(two[name], one[name], rtol=0, atol=2 * 2e-3 * 3, err_msg=name)
+            diffs.append(np.abs(two[name] - one[name]).ravel())
+    assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4  # the bulk agrees ~10x closer than one update
+
+
 @pytest.mark.parametrize(
     "flags", [("--dtype", "bfloat16"), ("--dtype", "float16", "--zero", "2")], ids=["bf16-ddp", "fp16-zero2"]
 )
@@ -249,17 +264,7 @@ def test_train_gpt_mixed_precision_on_2_ranks_matches_one_process(trained, flags
     the same rows, so rounds identically; after it they differ by what the parameters do (measured 4e-5).
     """
     one, two = dict(trained(1, *flags)), dict(trained(2, *flags))
-    one.pop("ckpt"), two.pop("ckpt")
-    assert one.keys() == two.keys()
-    np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-3)
-    assert two["losses"][0] == pytest.approx(one["losses"][0], abs=1e-6)
-    assert int(one["skipped_steps"]) == int(two["skipped_steps"])
-    diffs = []
-    for name in one:
-        if name not in ("losses", "val_loss", "train_loss", "skipped_steps"):
-            np.testing.assert_allclose(two[name], one[name], rtol=0, atol=2 * 2e-3 * 3, err_msg=name)
-            diffs.append(np.abs(two[name] - one[name]).ravel())
-    assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4  # the bulk agrees ~10x closer than one update
+    assert_trains_like_one_process(one, two)
 
 
 @pytest.mark.parametrize("low", ["bfloat16", "float16"])
@@ -270,17 +275,7 @@ def test_train_gpt_mixed_precision_under_fsdp_matches_one_process(trained, low):
     for the same reason (per-rank rounding of the batch's gradient sums); float16 also agrees on the
     skipped steps, with the GradScaler's inf check agreed over the world (each rank sees only its shards)."""
     one, two = dict(trained(1, "--dtype", low)), dict(trained(2, "--dtype", low, "--fsdp"))
-    one.pop("ckpt"), two.pop("ckpt")
-    assert one.keys() == two.keys()
-    np.testing.assert_allclose(two["losses"], one["losses"], rtol=0, atol=1e-3)
-    assert two["losses"][0] == pytest.approx(one["losses"][0], abs=1e-6)
-    assert int(one["skipped_steps"]) == int(two["skipped_steps"])
-    diffs = []
-    for name in one:
-        if name not in ("losses", "val_loss", "train_loss", "skipped_steps"):
-            np.testing.assert_allclose(two[name], one[name], rtol=0, atol=2 * 2e-3 * 3, err_msg=name)
-            diffs.append(np.abs(two[name] - one[name]).ravel())
-    assert np.quantile(np.concatenate(diffs), 0.99) < 2e-4
+    assert_trains_like_one_process(one, two)
 
 
 def test_autocast_on_the_cupy_stand_in_emulates_bfloat16_and_runs_float16(monkeypatch):
