@@ -426,13 +426,15 @@ def test_resume_on_another_mesh_matches_the_uninterrupted_run(runs):
 
 @pytest.mark.mpi
 def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, runs):
-    reference, reference_output = runs.folder("dp4 uninterrupted"), runs.stdout("dp4 uninterrupted")
+    # On 2 ranks (it was 4, against the dp4 run): a rank dies and the other is left waiting all the same,
+    # for 3.6 s of CPU instead of 10.8.
+    reference, reference_output = runs.folder("dp2 uninterrupted"), runs.stdout("dp2 uninterrupted")
     ckpt = tmp_path / "ckpt"
-    # Rank 2 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
+    # Rank 1 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
     killed = run_mpi(
-        4,
+        2,
         "training/train_mlp_killed.py",
-        "2:14",
+        "1:14",
         *CKPT_ARGS,
         "--checkpoint-dir",
         str(ckpt),
@@ -441,7 +443,7 @@ def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, runs
     )
     assert killed.returncode != 0
     assert (ckpt / "latest").read_text().strip() == "step_000000012"
-    resumed = train(4, ckpt, "--resume")
+    resumed = train(2, ckpt, "--resume")
     assert "step_000000012: step 12, epoch 2, batch 1 done" in resumed.stdout  # epoch 1 is 11 steps
     step, got = final_checkpoint(ckpt)
     assert step == 33
