@@ -10,9 +10,10 @@ step-2 checkpoint and must end where the uninterrupted one-process run ends.
 Coverage (each axis at least once): dp 2 x tp 2 x pp 2 (the tied token table across the stages, this tp
 rank's vocabulary shard: 63 characters over tp 2 is 32 + 31 rows), dp 2 x tp 2 x cp 2 with sequence
 parallelism (ring attention and the balanced split), tp 4 with sequence parallelism, cp 4, and dp 4 (the
-plain data-parallel path, and another dp size than the saver's 2) resuming a pipeline's checkpoint; dp 2 x tp 2 with sequence parallelism under
-FSDP (issue 21), whose checkpoint resumes on a pipeline, and tp 2 x cp 2 under FSDP resuming a
-pipeline's. Interleaved schedules of the GPT pipeline are tested on their own in test_pipeline_gpt.py.
+plain data-parallel path, and another dp size than the saver's 2) resuming a pipeline's checkpoint;
+dp 2 x tp 2 with sequence parallelism under FSDP (issue 21), whose checkpoint resumes on a pipeline, and
+tp 2 x cp 2 under FSDP resuming a pipeline's. Interleaved schedules of the GPT pipeline are tested on
+their own in test_pipeline_gpt.py.
 
 Tolerance: 1e-10 relative (float64). Only the order of floating-point sums differs from one process: the
 row-parallel partial products summed over tp, the loss's sums over vocabulary slices, the ring's online
