@@ -79,7 +79,6 @@ RUNS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "3d dropout resumed": ("2,2,2", ("--steps", str(STEPS), *DROPOUT), "3d dropout"),
     # 4 ranks
     "dp4": ("4,1,1", SAVE, None),  # the uninterrupted dp=4 run, no dropout
-    "killed reference": ("4,1,1", KILL_ARGS, None),
     "dp2xtp2 dropout": ("2,2,1", SAVE + DROPOUT, None),
     "dp2xtp2 dropout resumed": ("2,2,1", ("--steps", str(STEPS), *DROPOUT), "dp2xtp2 dropout"),
     "dp2xpp2 dropout": ("2,1,2", SAVE + DROPOUT, None),
@@ -94,6 +93,7 @@ RUNS: dict[str, tuple[str, tuple[str, ...], str | None]] = {
     "2,1,1 from dp4": ("2,1,1", ("--steps", str(STEPS)), "dp4"),
     "zero resumed on 2 ranks": ("2,1,1", ("--steps", str(STEPS), "--zero"), "zero"),
     "damaged reference": ("2,1,1", DAMAGED_ARGS, None),
+    "killed reference": ("2,1,1", KILL_ARGS, None),
     "1,1,1 from dp4": ("1,1,1", ("--steps", str(STEPS)), "dp4"),
 }
 
@@ -120,19 +120,21 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 # -- killed ranks ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kill, latest_after_kill",
-    [("1:7:train", 6), ("2:6:save", 3), ("0:6:commit", 3), ("0:6:latest", 3)],
+    [("1:7:train", 6), ("1:6:save", 3), ("0:6:commit", 3), ("0:6:latest", 3)],
     ids=["mid-training", "mid-save", "before-commit", "after-rename-before-latest"],
 )
 def test_killed_rank_then_resume_is_bit_exact(tmp_path, runs, kill, latest_after_kill):
+    # On 2 ranks (it was 4): rank 0 or another rank dies at each point of a save, and the survivor is left
+    # waiting, as with 4; each kill costs two launches: 10-12 s of CPU on 4 ranks, 4.4 on 2.
     args = KILL_ARGS
-    killed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, env={"CKPT_KILL": kill}, check=False)
+    killed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, env={"CKPT_KILL": kill}, check=False)
     assert killed.returncode != 0, "the SIGKILLed job should have failed"
     for o in OPTIMS[:1]:  # the kill hits the first optimizer's run
         latest = (tmp_path / "ckpt" / o / "latest").read_text().strip()
         assert latest == f"step_{latest_after_kill:09d}"
     if kill.endswith("latest"):  # issue 14 item 5: the newer folder is complete; 'latest' lags behind
         assert (tmp_path / "ckpt" / "sgd" / "step_000000006" / "manifest.json").exists()
-    resumed = train(tmp_path / "run", tmp_path / "ckpt", "4,1,1", *args, "--resume")
+    resumed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--resume")
     if kill.endswith("latest"):  # resumed from step 6, not 3 (which would fail to save step 6 again)
         assert "'latest' names step_000000003 but step_000000006 is newer" in resumed.stdout
     assert_same(final(tmp_path / "run"), final(runs["killed reference"] / "out"), exact=True)

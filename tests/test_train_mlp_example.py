@@ -67,9 +67,14 @@ COPY = "copy"  # RUNS value (n, (COPY, source, destination)): copy a checkpoint 
 
 # Every run that ends normally, by name: (ranks, arguments), "{tmp}" standing for the fixture's folder.
 # In a launch the runs follow this order, so a run may resume from one listed before it.
+# "default" is the README's command with its defaults (30 epochs) on 2 ranks instead of its 8: a data-parallel
+# run computes the same model on any number of ranks (test_any_world_size_gives_the_same_accuracy; auto
+# picks recursive doubling for this model's one bucket on 2 and on 8 ranks alike), and both print
+# 0.9697, while 8 ranks on 2 cores spin through 330 all-reduces: 24 s of CPU against 4 s.
+WORLD_SIZES = (1, 3, 4, 6)  # 3 and 6 do not divide the global batch of 128; 6 shares the launch of dp3 x pp2
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "default": (8, ()),
-    **{f"short on {n}": (n, SHORT_ARGS) for n in (1, 3, 4, 7)},
+    "default": (2, ()),
+    **{f"short on {n}": (n, SHORT_ARGS) for n in WORLD_SIZES},
     **{f"short tp={tp}": (4, (*SHORT_ARGS, "--tp", str(tp))) for tp in (2, 4)},
     **{f"zero {z}": (3, (*LAYOUT_ARGS, "--zero", str(z))) for z in (0, 1, 2)},
     **{name: (n, (*LAYOUT_ARGS, *flags)) for name, (n, *flags) in PIPELINE_LAYOUTS.items()},
@@ -139,7 +144,7 @@ def runs(tmp_path_factory) -> Runs:
 
 
 @pytest.mark.mpi
-def test_default_run_on_8_ranks_reaches_95_percent(runs):
+def test_default_run_reaches_95_percent(runs):
     output = runs.stdout("default")
     assert final_accuracy(output) >= 0.95
     # The final line of rank 0's output is the accuracy line, after the progress bar's last update.
@@ -148,8 +153,8 @@ def test_default_run_on_8_ranks_reaches_95_percent(runs):
 
 @pytest.mark.mpi
 def test_any_world_size_gives_the_same_accuracy(runs):
-    # 3, 5 and 7 do not divide the global batch of 128: the sampler splits it 43+43+42 etc.
-    accuracies = {n: final_accuracy(runs.stdout(f"short on {n}")) for n in (1, 3, 4, 7)}
+    # 3 and 6 do not divide the global batch of 128: the sampler splits it 43+43+42, 22+22+21+21+21+21.
+    accuracies = {n: final_accuracy(runs.stdout(f"short on {n}")) for n in WORLD_SIZES}
     assert len(set(accuracies.values())) == 1, accuracies
 
 
@@ -421,13 +426,15 @@ def test_resume_on_another_mesh_matches_the_uninterrupted_run(runs):
 
 @pytest.mark.mpi
 def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, runs):
-    reference, reference_output = runs.folder("dp4 uninterrupted"), runs.stdout("dp4 uninterrupted")
+    # On 2 ranks (it was 4, against the dp4 run): a rank dies and the other is left waiting all the same,
+    # for 3.6 s of CPU instead of 10.8.
+    reference, reference_output = runs.folder("dp2 uninterrupted"), runs.stdout("dp2 uninterrupted")
     ckpt = tmp_path / "ckpt"
-    # Rank 2 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
+    # Rank 1 SIGKILLs itself in step 15 (checkpoints were saved after steps 4, 8 and 12): the job fails.
     killed = run_mpi(
-        4,
+        2,
         "training/train_mlp_killed.py",
-        "2:14",
+        "1:14",
         *CKPT_ARGS,
         "--checkpoint-dir",
         str(ckpt),
@@ -436,7 +443,7 @@ def test_a_killed_rank_then_resume_gives_the_uninterrupted_result(tmp_path, runs
     )
     assert killed.returncode != 0
     assert (ckpt / "latest").read_text().strip() == "step_000000012"
-    resumed = train(4, ckpt, "--resume")
+    resumed = train(2, ckpt, "--resume")
     assert "step_000000012: step 12, epoch 2, batch 1 done" in resumed.stdout  # epoch 1 is 11 steps
     step, got = final_checkpoint(ckpt)
     assert step == 33
