@@ -82,4 +82,14 @@ def mpi_op(op: str) -> MPI.Op:
 def finish(op: str, reduced: np.ndarray, group_size: int) -> None:
     """Complete a reduction in place: for ``"avg"`` divide the summed ``reduced`` by ``group_size``."""
     if op == "avg":
-        np.divide(reduced, group_size, out=reduced)
+        key = (group_size, reduced.dtype)
+        divisor = _divisors.get(key)
+        if divisor is None:
+            divisor = _divisors[key] = np.array(group_size, dtype=reduced.dtype)
+        np.divide(reduced, divisor, out=reduced)
+
+
+# group size -> the same as a 0-d array of each dtype. NumPy divides by it as by the int (the same float
+# division, bit for bit), but needs no conversion of a Python int first: ~2,700 instructions less per
+# "avg" call, a third of the division of a 4 KiB array (benchmarks/README.md, issue 16).
+_divisors: dict[tuple, np.ndarray] = {}
