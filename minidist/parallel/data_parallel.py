@@ -10,20 +10,20 @@ If each rank's loss is the mean over its equal share of the global batch, the av
 ranks' gradients is exactly the gradient of the mean loss over the whole global batch, so N ranks
 train the same model as one process would (up to float rounding of the summation order).
 
-**Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped
-into buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward
-has finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts
-at once (on the communication thread, below), while backward goes on computing earlier layers. Buckets
-start strictly in index order: a bucket that fills early waits until every earlier bucket has started,
-so all ranks issue the same collectives in the same order even if their gradients arrive in different
-orders. A callback queued with ``autograd.queue_callback`` runs when backward ends; it waits for the
-buckets the thread has, all-reduces the others itself, and only then does ``loss.backward()`` return.
-``overlap=False`` keeps the simple version for teaching and comparison: nothing is sent during
-backward, and the callback all-reduces the buckets one after another. Overlap needs an autograd
-engine that accumulates each parameter's gradient (and runs its hook) as soon as that gradient is
-complete, i.e. right after its layer's backward; one that accumulates every leaf only at the end of
-backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case you are
-in).
+**Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped into
+buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward has
+finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts at
+once (on the communication thread, see "Where each bucket runs"), while backward goes on computing
+earlier layers. Buckets start strictly in index order: a bucket that fills early waits until every
+earlier bucket has started, so all ranks issue the same collectives in the same order even if their
+gradients arrive in different orders. A callback queued with ``autograd.queue_callback`` runs when
+backward ends; it waits for the buckets the thread has, all-reduces the others itself, and only then
+does ``loss.backward()`` return. ``overlap=False`` keeps the simple version for teaching and comparison:
+nothing is sent during backward, and the callback all-reduces the buckets one after another. Overlap
+needs an autograd engine that accumulates each parameter's gradient (and runs its hook) as soon as that
+gradient is complete, i.e. right after its layer's backward; one that accumulates every leaf only at the
+end of backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case
+you are in).
 
 **Where each bucket runs** (``ddp_launch.py``): big buckets on the communication thread during
 backward; the last bucket and every bucket under ``small_bucket_bytes`` on the calling thread at its end
@@ -77,8 +77,9 @@ class DistributedDataParallel(Module):
             at the end of backward.
         small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
             thread at the end of backward instead of on the communication thread during it (the lean
-            path above; 0: every bucket but the last overlaps). The default, 1 MiB, is about where an
-            all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark machine.
+            path, ``ddp_launch.py``; 0: every bucket but the last overlaps). The default, 1 MiB, is about
+            where an all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark
+            machine.
 
     Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
     elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
