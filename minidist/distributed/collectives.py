@@ -97,7 +97,8 @@ def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) 
 
     The answer depends only on the arguments and on the group's node layout, which never changes, so
     it is kept on the group (``Communicator.resolved``): a training loop asks the same every step, and
-    working it out again cost ~3,000 instructions per call, a tenth of the whole call path.
+    one dictionary look-up costs less than the table look-up and the multi-node test (~1,000
+    instructions less per call, benchmarks/README.md, issue 16, fifth session).
     """
     key = (collective, algorithm, nbytes)
     chosen = group.resolved.get(key)

@@ -89,7 +89,7 @@ def finish(op: str, reduced: np.ndarray, group_size: int) -> None:
         np.divide(reduced, divisor, out=reduced)
 
 
-# group size -> the same as a 0-d array of each dtype. NumPy divides by it as by the int (the same float
-# division, bit for bit), but needs no conversion of a Python int first: ~2,700 instructions less per
-# "avg" call, a third of the division of a 4 KiB array (benchmarks/README.md, issue 16).
+# (group size, dtype) -> the group size as a 0-d array of that dtype. NumPy divides by it as by the int
+# (the same float division, bit for bit), but without converting a Python int on every call: ~1,000-1,500
+# instructions less per "avg" call with this look-up paid (benchmarks/README.md, issue 16, fifth session).
 _divisors: dict[tuple, np.ndarray] = {}
