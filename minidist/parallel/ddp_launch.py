@@ -11,18 +11,18 @@ one bucket, or whose buckets are all small, never wakes the thread. The launch o
 buckets in index order, then the others in index order) depends only on the bucket plan and the
 options, so it is the same on every rank.
 
-**Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while
-the main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some
-thread is inside an MPI call; our hooks run a few times per backward (once per parameter), so a
-non-blocking all-reduce would progress in a few bursts and mostly finish in the final wait. It would
-also have to be MPI's ``Iallreduce``, not our hand-written ring. A thread instead runs the ordinary,
-blocking ``dist.all_reduce`` and progresses continuously. It needs ``MPI_THREAD_MULTIPLE`` (DDP checks
-``MPI.Query_thread()`` and falls back to ``overlap=False`` with a warning) and its own communicator
-(DDP's duplicate of its group), so its messages can never be matched by a collective the main thread
-calls meanwhile. The GIL is no obstacle: BLAS matmuls and mpi4py calls release it. The price is CPU
-time: a blocking MPI call *spins* while it waits for the peer (MPICH yields the core only every 1000
-polls, ``MPIR_CVAR_POLLS_BEFORE_YIELD``), and on a machine with one core per rank that spinning thread
-competes with the compute thread. So overlap helps most when the ranks are in step (a bucket's
+**Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while the
+main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some thread
+is inside an MPI call; our hooks run a few times per backward (once per parameter), so a non-blocking
+all-reduce would progress in a few bursts and mostly finish in the final wait. It would also have to be
+MPI's ``Iallreduce``, not our hand-written ring. A thread instead runs the ordinary, blocking
+``dist.all_reduce`` and progresses continuously. It needs ``MPI_THREAD_MULTIPLE`` (:class:`Launcher`
+checks ``MPI.Query_thread()`` and falls back to ``overlap=False`` with a warning) and its own
+communicator (DDP's duplicate of its group), so its messages can never be matched by a collective the
+main thread calls meanwhile. The GIL is no obstacle: BLAS matmuls and mpi4py calls release it. The price
+is CPU time: a blocking MPI call *spins* while it waits for the peer (MPICH yields the core only every
+1000 polls, ``MPIR_CVAR_POLLS_BEFORE_YIELD``), and on a machine with one core per rank that spinning
+thread competes with the compute thread. So overlap helps most when the ranks are in step (a bucket's
 partners are ready when it starts) and the cores are not oversubscribed.
 """
 
