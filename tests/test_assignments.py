@@ -259,7 +259,7 @@ MUTANTS = [
     ("A3", "A3.3", "minidist/parallel/data_parallel.py", "self._missing[self._bucket_of[i]] -= 1",
      "self._missing[i] -= 1", "_on_grad_ready", None),  # parameter index used as bucket index
     ("A3", "A3.3", "minidist/parallel/data_parallel.py",
-     "while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:\n"
+     "while len(self._started) < len(self._buckets) and self._missing[len(self._started)] == 0:\n"
      "                self._start_next_bucket()",
      "pass", "did not overlap", None),
     ("A7", "A7.1", "minidist/parallel/zero.py", 'dist.reduce_scatter(flat, op="avg"',

@@ -86,12 +86,31 @@ _BROADCAST = {"tree": tree_broadcast, "scatter_allgather": scatter_allgather_bro
 
 
 def _check_algorithm(collective: str, algorithm: str) -> None:
-    check_choice(algorithm, ALGORITHMS[collective], f"algorithm for {collective}")
+    valid = ALGORITHMS[collective]
+    if algorithm not in valid:  # (check_choice only to raise: this runs before every collective)
+        check_choice(algorithm, valid, f"algorithm for {collective}")
 
 
 def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
     """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank).
-    Noted on the group's channel, for the trace (``debug.collective_call``)."""
+    Noted on the group's channel, for the trace (``debug.collective_call``).
+
+    The answer depends only on the arguments and on the group's node layout, which never changes, so
+    it is kept on the group (``Communicator.resolved``): a training loop asks the same every step, and
+    one dictionary look-up costs less than the table look-up and the multi-node test (~1,000
+    instructions less per call, benchmarks/README.md, issue 16, fifth session).
+    """
+    key = (collective, algorithm, nbytes)
+    chosen = group.resolved.get(key)
+    if chosen is None:
+        if len(group.resolved) >= 1024:  # many different sizes: start over rather than grow
+            group.resolved.clear()
+        chosen = group.resolved[key] = _choose(collective, algorithm, nbytes, group)
+    group.collective_channel.algorithm = chosen
+    return chosen
+
+
+def _choose(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
     chosen = algorithm
     if algorithm in ("auto", "hierarchical"):
         chosen = choose(collective, nbytes, group.size)  # the flat pick
@@ -104,7 +123,6 @@ def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) 
                 if algorithm == "hierarchical"
                 else choose_across_nodes(nbytes, layout.nodes, group.size)
             )
-    group.collective_channel.algorithm = chosen
     return chosen
 
 

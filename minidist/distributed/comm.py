@@ -77,6 +77,8 @@ class Communicator:
         # communicator; on a channel, the tag of the collective being run (tags.py, liveness.enter).
         self.tag_base = 0
         self._node_layout = None  # topology.node_layout's cache: which of these ranks share a node
+        # collectives._resolve's answers on this group: (collective, algorithm, bytes) -> algorithm run
+        self.resolved: dict[tuple, str] = {}
         if _is_channel:  # this *is* a collective channel; it needs no channel of its own
             self.collective_channel = self
             self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)

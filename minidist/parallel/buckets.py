@@ -15,6 +15,7 @@ in the same order.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,13 +74,17 @@ class Bucket:
     """One flat buffer that carries the gradients of some parameters through one all-reduce.
 
     Args:
-        index: the bucket's position in launch order (its name in traces: ``"allreduce bucket {index}"``).
+        index: the bucket's position in launch order.
         params: the parameters (``Tensor``s) whose gradients it carries, in buffer order.
         extra: number of additional elements at the end of the buffer, after the gradients (DDP puts
             its per-step bookkeeping there, see ``data_parallel.py``), exposed as :attr:`extra`.
 
     The buffer ``flat`` has ``sum(p.size) + extra`` elements of the parameters' (common) dtype, on the
-    parameters' device, allocated once and reused every step.
+    parameters' device, allocated once and reused every step. What DDP needs of it every step is worked
+    out here once: ``gradient_bytes`` (of the ``numel`` gradient elements), ``device`` (a context that
+    makes the buffer's GPU current in the calling thread, as CuPy's current device is per thread; a
+    do-nothing context on the host) and the bucket's names in traces, ``name``
+    (``"allreduce bucket {index}"``) and ``start_name`` (``"start bucket {index}"``).
     """
 
     def __init__(self, index: int, params: Sequence[Any], extra: int = 0) -> None:
@@ -90,6 +95,9 @@ class Bucket:
         self.flat = xp.empty(self.numel + extra, dtype=self.params[0].dtype)
         self.extra = self.flat[self.numel :]  # a view: writing it writes the buffer
         self.nbytes = self.flat.nbytes
+        self.gradient_bytes = self.numel * self.flat.itemsize
+        self.device = self.flat.device if backend.is_gpu_array(self.flat) else contextlib.nullcontext()
+        self.name, self.start_name = f"allreduce bucket {index}", f"start bucket {index}"
         # Each parameter's piece of the buffer, shaped like the parameter: made once, so that packing and
         # unpacking cost one assignment per parameter each step (no slicing or reshaping on the way).
         self.views = []

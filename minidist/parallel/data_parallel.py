@@ -10,55 +10,31 @@ If each rank's loss is the mean over its equal share of the global batch, the av
 ranks' gradients is exactly the gradient of the mean loss over the whole global batch, so N ranks
 train the same model as one process would (up to float rounding of the summation order).
 
-**Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped
-into buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward
-has finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts
-at once (on the communication thread, below), while backward goes on computing earlier layers. Buckets
-start strictly in index order: a bucket that fills early waits until every earlier bucket has started,
-so all ranks issue the same collectives in the same order even if their gradients arrive in different
-orders. A callback queued with ``autograd.queue_callback`` runs when backward ends; it waits for the
-buckets the thread has, all-reduces the others itself, and only then does ``loss.backward()`` return.
-``overlap=False`` keeps the simple version for teaching and comparison: nothing is sent during
-backward, and the callback all-reduces the buckets one after another. Overlap needs an autograd
-engine that accumulates each parameter's gradient (and runs its hook) as soon as that gradient is
-complete, i.e. right after its layer's backward; one that accumulates every leaf only at the end of
-backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case you are
-in).
+**Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped into
+buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward has
+finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts at
+once (on the communication thread, see "Where each bucket runs"), while backward goes on computing
+earlier layers. Buckets start strictly in index order: a bucket that fills early waits until every
+earlier bucket has started, so all ranks issue the same collectives in the same order even if their
+gradients arrive in different orders. A callback queued with ``autograd.queue_callback`` runs when
+backward ends; it waits for the buckets the thread has, all-reduces the others itself, and only then
+does ``loss.backward()`` return. ``overlap=False`` keeps the simple version for teaching and comparison:
+nothing is sent during backward, and the callback all-reduces the buckets one after another. Overlap
+needs an autograd engine that accumulates each parameter's gradient (and runs its hook) as soon as that
+gradient is complete, i.e. right after its layer's backward; one that accumulates every leaf only at the
+end of backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case
+you are in).
 
-**The lean path: buckets that overlap cannot pay for.** Handing a bucket to the thread and waiting for
-it costs about 150 µs on the machine of ``benchmarks/README.md`` (waking the thread, passing the GIL
-back and forth), more than the whole all-reduce of a bucket under about 1 MiB takes on 2 ranks there.
-So two kinds of bucket never go to the thread; the callback all-reduces them at the end of backward,
-after the thread's buckets: the last bucket, which fills only when backward is (nearly) over, so there
-is nothing left to overlap it with; and every bucket under ``small_bucket_bytes``. A model whose
-gradients fit in one bucket, or whose buckets are all small, never wakes the thread. The launch order
-(the thread's buckets in index order, then the others in index order) depends only on the bucket plan
-and the options, so it is the same on every rank.
-
-**Why a communication thread, not non-blocking requests.** The all-reduce has to make progress while
-the main thread is inside a matmul. With non-blocking MPI requests, MPICH moves data only while some
-thread is inside an MPI call; our hooks run a few times per backward (once per parameter), so a
-non-blocking all-reduce would progress in a few bursts and mostly finish in the final wait. It would
-also have to be MPI's ``Iallreduce``, not our hand-written ring. A thread instead runs the ordinary,
-blocking ``dist.all_reduce`` and progresses continuously. It needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks
-for it; we check ``MPI.Query_thread()`` and fall back to ``overlap=False`` with a warning) and its own
-communicator: the thread talks only over a duplicate of ``group`` reserved for DDP, so its messages can
-never be matched by a collective the main thread calls on ``group`` meanwhile. The GIL is no obstacle:
-BLAS matmuls and mpi4py calls release it. The price is CPU time: a blocking MPI call *spins* while it
-waits for the peer (MPICH yields the core only every 1000 polls, ``MPIR_CVAR_POLLS_BEFORE_YIELD``),
-and on a machine with one core per rank that spinning thread competes with the compute thread. So
-overlap helps most when the ranks are in step (a bucket's partners are ready when it starts) and the
-cores are not oversubscribed; the packing copies and the additions of the ring cost CPU time either way.
+**Where each bucket runs** (``ddp_launch.py``): big buckets on the communication thread during
+backward; the last bucket and every bucket under ``small_bucket_bytes`` on the calling thread at its end
+(the lean path: handing a small bucket to the thread costs more than its all-reduce), in an order that
+depends only on the bucket plan and the options. That file also says why a thread and not MPI's
+non-blocking requests.
 
 **Bookkeeping that travels with the gradients** (``ddp_checks.py``). A parameter without a gradient on
-some rank, or a rank that ran out of batches, would make the ranks disagree about which collectives to
-run, and hang. Rather than spend an extra collective per step, the last bucket carries one "got a
-gradient" flag per parameter and one "still training" flag; averaged with the gradients, they tell
-every rank the same counts, so every rank raises the same error. A rank missing a gradient starts the
-remaining buckets anyway at the end of backward (its own gradient, or zeros if it has none), so all
-collectives complete first. A rank with no batches left calls :meth:`join`, which takes part in the
-same bucket all-reduces with zeros and a "not training" flag: if another rank was still training, both
-sides learn it from the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
+some rank, or a rank that ran out of batches (and called :meth:`join`), would make the ranks disagree
+about which collectives to run, and hang. Flags carried in the last bucket tell every rank the same
+counts instead, so every rank raises the same error, at no extra message per step.
 
 **Communication hooks** (``comm_hooks/``, PyTorch's ``register_comm_hook``). A registered hook replaces
 the bucket's all-reduce, wherever it runs (the thread or the lean path), and may compress: float16,
@@ -68,23 +44,19 @@ bfloat16, PowerSGD. ``ddp.comm_stats`` counts the bytes every bucket sent, with 
 from __future__ import annotations
 
 import contextlib
-import functools
-import warnings
 import weakref
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-from mpi4py import MPI
-
 import minidist.distributed as dist
-from minidist import autograd, backend, trace
+from minidist import autograd, trace
 from minidist.nn.module import Module, Parameter
 from minidist.parallel import ddp_checks as checks
 from minidist.parallel.buckets import Bucket, flatten, plan_buckets, unflatten_into
 from minidist.parallel.comm_hooks.bucket import CommStats
 from minidist.parallel.comm_hooks.registration import CommHook, register
-from minidist.parallel.comm_thread import CommThread, Job
+from minidist.parallel.ddp_launch import Launcher
 
 
 class DistributedDataParallel(Module):
@@ -105,8 +77,9 @@ class DistributedDataParallel(Module):
             at the end of backward.
         small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
             thread at the end of backward instead of on the communication thread during it (the lean
-            path above; 0: every bucket but the last overlaps). The default, 1 MiB, is about where an
-            all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark machine.
+            path, ``ddp_launch.py``; 0: every bucket but the last overlaps). The default, 1 MiB, is about
+            where an all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark
+            machine.
 
     Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
     elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
@@ -171,29 +144,25 @@ class DistributedDataParallel(Module):
             if self.group.size > 1 and params
             else None
         )
-        if overlap and self._comm is not None and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            warnings.warn(
-                "DistributedDataParallel: MPI was initialised without MPI_THREAD_MULTIPLE, so gradients "
-                "cannot be all-reduced from a communication thread; using overlap=False",
-                stacklevel=2,
-            )
-            overlap = False
-        self.overlap = overlap
-        # The lean path (module docstring): which buckets the thread all-reduces during backward, in
-        # index order, and the order of all of them: the thread's first, then the rest at the end.
-        threaded = overlap and self._comm is not None
-        big = {b.index for b in self._buckets[:-1] if b.nbytes >= small_bucket_bytes}
-        self._threaded = big if threaded else set()
-        self._order = sorted(self._buckets, key=lambda b: b.index not in self._threaded)  # stable sort
-        self._thread = CommThread("ddp-comm") if self._threaded else None
-        if self._thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
-            weakref.finalize(self, self._thread.close, False)
+        # Which buckets the thread all-reduces during backward, and the order of all (ddp_launch.py).
+        self._launcher = Launcher(self._buckets, overlap, self._comm is not None, small_bucket_bytes)
+        self.overlap = self._launcher.overlap  # False without MPI_THREAD_MULTIPLE (with a warning)
+        self._order, self._last = self._launcher.order, self._launcher.order[-1]
+        if self._launcher.thread is not None:  # stop the thread when DDP is garbage-collected (or at exit)
+            weakref.finalize(self, self._launcher.thread.close, False)
 
         self._comm_hook: CommHook | None = None
         self._backward_ran = False  # register_comm_hook is refused after the first backward
         self.comm_stats = CommStats()  # bytes sent per bucket (comm_hooks/bucket.py)
         self._sync_enabled = True
-        self._reset_pass()
+        # The state of one backward pass: made once here and changed in place, never assigned anew, because
+        # DDP is a Module, whose __setattr__ (which registers parameters and submodules) costs ~4,000
+        # instructions per attribute (benchmarks/README.md, issue 16), and this runs every step.
+        self._pass = SimpleNamespace(number=None)  # autograd.backward_pass_count() of the running pass
+        self._ready = [False] * len(params)  # which gradients this pass has finished
+        self._bucket_sizes = [len(b.params) for b in self._buckets]
+        self._missing = list(self._bucket_sizes)  # per bucket: gradients not yet ready
+        self._started: list[Bucket] = []  # buckets started this pass, in index order
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -244,40 +213,30 @@ class DistributedDataParallel(Module):
         takes part in that pass's all-reduces with zeros, and both sides raise the same
         ``CollectiveMismatchError`` rather than hang. Raises ``RuntimeError`` if called during backward.
         """
-        if self._pass_active:
+        if self._pass.number is not None:
             raise RuntimeError("join() was called during a backward pass; call it after the last batch")
         if self._comm is None:
             return
-        last = self._buckets[-1]
         with trace.span("join", trace.WAIT):
-            checks.write_flags(last.extra, None, training=False)  # no gradients, not training
-            for bucket in self._order:  # the order of the training ranks' all-reduces
-                bucket.pack_zeros()
-                if self._comm_hook is not None:  # the same collectives as the training ranks' hook
-                    self._comm_hook.run(bucket, self._comm, bucket is self._order[-1], CommStats())
-                else:
-                    dist.all_reduce(bucket.flat, op="avg", group=self._comm)
-        _, training = checks.read_counts(last.extra, self._comm.size)
-        if training > 0:
-            raise checks.uneven_batches_error(training, self._comm.size)
+            checks.join_pass(self._order, self._buckets[-1].extra, self._comm, self._comm_hook)
 
     # -- called by the autograd engine during loss.backward() -----------------------------------
     def _reset_pass(self) -> None:
-        self._pass_active = False
-        self._ready = np.zeros(len(self._named), dtype=bool)  # which gradients this pass has finished
-        self._missing = [len(b.params) for b in self._buckets]  # per bucket: gradients not yet ready
-        self._jobs: list[Job] = []  # one per started bucket, in bucket order
-        self._queued: list[Job] = []  # those handed to the communication thread
-        self._here: list[Job] = []  # those left to _finish_pass on this thread (the lean path)
+        self._pass.number = None
+        self._ready[:] = [False] * len(self._ready)
+        self._missing[:] = self._bucket_sizes
+        self._started.clear()
+        self._launcher.reset()
 
     def _on_grad_ready(self, param: Parameter) -> None:
         if not self._sync_enabled:
             return
-        if self._pass_active and self._pass_number != autograd.backward_pass_count():
-            self._abandon_failed_pass()  # an earlier backward raised: its end-of-pass callback never ran
-        if not self._pass_active:  # the first gradient of this backward pass
-            self._pass_active = self._backward_ran = True
-            self._pass_number = autograd.backward_pass_count()
+        if self._pass.number != autograd.backward_pass_count():  # the first gradient of this pass
+            if self._pass.number is not None:  # an earlier backward raised: its callback never ran
+                self._abandon_failed_pass()
+            self._pass.number = autograd.backward_pass_count()
+            if not self._backward_ran:  # (set once: see self._pass)
+                self._backward_ran = True
             autograd.queue_callback(self._finish_pass)
         # BEGIN SOLUTION A3.3: mark the gradient ready; start every full bucket, strictly in index order
         i = self._index_of[id(param)]
@@ -287,7 +246,7 @@ class DistributedDataParallel(Module):
         self._missing[self._bucket_of[i]] -= 1
         if self.overlap and self._comm is not None:
             # Strict index order: start bucket b only when it is full and buckets 0..b-1 have started.
-            while len(self._jobs) < len(self._buckets) and self._missing[len(self._jobs)] == 0:
+            while len(self._started) < len(self._buckets) and self._missing[len(self._started)] == 0:
                 self._start_next_bucket()
         # END SOLUTION
 
@@ -297,47 +256,35 @@ class DistributedDataParallel(Module):
         Without this, the flag "callback queued" would stay set forever and every later backward would
         skip communication: replicas would drift apart silently.
         """
-        for job in self._queued:  # (the lean path's never ran)
-            try:
-                job.wait()
-            except Exception:  # noqa: BLE001  (the failed pass is discarded, its errors with it)
-                pass
+        self._launcher.discard()
         self._reset_pass()
 
     def _start_next_bucket(self) -> None:
-        bucket = self._buckets[len(self._jobs)]
+        bucket = self._buckets[len(self._started)]
         if bucket is self._buckets[-1]:
             # Final now: if this runs during backward, every gradient is ready (all earlier buckets
             # started and this one is full), so the flags cannot change any more.
             checks.write_flags(bucket.extra, self._ready, training=True)
-        job = Job(functools.partial(self._communicate, bucket))
-        self._jobs.append(job)
-        if bucket.index in self._threaded:
-            self._queued.append(job)
-            # A mark on the main thread's timeline: the gap to "allreduce bucket i" on the comm thread
-            # is the time the job waited for the thread (and the thread for a core).
-            with trace.span(f"start bucket {bucket.index}", trace.LAUNCH):
-                self._thread.submit(job)
-        else:  # the lean path: _finish_pass runs it
-            self._here.append(job)
+        self._started.append(bucket)
+        self._launcher.start(bucket, self._communicate)  # on the thread, or kept for _finish_pass
 
     def _communicate(self, bucket: Bucket) -> None:
         """Average one bucket (on either thread): plainly or with the hook, counting the bytes sent."""
-        channel, is_last = self._comm.collective_channel, bucket is self._order[-1]
+        channel, is_last = self._comm.collective_channel, bucket is self._last
         sent = channel.bytes_sent  # (the thread and the lean path never run at the same time)
         if self._comm_hook is None:
             self._all_reduce_bucket(bucket)
         else:
-            with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
+            with trace.span(bucket.name, trace.COMM), bucket.device:
                 bucket.pack()
                 self._comm_hook.run(bucket, self._comm, is_last, self.comm_stats)
                 bucket.unpack()
-        gradient_bytes = bucket.numel * bucket.flat.itemsize
-        self.comm_stats.record(gradient_bytes, channel.bytes_sent - sent, is_last, self._comm_hook is None)
+        plain = self._comm_hook is None
+        self.comm_stats.record(bucket.gradient_bytes, channel.bytes_sent - sent, is_last, plain)
 
     def _all_reduce_bucket(self, bucket: Bucket) -> None:
         """Rule 2 for one bucket: average its gradients over the group, in place (on either thread)."""
-        with trace.span(f"allreduce bucket {bucket.index}", trace.COMM), _device_of(bucket.flat):
+        with trace.span(bucket.name, trace.COMM), bucket.device:  # (bucket.device: its GPU, if any)
             # BEGIN SOLUTION A3.2: average the bucket's gradients over the group
             bucket.pack()
             dist.all_reduce(bucket.flat, op="avg", group=self._comm)
@@ -348,28 +295,15 @@ class DistributedDataParallel(Module):
         """End of backward: start what is left, finish every bucket, then check the bookkeeping."""
         try:
             if self._comm is None:  # one rank: nothing to average, only the local check
-                self._check(self._ready.astype(np.int64), 1, 1)
-                for (_, p), ready in zip(self._named, self._ready):
-                    if not ready and p.grad is None:  # as N ranks would: the average of zeros
-                        p.grad = backend.xp().zeros_like(p.data)
+                checks.check_alone(self._named, self._ready, self.find_unused_parameters)
                 return
             with trace.span("wait for gradients", trace.WAIT):
-                while len(self._jobs) < len(self._buckets):
+                while len(self._started) < len(self._buckets):
                     self._start_next_bucket()
-                for job in self._queued:  # the thread's first: the channel carries one collective at a time
-                    job.wait()
-                for job in self._here:  # then the lean path's, in index order: self._order on every rank
-                    job.run()
-                    job.wait()  # re-raises its error
-            self._check(*checks.read_counts(self._buckets[-1].extra, self._comm.size), self._comm.size)
+                self._launcher.finish(self._communicate)  # in self._order, the same on every rank
+            extra, n = self._buckets[-1].extra, self._comm.size
+            if not checks.all_present(extra):  # else there is nothing to report (the common case)
+                names, unused_ok = [name for name, _ in self._named], self.find_unused_parameters
+                checks.check_after_backward(names, *checks.read_counts(extra, n), n, unused_ok)
         finally:
             self._reset_pass()
-
-    def _check(self, have_gradient: np.ndarray, training: int, n: int) -> None:
-        names = [name for name, _ in self._named]
-        checks.check_after_backward(names, have_gradient, training, n, self.find_unused_parameters)
-
-
-def _device_of(array: Any) -> Any:
-    """A context that makes ``array``'s GPU current in this thread (CuPy's current device is per thread)."""
-    return array.device if backend.is_gpu_array(array) else contextlib.nullcontext()

@@ -9,10 +9,17 @@ group; multiplied by ``n`` they are counts that *every* rank receives identicall
 the same error with the same message, and none is left waiting.
 (These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
 per step; the options, checked once at construction, use ``minidist.distributed.agree`` instead.)
+
+A rank missing a gradient starts the remaining buckets anyway at the end of backward (its own gradient,
+or zeros if it has none), so all collectives complete before anyone raises. A rank with no batches left
+calls ``DistributedDataParallel.join``, which takes part in the same bucket all-reduces with zeros and a
+"not training" flag (:func:`join_pass`): if another rank was still training, both sides learn it from the
+same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +27,9 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend
 from minidist.distributed import CollectiveMismatchError
+from minidist.parallel.buckets import Bucket
+from minidist.parallel.comm_hooks.bucket import CommStats
+from minidist.parallel.comm_hooks.registration import CommHook
 
 
 def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:
@@ -39,11 +49,22 @@ def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_buck
     dist.agree(options, error, group, what="DistributedDataParallel")
 
 
-def write_flags(extra: Any, ready: np.ndarray | None, training: bool) -> None:
+def write_flags(extra: Any, ready: Sequence[bool] | None, training: bool) -> None:
     """Fill the ``P + 1`` bookkeeping slots ``extra``: the per-parameter ``ready`` flags (zeros for None)
     and the "still training" flag."""
     extra[:-1] = 0 if ready is None else backend.asarray(ready, dtype=extra.dtype)
     extra[-1] = 1 if training else 0
+
+
+def all_present(extra: Any) -> bool:
+    """After the average: True if every flag is exactly 1, i.e. every rank had every gradient and was
+    training, so there is nothing to report and the counts need not be decoded (the common case).
+
+    Exact in any float dtype: ``n`` ones summed and divided by ``n`` give 1, and a 0 from any rank
+    leaves the flag at ``(n - 1) / n`` or below (for ``n`` within the dtype's precision, which
+    :func:`read_counts` needs too).
+    """
+    return min(backend.to_numpy(extra).tolist()) == 1
 
 
 def read_counts(extra: Any, n: int) -> tuple[np.ndarray, int]:
@@ -51,6 +72,23 @@ def read_counts(extra: Any, n: int) -> tuple[np.ndarray, int]:
     # flag * n is a count; rint undoes the rounding of the division by n.
     counts = np.rint(backend.to_numpy(extra).astype(np.float64) * n).astype(np.int64)
     return counts[:-1], int(counts[-1])
+
+
+def join_pass(order: Sequence[Bucket], flags: Any, comm: Any, hook: CommHook | None) -> None:
+    """A joined rank's part in one backward pass of the others: every bucket's all-reduce on ``comm``, in
+    DDP's launch ``order``, with zeros and a "not training" flag in ``flags`` (the last bucket's
+    ``extra``), or the same collectives through the registered ``hook``. Raises
+    ``CollectiveMismatchError`` if some rank was still training."""
+    write_flags(flags, None, training=False)  # no gradients, not training
+    for bucket in order:  # the order of the training ranks' all-reduces
+        bucket.pack_zeros()
+        if hook is not None:  # the same collectives as the training ranks' hook
+            hook.run(bucket, comm, bucket is order[-1], CommStats())
+        else:
+            dist.all_reduce(bucket.flat, op="avg", group=comm)
+    _, training = read_counts(flags, comm.size)
+    if training > 0:
+        raise uneven_batches_error(training, comm.size)
 
 
 def uneven_batches_error(training: int, n: int) -> CollectiveMismatchError:
@@ -81,3 +119,18 @@ def check_after_backward(
             "parameters, freeze them with requires_grad=False before wrapping, or pass "
             "find_unused_parameters=True to average missing gradients as zeros"
         )
+
+
+def check_alone(
+    named: Sequence[tuple[str, Any]], ready: Sequence[bool], find_unused_parameters: bool
+) -> None:
+    """The check after backward on a group of one rank, where nothing travels: raise as
+    :func:`check_after_backward` would for the ``(name, parameter)`` pairs ``named`` whose ``ready`` flag
+    is False, or (``find_unused_parameters``) give each a ``.grad`` of zeros, the average N ranks give."""
+    if all(ready):
+        return
+    names = [name for name, _ in named]
+    check_after_backward(names, np.array(ready, dtype=np.int64), 1, 1, find_unused_parameters)
+    for (_, p), got in zip(named, ready):
+        if not got and p.grad is None:
+            p.grad = backend.xp().zeros_like(p.data)
