@@ -147,21 +147,19 @@ class StageExecutor:
     def _forward(self, i: int, c: int) -> None:
         g = c * self.p + self.stage
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
-        start = time.perf_counter()
-        with trace.span(lambda: _name(FORWARD, i, c), FORWARD):
-            out = None
-            if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
-                out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
-                if error is not None:
-                    self._fail(error, i, g)
-            if g == self.last and self.error is None:
-                out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
-                if error is not None:
-                    self._fail(error, i, g)
-            elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
-                known = self._sent.get(g)
-                out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
-        self.stats.busy_s += time.perf_counter() - start
+        start, out = time.perf_counter(), None
+        if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
+            out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
+            if error is not None:
+                self._fail(error, i, g)
+        if g == self.last and self.error is None:
+            out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
+            if error is not None:
+                self._fail(error, i, g)
+        elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
+            known = self._sent.get(g)
+            out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
+        self._busy(FORWARD, i, c, start)
         self._outputs[(i, c)] = out
         self._live += 1
         self.stats.peak_activations = max(self.stats.peak_activations, self._live)
@@ -172,23 +170,33 @@ class StageExecutor:
         g = c * self.p + self.stage
         out, error = self._outputs.pop((i, c)), None
         start = time.perf_counter()
-        with trace.span(lambda: _name(BACKWARD, i, c), BACKWARD):
-            if g == self.last:
-                if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
-                    # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
-                    self._loss += out.item() / self.m
-                    if out.requires_grad:
-                        error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
-            else:
-                grad = self._grads.pop((i, c))
-                if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
-                    error = run_backward(out, grad, self.stage, c, g, i, self.v)
-            if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
-                self._fail(error, i, g)
-        self.stats.busy_s += time.perf_counter() - start
+        if g == self.last:
+            if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
+                # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
+                self._loss += out.item() / self.m
+                if out.requires_grad:
+                    error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
+        else:
+            grad = self._grads.pop((i, c))
+            if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
+                error = run_backward(out, grad, self.stage, c, g, i, self.v)
+        if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
+            self._fail(error, i, g)
+        self._busy(BACKWARD, i, c, start)
         self._live -= 1
         if self.p == 1 and g > 0:
             self._grads[(i, c - 1)] = self._input_grad(i, c)
+
+    def _busy(self, kind: str, i: int, c: int, start: float) -> None:
+        """Add the computation that began at ``start`` (``time.perf_counter()``) to the busy time and,
+        while ``minidist.trace`` is on, record it as a span. Recorded after the fact, not in a ``with
+        trace.span`` block: entering even the do-nothing span of tracing off costs ~3,600 instructions
+        (a closure, three calls), and a step has 2 m of these blocks (issue 16)."""
+        end = time.perf_counter()
+        self.stats.busy_s += end - start
+        if trace.is_enabled():
+            zero = end - trace.now()  # the time.perf_counter() reading at which the trace clock started
+            trace.record(_name(kind, i, c), kind, start - zero, end - zero)
 
     def _input_grad(self, i: int, c: int) -> Any:
         inp = self._inputs.pop((i, c))
