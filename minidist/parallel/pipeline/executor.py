@@ -248,10 +248,9 @@ class StageExecutor:
         out = self._outputs[(ins.microbatch, ins.chunk)]
         return out.shape, out.data.dtype
 
-    def received(self, ins: Instruction, array: Any) -> None:
-        """Keep what receive ``ins`` got (a host or backend array): an activation as this chunk's input
-        (a leaf that requires grad), or the gradient for its output."""
-        data = backend.asarray(array)  # the same memory on the CPU, a device copy of a host array on a GPU
+    def received(self, ins: Instruction, data: Any) -> None:
+        """Keep what receive ``ins`` got (a backend array): an activation as this chunk's input (a leaf
+        that requires grad), or the gradient for its output."""
         key = (ins.microbatch, ins.chunk)
         if ins.kind == RECV_ACT:
             self._inputs[key] = Tensor(data, requires_grad=True)
