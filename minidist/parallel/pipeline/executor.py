@@ -266,11 +266,20 @@ class BlockingMessaging:
     send to each other at the same moment the schedule has an ``Exchange``, whose two halves progress
     together in one ``MPI_Sendrecv``. The first activation of a step is preceded by its header
     (``messages.py``); both schedules begin every stage's traffic with a plain ``recv_act 0`` /
-    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction.
+    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction (a program that
+    does not is a ``ValueError`` when the executor is built).
     """
 
     def __init__(self, executor: StageExecutor) -> None:
         self.ex, self.group = executor, executor.group
+        # The header travels alone, just before the step's first activation: neither end of that first
+        # activation may be half of an Exchange. Checked once per program here, not per message.
+        for kind in (SEND_ACT, RECV_ACT):
+            first = next((st for st in executor.program if any(ins.kind == kind for ins in parts(st))), None)
+            if isinstance(first, Exchange):
+                raise ValueError(
+                    f"schedule bug: the first activation of a step travels in an Exchange ({first})"
+                )
 
     def start_step(self) -> None:
         """Forget the last step's activation shape: the batch size may have changed."""
@@ -279,13 +288,6 @@ class BlockingMessaging:
 
     def run(self, step: Step) -> None:
         """Move the message(s) of ``step``: a send, a receive, or an ``Exchange``."""
-        if isinstance(step, Exchange) and (
-            (step.send.kind == SEND_ACT and not self._header_sent)
-            or (step.recv.kind == RECV_ACT and self._act_shape is None)
-        ):
-            raise RuntimeError(
-                f"schedule bug: the first activation of a step travels in an Exchange ({step})"
-            )
         # BEGIN SOLUTION A5.2: a blocking send or receive, or an Exchange as ONE sendrecv
         if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
             array, buffer = self._outgoing(step.send), self._incoming(step.recv)
