@@ -34,7 +34,8 @@ import numpy as np
 from minidist.distributed.validate import MAX_TAG
 
 DTYPES = ("float16", "float32", "float64")  # what a stage may send; the header stores the index
-# dtype -> its index, looked up by the dtype itself: str(dtype) runs ~7 Python-level NumPy calls (issue 16)
+# dtype -> its index, looked up by the dtype itself: str(dtype) is Python-level NumPy code, ~29,000
+# instructions (NumPy 1.26), and encode_header called it twice (issue 16)
 _CODES = {np.dtype(name): code for code, name in enumerate(DTYPES)}
 MAX_DIMS = 8  # most axes an activation may have
 HEADER_SIZE = 2 + MAX_DIMS  # int64 elements: dtype code, ndim, the axes (zero-padded)
