@@ -1,6 +1,7 @@
 """Instructions per step and per all-reduce, phase by phase: the measured floors of issue 16's unmet goals.
 
     python benchmarks/instruction_floor.py step [--dp D] [--pp P]   # goal (a): a step vs the NumPy reference
+    python benchmarks/instruction_floor.py step --pp P [--dp D] --executor-only   # the executor alone
     python benchmarks/instruction_floor.py allreduce -n N           # goal (b): all_reduce vs mpi4py vs MPI
 
 Each command launches ``mpiexec -n W valgrind --tool=callgrind python instruction_floor.py --worker ...``
@@ -134,10 +135,9 @@ def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]
 
     w = make_workload(args)
     lr, dp_n, dp = w.args.lr, w.mesh.dp, w.dp_comm
-    steps: dict[str, Callable[[], object]] = {
-        "reference": reference_step(w)[0],
-        "minidist": minidist_step(w)[0],
-    }
+    steps: dict[str, Callable[[], object]] = {}
+    if not args.executor_only:
+        steps = {"reference": reference_step(w)[0], "minidist": minidist_step(w)[0]}
     if w.mesh.pp > 1:  # the executor's own cost: train_step against a hand-written GPipe loop (no SGD)
         steps["pipeline train_step (no SGD)"], steps["the same loop by hand (no SGD)"] = pipeline_pair(w)
         return steps
@@ -237,7 +237,8 @@ def print_step_table(c: dict[str, tuple[float, float]], dp: int, pp: int) -> Non
     print(f"instructions per step outside the MPI library, mean over ranks (dp {dp}, pp {pp}):")
     for name, value in out.items():
         print(f"  {name:38s} {value:12,.0f}   (in MPI, load-dependent: {c[name][1]:,.0f})")
-    print(f"  minidist - reference: {out['minidist'] - out['reference']:+,.0f}")
+    if "minidist" in out:
+        print(f"  minidist - reference: {out['minidist'] - out['reference']:+,.0f}")
     if pp > 1:
         executor = out["pipeline train_step (no SGD)"] - out["the same loop by hand (no SGD)"]
         print(f"  of which the pipeline executor: {executor:+,.0f} ({executor / 4:+,.0f} per microbatch)")
@@ -293,12 +294,19 @@ def main() -> None:
         f"batch {TINY_BATCH} (fixed costs; default), or small_mlp.py's 64-256-256-10, batch 128",
     )
     parser.add_argument("--calls", type=int, default=None, help="calls per contender (default 20 / 50)")
+    parser.add_argument(
+        "--executor-only",
+        action="store_true",
+        help="step with --pp > 1: count only the pipeline executor's pair (train_step, the loop by hand)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--names-file", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--microbatches", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--lr", type=float, default=0.05, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.executor_only and (args.what != "step" or args.pp < 2):
+        parser.error("--executor-only counts the pipeline executor: use it with step --pp 2 or more")
     args.calls = args.calls or (20 if args.what == "step" else 50)
     args.batch = args.batch or (TINY_BATCH if args.model == "tiny" else 128)
     if args.worker:
@@ -308,6 +316,7 @@ def main() -> None:
         ["--sizes", *map(str, args.sizes)]
         if args.what == "allreduce"
         else ["--dp", str(args.dp), "--pp", str(args.pp), "--model", args.model]
+        + (["--executor-only"] if args.executor_only else [])
     )
     world = args.n if args.what == "allreduce" else args.dp * args.pp
     counts = count(world, [args.what, *shared], args.calls)

@@ -82,8 +82,13 @@ def test_minimal_autograd_step_is_the_reference_step():
 
 @pytest.mark.parametrize(
     "args",
-    [["step", "--dp", "2"], ["step", "--pp", "2"], ["allreduce", "--sizes", "4", "16"]],
-    ids=["dp2", "pp2", "allreduce"],
+    [
+        ["step", "--dp", "2"],
+        ["step", "--pp", "2"],
+        ["step", "--pp", "2", "--executor-only"],
+        ["allreduce", "--sizes", "4", "16"],
+    ],
+    ids=["dp2", "pp2", "pp2-executor-only", "allreduce"],
 )
 def test_every_contender_of_the_worker_runs_on_two_ranks(args, tmp_path):
     names = tmp_path / "names.txt"
@@ -101,6 +106,8 @@ def test_every_contender_of_the_worker_runs_on_two_ranks(args, tmp_path):
     got = names.read_text().splitlines()
     if args[0] == "allreduce":
         assert got == [f"{kib} KiB {k}" for kib in (4, 16) for k in ("auto", "bare", "mpi")]
+    elif "--executor-only" in args:
+        assert got == ["pipeline train_step (no SGD)", "the same loop by hand (no SGD)"]
     else:
         assert {"reference", "minidist"} <= set(got)
         assert ("by hand, dist.all_reduce" in got) == (args[-1] == "2" and args[1] == "--dp")

@@ -170,3 +170,26 @@ def test_timeline_from_trace_measures_the_bubble_of_recorded_spans():
     assert measured.bubble_fraction() == pytest.approx(simulated.bubble_fraction())
     with pytest.raises(ValueError, match="2 ranks' events for a schedule of 3 stages"):
         timeline_from_trace(schedule, events[:2])
+
+
+def test_an_executor_refuses_a_program_whose_first_activation_is_in_an_exchange():
+    """The header travels alone before a step's first activation: a program that puts that activation in
+    an Exchange is refused when the executor is built (no MPI: __init__ reads only rank and size)."""
+    from types import SimpleNamespace
+
+    from minidist import nn
+    from minidist.parallel.pipeline.executor import StageExecutor
+
+    exchange = Exchange(Instruction(SEND_ACT, 0), Instruction(RECV_GRAD, 0))
+    first = (Instruction(FORWARD, 0), exchange, Instruction(BACKWARD, 0))
+    last = (
+        Instruction(RECV_ACT, 0),
+        Instruction(FORWARD, 0),
+        Instruction(BACKWARD, 0),
+        Instruction(SEND_GRAD, 0),
+    )
+    schedule = Schedule("1f1b", 2, 1, (first, last))
+    with pytest.raises(ValueError, match=r"first activation of a step travels in an Exchange \(sA0\+rG0\)"):
+        StageExecutor([nn.Linear(2, 2)], SimpleNamespace(rank=0, size=2), schedule)
+    StageExecutor([nn.Linear(2, 2)], SimpleNamespace(rank=1, size=2), schedule)  # a plain recv_act 0 is fine
+    StageExecutor([nn.Linear(2, 2)], SimpleNamespace(rank=0, size=2), one_f_one_b(2, 3))  # as built: fine

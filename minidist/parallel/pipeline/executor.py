@@ -147,21 +147,19 @@ class StageExecutor:
     def _forward(self, i: int, c: int) -> None:
         g = c * self.p + self.stage
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
-        start = time.perf_counter()
-        with trace.span(lambda: _name(FORWARD, i, c), FORWARD):
-            out = None
-            if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
-                out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
-                if error is not None:
-                    self._fail(error, i, g)
-            if g == self.last and self.error is None:
-                out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
-                if error is not None:
-                    self._fail(error, i, g)
-            elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
-                known = self._sent.get(g)
-                out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
-        self.stats.busy_s += time.perf_counter() - start
+        start, out = time.perf_counter(), None
+        if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
+            out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
+            if error is not None:
+                self._fail(error, i, g)
+        if g == self.last and self.error is None:
+            out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
+            if error is not None:
+                self._fail(error, i, g)
+        elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
+            known = self._sent.get(g)
+            out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
+        self._busy(FORWARD, i, c, start)
         self._outputs[(i, c)] = out
         self._live += 1
         self.stats.peak_activations = max(self.stats.peak_activations, self._live)
@@ -172,23 +170,33 @@ class StageExecutor:
         g = c * self.p + self.stage
         out, error = self._outputs.pop((i, c)), None
         start = time.perf_counter()
-        with trace.span(lambda: _name(BACKWARD, i, c), BACKWARD):
-            if g == self.last:
-                if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
-                    # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
-                    self._loss += out.item() / self.m
-                    if out.requires_grad:
-                        error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
-            else:
-                grad = self._grads.pop((i, c))
-                if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
-                    error = run_backward(out, grad, self.stage, c, g, i, self.v)
-            if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
-                self._fail(error, i, g)
-        self.stats.busy_s += time.perf_counter() - start
+        if g == self.last:
+            if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
+                # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
+                self._loss += out.item() / self.m
+                if out.requires_grad:
+                    error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
+        else:
+            grad = self._grads.pop((i, c))
+            if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
+                error = run_backward(out, grad, self.stage, c, g, i, self.v)
+        if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
+            self._fail(error, i, g)
+        self._busy(BACKWARD, i, c, start)
         self._live -= 1
         if self.p == 1 and g > 0:
             self._grads[(i, c - 1)] = self._input_grad(i, c)
+
+    def _busy(self, kind: str, i: int, c: int, start: float) -> None:
+        """Add the computation that began at ``start`` (``time.perf_counter()``) to the busy time and,
+        while ``minidist.trace`` is on, record it as a span. Recorded after the fact, not in a ``with
+        trace.span`` block: entering even the do-nothing span of tracing off costs ~3,600 instructions
+        (a closure, three calls), and a step has 2 m of these blocks (issue 16)."""
+        end = time.perf_counter()
+        self.stats.busy_s += end - start
+        if trace.is_enabled():
+            zero = end - trace.now()  # the time.perf_counter() reading at which the trace clock started
+            trace.record(_name(kind, i, c), kind, start - zero, end - zero)
 
     def _input_grad(self, i: int, c: int) -> Any:
         inp = self._inputs.pop((i, c))
@@ -240,10 +248,9 @@ class StageExecutor:
         out = self._outputs[(ins.microbatch, ins.chunk)]
         return out.shape, out.data.dtype
 
-    def received(self, ins: Instruction, array: Any) -> None:
-        """Keep what receive ``ins`` got (a host or backend array): an activation as this chunk's input
-        (a leaf that requires grad), or the gradient for its output."""
-        data = backend.asarray(array)  # the same memory on the CPU, a device copy of a host array on a GPU
+    def received(self, ins: Instruction, data: Any) -> None:
+        """Keep what receive ``ins`` got (a backend array): an activation as this chunk's input (a leaf
+        that requires grad), or the gradient for its output."""
         key = (ins.microbatch, ins.chunk)
         if ins.kind == RECV_ACT:
             self._inputs[key] = Tensor(data, requires_grad=True)
@@ -259,11 +266,20 @@ class BlockingMessaging:
     send to each other at the same moment the schedule has an ``Exchange``, whose two halves progress
     together in one ``MPI_Sendrecv``. The first activation of a step is preceded by its header
     (``messages.py``); both schedules begin every stage's traffic with a plain ``recv_act 0`` /
-    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction.
+    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction (a program that
+    does not is a ``ValueError`` when the executor is built).
     """
 
     def __init__(self, executor: StageExecutor) -> None:
         self.ex, self.group = executor, executor.group
+        # The header travels alone, just before the step's first activation: neither end of that first
+        # activation may be half of an Exchange. Checked once per program here, not per message.
+        for kind in (SEND_ACT, RECV_ACT):
+            first = next((st for st in executor.program if any(ins.kind == kind for ins in parts(st))), None)
+            if isinstance(first, Exchange):
+                raise ValueError(
+                    f"schedule bug: the first activation of a step travels in an Exchange ({first})"
+                )
 
     def start_step(self) -> None:
         """Forget the last step's activation shape: the batch size may have changed."""
@@ -272,13 +288,6 @@ class BlockingMessaging:
 
     def run(self, step: Step) -> None:
         """Move the message(s) of ``step``: a send, a receive, or an ``Exchange``."""
-        if isinstance(step, Exchange) and (
-            (step.send.kind == SEND_ACT and not self._header_sent)
-            or (step.recv.kind == RECV_ACT and self._act_shape is None)
-        ):
-            raise RuntimeError(
-                f"schedule bug: the first activation of a step travels in an Exchange ({step})"
-            )
         # BEGIN SOLUTION A5.2: a blocking send or receive, or an Exchange as ONE sendrecv
         if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
             array, buffer = self._outgoing(step.send), self._incoming(step.recv)

@@ -2,9 +2,10 @@
 
 ``resolve_groups`` turns what the user passed (a Communicator, None for the world, or a
 ``ProcessMesh``) into the pipeline group and the optional data-parallel group. (A misuse that only
-some ranks see raises on every rank through ``minidist.distributed.agreement``.) ``gather_step`` is the small
-all-gather that begins every ``train_step`` and ``predict``: it also tells which operation each rank
-called, so ``predict`` on one rank while another trains is an error on both, not a garbled message.
+some ranks see raises on every rank through ``minidist.distributed.agreement``.) ``gather_step`` is the
+small exchange (an all-gather, done as an all-reduce: ``gather_ints``) that begins every ``train_step``
+and ``predict``: it also tells which operation each rank called, so ``predict`` on one rank while
+another trains is an error on both, not a garbled message.
 """
 
 from __future__ import annotations
@@ -47,20 +48,32 @@ OPERATIONS = ("train_step", "predict")
 STEP_FIELDS = 3  # integers per rank after the operation code (the same for every operation)
 
 
+def gather_ints(group: Communicator, values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (as many ints on every rank), in rank order, as Python lists.
+
+    One all-reduce (sum) of an int64 table with one row per rank, each rank filling its own row: the
+    same result as an all-gather in one collective, where ``dist.all_gather`` (whose chunks may differ
+    in length) runs two: the lengths first, then the data (issue 16: twice the messages and Python for
+    these few ints, every step).
+    """
+    table = np.zeros((group.size, len(values)), np.int64)
+    table[group.rank] = values
+    return dist.all_reduce(table, op="sum", group=group).tolist()
+
+
 def gather_step(
     group: Communicator, operation: str, fields: Sequence[int]
-) -> tuple[np.ndarray, ValueError | None]:
-    """All-gather ``operation`` and up to ``STEP_FIELDS`` ints from every rank of ``group``.
+) -> tuple[list[list[int]], ValueError | None]:
+    """Gather ``operation`` and up to ``STEP_FIELDS`` ints from every rank of ``group``.
 
-    Returns ``(fields of every rank, shape (group.size, STEP_FIELDS), padded with -1; error)``, where
-    ``error`` is a ``ValueError`` (the same on every rank) if the ranks called different operations.
-    One all-gather of 4 int64 per rank, whatever the operation, so mismatched calls still pair up.
+    Returns ``(fields of every rank: group.size lists of STEP_FIELDS ints, padded with -1; error)``,
+    where ``error`` is a ``ValueError`` (the same on every rank) if the ranks called different
+    operations. One all-reduce of a (group.size, 4) int64 table (:func:`gather_ints`), whatever the
+    operation, so mismatched calls still pair up.
     """
-    record = np.full(1 + STEP_FIELDS, -1, np.int64)
-    record[0] = OPERATIONS.index(operation)
-    record[1 : 1 + len(fields)] = fields
-    everyone = dist.all_gather(record, group=group).reshape(group.size, 1 + STEP_FIELDS)
-    codes = everyone[:, 0].tolist()
+    padding = [-1] * (STEP_FIELDS - len(fields))
+    everyone = gather_ints(group, [OPERATIONS.index(operation), *fields, *padding])
+    codes = [row[0] for row in everyone]
     error = None
     if len(set(codes)) > 1:
         calls = "; ".join(f"rank {r}: {OPERATIONS[c]}" for r, c in enumerate(codes))
@@ -68,7 +81,7 @@ def gather_step(
             f"PipelineParallel: the ranks of the pipeline group called different operations ({calls}); "
             "every rank of the group must call train_step or predict together, in the same order"
         )
-    return everyone[:, 1:], error
+    return [row[1:] for row in everyone], error
 
 
 def as_count(value: Any) -> Any:

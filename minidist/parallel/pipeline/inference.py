@@ -57,7 +57,7 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
     has_inputs, mismatch = gather_step(group, "predict", [inputs is not None])
     if mismatch is not None:
         raise mismatch
-    if not has_inputs[0, 0]:
+    if not has_inputs[0][0]:
         raise ValueError(
             "predict: the first stage (rank 0 of the pipeline group) got no inputs; pass the batch"
         )

@@ -34,6 +34,9 @@ import numpy as np
 from minidist.distributed.validate import MAX_TAG
 
 DTYPES = ("float16", "float32", "float64")  # what a stage may send; the header stores the index
+# dtype -> its index, looked up by the dtype itself: str(dtype) is Python-level NumPy code, ~29,000
+# instructions (NumPy 1.26), and encode_header called it twice (issue 16)
+_CODES = {np.dtype(name): code for code, name in enumerate(DTYPES)}
 MAX_DIMS = 8  # most axes an activation may have
 HEADER_SIZE = 2 + MAX_DIMS  # int64 elements: dtype code, ndim, the axes (zero-padded)
 
@@ -49,13 +52,14 @@ def encode_header(array: Any) -> np.ndarray:
     Raises ``TypeError`` if ``array``'s dtype is not one of ``DTYPES`` or it has more than ``MAX_DIMS``
     axes (a stage's output must be a floating array to be sent on).
     """
-    if str(array.dtype) not in DTYPES or array.ndim > MAX_DIMS:
+    code = _CODES.get(array.dtype)
+    if code is None or array.ndim > MAX_DIMS:
         raise TypeError(
             f"a pipeline stage's output must be a floating array ({', '.join(DTYPES)}) with at most "
             f"{MAX_DIMS} axes to be sent to the next stage, got {array.dtype} with shape {array.shape}"
         )
     header = np.zeros(HEADER_SIZE, np.int64)
-    header[0], header[1] = DTYPES.index(str(array.dtype)), array.ndim
+    header[0], header[1] = code, array.ndim
     header[2 : 2 + array.ndim] = array.shape
     return header
 

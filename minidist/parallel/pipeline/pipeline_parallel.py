@@ -59,7 +59,7 @@ from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
-from minidist.parallel.pipeline.groups import as_count, gather_step, resolve_groups
+from minidist.parallel.pipeline.groups import as_count, gather_ints, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
 from minidist.parallel.pipeline.schedules import make_schedule
@@ -89,7 +89,7 @@ class PipelineParallel:
             where virtual stages 1..pv-1 start); default: balanced by parameter count.
         virtual_stages: ``v``, model chunks per rank; more than 1 only with ``schedule="interleaved"``.
 
-    **Errors during a step.** ``train_step`` and ``predict`` begin with one small all-gather over the
+    **Errors during a step.** ``train_step`` and ``predict`` begin with one small exchange over the
     group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
     targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation),
     and with a dp group a second one over the dp group, so that every replica raises such an error
@@ -284,16 +284,17 @@ class PipelineParallel:
 
     def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, int]:
         """(this replica's batch size, the global batch over the dp group), agreed with two small
-        all-gathers (pp group, then dp group); the same error on every rank of both groups."""
+        exchanges (pp group, then dp group; ``groups.gather_ints``); the same error on every rank of both
+        groups."""
         s, p, m = self.stage_index, self.num_stages, self.microbatches
         n_in = -1 if inputs is None else len(inputs)
         n_tg = -1 if targets is None else len(targets)
         missing = (s == 0 and inputs is None) or (s == p - 1 and targets is None)
         flags = (_MISSING if missing else 0) | (0 if callable(loss_fn) else _NOT_CALLABLE)
-        info, mismatch = gather_step(self.group, "train_step", [n_in, n_tg, flags])
+        rows, mismatch = gather_step(self.group, "train_step", [n_in, n_tg, flags])
         error: Exception | None = mismatch  # the ranks called different operations
-        # Plain Python on a few ints: NumPy's calls on a 2 x 3 array cost ~6x more (issue 16).
-        rows = info.tolist()  # per rank: [len(inputs), len(targets), flags]
+        # rows, per rank: [len(inputs), len(targets), flags]. Plain Python on a few ints: NumPy's calls on
+        # a 2 x 3 array cost ~6x more (issue 16).
         sizes = sorted({n for row in rows for n in row[:2] if n >= 0})
         not_callable = [r for r, row in enumerate(rows) if row[2] & _NOT_CALLABLE]
         missing_data = [r for r, row in enumerate(rows) if row[2] & _MISSING]
@@ -327,11 +328,10 @@ class PipelineParallel:
             return batch, batch
         # A replica whose pipeline group raises must not leave the other replicas waiting in the
         # gradient all-reduce: share the verdicts (and the batch sizes, needed for the weights).
-        shares = dist.all_gather(np.array([int(error is not None), batch], np.int64), group=self.dp_group)
-        shares = shares.reshape(-1, 2)
-        if shares[:, 0].any():
+        shares = gather_ints(self.dp_group, [int(error is not None), batch])  # per replica: [failed, B]
+        if any(failed for failed, _ in shares):
             dist.raise_if_any(error, self.dp_group, label="data-parallel group")
-        return batch, int(shares[:, 1].sum())
+        return batch, sum(b for _, b in shares)
 
     def _first_failure(self) -> Exception | None:
         """This rank's error if it came first in the data flow of the step (smallest microbatch, then
