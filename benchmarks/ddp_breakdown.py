@@ -2,18 +2,21 @@
 
     mpiexec -n 2 python benchmarks/ddp_breakdown.py
 
-The small MLP (64-256-256-10, 64 rows per rank, SGD) four ways, taking turns (15 rounds x 30 steps, the
+The small MLP (64-256-256-10, 64 rows per rank, SGD) six ways, taking turns (15 rounds x 30 steps, the
 slowest rank's wall time per step): ``ddp`` (DistributedDataParallel), ``ours`` (the local model, then
 its gradients packed into one flat array, ``dist.all_reduce``, divided and unpacked by hand), ``mpi``
-(the same with mpi4py's ``Allreduce``) and ``none`` (the local step without communication).
+(the same with mpi4py's ``Allreduce``), ``none`` (the local step without communication), and the NumPy
+reference of ``peer.py`` with (``ref``) and without (``ref none``) its one ``Allreduce``.
 ``ddp - ours`` is DDP's own bookkeeping, ``ours - mpi`` the hand-written all-reduce against MPI's,
-``mpi - none`` the all-reduce including the ranks' wait for each other. Figures: benchmarks/README.md,
-"After".
+``mpi - none`` the all-reduce including the ranks' wait for each other, to be compared with
+``ref - ref none``; ``none - ref none`` is the local step's gap, with both ranks computing at once.
+Figures: benchmarks/README.md, "After" and "The DP-2 gap, split in time".
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -29,13 +32,21 @@ from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 from minidist.parallel.buckets import flatten, unflatten_into  # noqa: E402
 
-KINDS = ("ddp", "ours", "mpi", "none")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_reference import ReferenceStage, dp_step  # noqa: E402
+
+KINDS = ("ddp", "ours", "mpi", "none", "ref", "ref none")
 
 
 def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) -> Callable[[], None]:
     """One training step of the ``kind`` above, on a fresh model from seed 0."""
     md.manual_seed(0)
     model = MLP(64, [256, 256], 10)
+    if kind.startswith("ref"):  # the hand-written NumPy step, from the same initial weights
+        stage = ReferenceStage([np.array(p.data) for p in model.parameters()], head=True)
+        dp_comm = world.mpi.Dup() if kind == "ref" else None  # None: no all-reduce
+        x_host = np.asarray(x.data)
+        return lambda: dp_step(stage, x_host, y, 0.05, dp_comm)
     if kind == "ddp":
         ddp = DistributedDataParallel(model, group=world)
         opt = optim.SGD(ddp.parameters(), lr=0.05)
@@ -86,7 +97,7 @@ def main() -> None:
     if world.rank == 0:
         print(f"small MLP, 64 rows per rank, {world.size} ranks; load {os.getloadavg()[0]:.2f}")
         for kind, t in times.items():
-            print(f"{kind:5s} median {np.median(t) * 1e6:7.0f} us  min {min(t) * 1e6:7.0f} us")
+            print(f"{kind:8s} median {np.median(t) * 1e6:7.0f} us  min {min(t) * 1e6:7.0f} us")
 
 
 if __name__ == "__main__":
