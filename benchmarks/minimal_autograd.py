@@ -11,11 +11,11 @@ what *recording* the computation costs in Python:
   graph recorded this way (a Wengert list / tape: Griewank & Walther, "Evaluating Derivatives", 2nd
   ed. 2008, ch. 3), and adds each gradient into its input's running sum, leaves into their ``.grad``.
 
-Nothing else: no checks of shapes, dtypes or versions, no hooks, no modules, no ``no_grad``, no
-freeing of saved arrays. The tape is freed by dropping it. An engine that users can write new ops for
-must do at least this much per op, so ``minimal - reference`` (instructions or time per step) is the
-price of having a graph at all, and ``minidist - minimal`` is what minidist's checks and features cost
-on top. Two steps, each the reference's with a tape in place of the hand-written backward:
+Nothing else: no checks of shapes, dtypes or versions, no hooks, no modules, no ``no_grad``. The walk
+frees each node (and so the arrays its backward saved) as soon as it has run. An engine that users can
+write new ops for must do at least this much per op, so ``minimal - reference`` (instructions or time
+per step) is the price of having a graph at all, and ``minidist - minimal`` is what minidist's checks
+and features cost on top. Two steps, each the reference's with a tape in place of the hand-written backward:
 ``minimal_step`` (one rank, or data parallel: ``dp_step``) and ``minimal_gpipe_step`` (GPipe with the
 reference's blocking mpi4py messages: ``gpipe_step``, one tape per microbatch per stage).
 ``benchmarks/peer.py`` times both beside minidist, the reference and PyTorch.
@@ -81,8 +81,13 @@ class Tape:
         """Gradients of ``root`` (seeded with ``grad``, or 1 for a loss: a pipeline stage's output starts
         from the gradient it received) into every recorded input; a leaf's are summed into its ``.grad``."""
         root.grad = np.float32(1.0) if grad is None else grad
-        for node in reversed(self.nodes):
-            g = node.output.grad
+        # Pop each node and drop its output's gradient once used, as the reference drops each saved
+        # input in its backward: the freed arrays are reused while still in cache. Walking a list kept
+        # whole until the step ends timed 3-4 % slower on the small MLP (benchmarks/README.md, "The floor,
+        # timed"), which is memory held, not the price of a graph.
+        while self.nodes:
+            node = self.nodes.pop()
+            g, node.output.grad = node.output.grad, None
             for inp, g_inp in zip(node.inputs, node.backward(g)):
                 if g_inp is None:
                     continue
