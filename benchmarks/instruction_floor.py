@@ -120,13 +120,13 @@ def count(world: int, worker_args: list[str], calls: int) -> dict[str, tuple[flo
 
 # -- the contenders ------------------------------------------------------------------------------------
 def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
-    """The small MLP's step of ``small_mlp.py`` in pieces, for minidist and for the reference."""
+    """The small MLP's step of ``small_mlp.py`` in pieces, for minidist and for the reference; the
+    minimal autograd engine's whole step (its pipeline version with --pp)."""
     import numpy as np  # noqa: PLC0415
-    from minimal_autograd import minimal_step  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
     from numpy_reference import ReferenceStage, cross_entropy, dp_step  # noqa: PLC0415
     from overhead_parallel import pipeline_pair  # noqa: PLC0415
-    from small_mlp import minidist_step, reference_step  # noqa: PLC0415
+    from small_mlp import minidist_step, minimal_autograd_step, reference_step  # noqa: PLC0415
 
     import minidist as md  # noqa: PLC0415
     import minidist.distributed as dist  # noqa: PLC0415
@@ -137,21 +137,19 @@ def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]
     lr, dp_n, dp = w.args.lr, w.mesh.dp, w.dp_comm
     steps: dict[str, Callable[[], object]] = {}
     if not args.executor_only:
-        steps = {"reference": reference_step(w)[0], "minidist": minidist_step(w)[0]}
+        steps = {
+            "reference": reference_step(w)[0],
+            "minidist": minidist_step(w)[0],
+            "minimal autograd": minimal_autograd_step(w)[0],
+        }
     if w.mesh.pp > 1:  # the executor's own cost: train_step against a hand-written GPipe loop (no SGD)
         steps["pipeline train_step (no SGD)"], steps["the same loop by hand (no SGD)"] = pipeline_pair(w)
         return steps
-
-    def averaged(flat: np.ndarray) -> None:
-        if dp_n > 1:
-            dp.Allreduce(MPI.IN_PLACE, flat)
-            flat /= dp_n
 
     stage = ReferenceStage(w.init, head=True)
     steps["reference forward"] = lambda: cross_entropy(stage.forward(w.x), w.y)
     steps["reference forward + backward"] = lambda: stage.backward(cross_entropy(stage.forward(w.x), w.y)[1])
     steps["reference, no all-reduce"] = lambda: dp_step(stage, w.x, w.y, lr, None)
-    steps["minimal autograd"] = lambda: minimal_step(stage, w.x, w.y, lr, averaged)
     model = w.new_model()
     params, xt, loss_fn = list(model.parameters()), md.tensor(w.x), nn.functional.cross_entropy
     opt = optim.SGD(params, lr=lr)
@@ -238,6 +236,8 @@ def print_step_table(c: dict[str, tuple[float, float]], dp: int, pp: int) -> Non
     for name, value in out.items():
         print(f"  {name:38s} {value:12,.0f}   (in MPI, load-dependent: {c[name][1]:,.0f})")
     if "minidist" in out:
+        graph_at_all = out["minimal autograd"] - out["reference"]
+        print(f"  minimal autograd - reference (the cost of having a graph at all): {graph_at_all:+,.0f}")
         print(f"  minidist - reference: {out['minidist'] - out['reference']:+,.0f}")
     if pp > 1:
         executor = out["pipeline train_step (no SGD)"] - out["the same loop by hand (no SGD)"]
@@ -267,8 +267,6 @@ def print_step_table(c: dict[str, tuple[float, float]], dp: int, pp: int) -> Non
     for label, value in rows:
         print(f"    {label:52s} {value:+12,.0f}")
     print(f"    {'(sum of the rows)':52s} {sum(v for _, v in rows):+12,.0f}")
-    graph_at_all = out["minimal autograd"] - out["reference"]
-    print(f"  minimal autograd - reference (the cost of having a graph at all): {graph_at_all:+,.0f}")
 
 
 def print_allreduce_table(c: dict[str, tuple[float, float]], n: int, sizes: list[int]) -> None:

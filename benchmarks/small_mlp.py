@@ -1,5 +1,6 @@
 """The small-MLP workload of issue 16, shared by ``overhead.py`` and ``peer.py``: one definition of the
-model, the data, the mesh and the training step, for minidist and for the NumPy reference.
+model, the data, the mesh and the training step, for minidist, the NumPy reference and the minimal
+autograd engine.
 
 MLP 64-256-256-10 (Linear, ReLU, Linear, ReLU, Linear), float32, softmax cross-entropy (mean), plain
 SGD, a global batch of 128 split evenly over the dp ranks (ShallowSpeed's convention), and with
@@ -20,6 +21,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one BLAS thread per rank: the ranks share the cores
 
 import numpy as np  # noqa: E402
+from minimal_autograd import minimal_gpipe_step, minimal_step  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from numpy_reference import ReferenceStage, dp_step, gpipe_step  # noqa: E402
 
@@ -152,6 +154,31 @@ def reference_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
         return (lambda: dp_step(stage, w.x, w.y, w.args.lr, dp)), stage.params
     pp, m = w.pp_comm, w.args.microbatches
     return (lambda: gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, dp)), stage.params
+
+
+def dp_average(w: Workload) -> Callable[[np.ndarray], None]:
+    """``average(flat)``: the reference's data-parallel mean of a flat gradient, in place (one mpi4py
+    ``Allreduce`` of the sum over the dp group, then / dp); a no-op with one dp rank."""
+    dp, n = w.dp_comm, w.mesh.dp
+
+    def average(flat: np.ndarray) -> None:
+        if n > 1:
+            dp.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+            flat /= n
+
+    return average
+
+
+def minimal_autograd_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
+    """(one step of ``minimal_autograd.py``: the reference's arithmetic and messages through a tape,
+    this stage's parameter arrays)."""
+    layers = w.stage_linears
+    stage = ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
+    average = dp_average(w)
+    if w.mesh.pp == 1:
+        return (lambda: minimal_step(stage, w.x, w.y, w.args.lr, average)), stage.params
+    pp, m = w.pp_comm, w.args.microbatches
+    return (lambda: minimal_gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, average)), stage.params
 
 
 def torch_step(w: Workload) -> tuple[Step, list[np.ndarray]] | None:

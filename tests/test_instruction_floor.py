@@ -18,8 +18,9 @@ from mpi_utils import run_mpi
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 from instruction_floor import instructions_by_library  # noqa: E402
-from minimal_autograd import minimal_step  # noqa: E402
-from numpy_reference import ReferenceStage, dp_step  # noqa: E402
+from minimal_autograd import minimal_gpipe_step, minimal_step  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+from numpy_reference import ReferenceStage, dp_step, gpipe_step  # noqa: E402
 
 # A hand-written callgrind file: python's main (self 100) calls into libmpi (inclusive 70: MPI's self
 # 40 + a libc lock it calls, 30) and into libc's memcpy (inclusive 5); libmpi's call into libc is
@@ -80,6 +81,39 @@ def test_minimal_autograd_step_is_the_reference_step():
     assert not np.array_equal(ref.params[0], params[0])  # the steps moved the weights
 
 
+def test_minimal_gpipe_step_on_one_stage_is_the_reference_gpipe_step():
+    """One stage (head and first at once, over MPI.COMM_SELF), 4 microbatches: one tape per
+    microbatch, the loss scaled by 1/4, gradients summed over the tapes: the reference's update."""
+    rng = np.random.default_rng(1)
+    params = [rng.standard_normal(s, dtype=np.float32) * 0.1 for s in [(16, 8), (16,), (4, 16), (4,)]]
+    x, y = rng.standard_normal((8, 8), dtype=np.float32), rng.integers(0, 4, 8)
+    ref, tape = ReferenceStage(params, head=True), ReferenceStage(params, head=True)
+    for _ in range(3):
+        ref_loss = gpipe_step(ref, x, y, 0.1, 4, MPI.COMM_SELF)
+        tape_loss = minimal_gpipe_step(tape, x, y, 0.1, 4, MPI.COMM_SELF, lambda flat: None)
+        assert tape_loss == pytest.approx(ref_loss, rel=1e-6)
+    for a, b in zip(tape.params, ref.params):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+    assert not np.array_equal(ref.params[0], params[0])
+
+
+def test_minimal_gpipe_step_on_two_ranks_is_the_reference_gpipe_step(tmp_path):
+    """Two real stages: stage 1 sends the gradient of its received input (a leaf of its tapes) back,
+    stage 0 starts from none; a wrong or missing input gradient would move stage 0's weights elsewhere."""
+    run_mpi(2, "pipeline/minimal_gpipe.py", tmp_path, timeout=60)
+    for rank in (0, 1):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        n_params = 2 if rank == 0 else 4
+        for k in range(n_params):
+            np.testing.assert_allclose(got[f"tape{k}"], got[f"ref{k}"], rtol=0, atol=1e-7)
+            assert not np.array_equal(got[f"ref{k}"], got[f"start{k}"])  # the steps moved it
+        ref_losses, tape_losses = got["losses"][0::2], got["losses"][1::2]
+        if rank == 1:
+            np.testing.assert_allclose(tape_losses, ref_losses, rtol=1e-6)
+        else:
+            assert np.isnan(ref_losses).all() and np.isnan(tape_losses).all()
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -109,5 +143,5 @@ def test_every_contender_of_the_worker_runs_on_two_ranks(args, tmp_path):
     elif "--executor-only" in args:
         assert got == ["pipeline train_step (no SGD)", "the same loop by hand (no SGD)"]
     else:
-        assert {"reference", "minidist"} <= set(got)
+        assert {"reference", "minidist", "minimal autograd"} <= set(got)
         assert ("by hand, dist.all_reduce" in got) == (args[-1] == "2" and args[1] == "--dp")
