@@ -1,0 +1,47 @@
+"""Issue 16's per-call caches keep the answers they replaced (single process, no MPI launch).
+
+* ``reduce_ops.finish``'s ``"avg"`` divides by a 0-d array cached per (group size, dtype): bit for bit
+  the division by the int it replaced, for every float dtype (bfloat16 too) and whichever dtype came
+  first for the same group size; integers still refuse the in-place float division (``TypeError``).
+* ``messages.encode_header`` looks the dtype up by identity: the same codes as by name, and a
+  non-native byte order is still refused (``TypeError``), as ``str(dtype)`` refused it.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from minidist.distributed.reduce_ops import finish
+from minidist.parallel.pipeline.messages import DTYPES, encode_header
+
+FLOATS = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_avg_divides_like_the_int_whatever_dtype_came_first(n):
+    rng = np.random.default_rng(n)
+    for dtype in FLOATS + FLOATS[::-1]:  # both orders: a divisor cached for one dtype is not reused
+        summed = (rng.standard_normal(257) * 100).astype(dtype)
+        expected = summed.copy()
+        np.divide(expected, n, out=expected)  # what finish did before the cache
+        got = summed.copy()
+        finish("avg", got, n)
+        assert got.dtype == np.dtype(dtype)
+        assert got.tobytes() == expected.tobytes(), (np.dtype(dtype).name, n)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_avg_of_integers_still_raises_type_error(dtype):
+    with pytest.raises(TypeError):
+        finish("avg", np.arange(5, dtype=dtype), 4)
+
+
+def test_header_dtype_codes_by_identity_match_the_names():
+    for code, name in enumerate(DTYPES):
+        assert encode_header(np.zeros((2, 3), name))[:4].tolist() == [code, 2, 2, 3]
+    with pytest.raises(TypeError, match="must be a floating array"):
+        encode_header(np.zeros(3, np.dtype("float32").newbyteorder()))
+    with pytest.raises(TypeError, match="must be a floating array"):
+        encode_header(np.zeros(3, np.int64))
