@@ -72,8 +72,11 @@ def _where(stage: int, c: int, g: int, v: int) -> str:
 
 def stand_in_spec(x: Any) -> tuple[tuple[int, ...], Any]:
     """``(shape, dtype)`` of the zeros a failed chunk sends on when no activation crossed its boundary
-    yet in this step: its input's (a float dtype, as every activation sent must be)."""
-    dtype = x.dtype if np.dtype(x.dtype).kind == "f" else np.float32
+    yet in this step: its input's, as a dtype every activation sent must have (``messages.DTYPES``, in
+    this machine's byte order), else float32. (A big-endian or long-double input, which the chunk
+    rejected, must not make the stand-in unsendable: its header would raise on this rank alone.)"""
+    dtype = np.dtype(x.dtype)
+    dtype = dtype.newbyteorder("=") if dtype.kind == "f" and dtype.itemsize in (2, 4, 8) else np.float32
     return tuple(x.shape), dtype
 
 
