@@ -96,15 +96,21 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray, scale: float = 1.0) -
     return loss, grad
 
 
+def average(flat: np.ndarray, dp: MPI.Comm | None) -> None:
+    """The data-parallel mean of a flat gradient, in place: one mpi4py ``Allreduce`` of the sum over
+    ``dp``, then / its size; nothing without ``dp`` or with one rank."""
+    if dp is not None and dp.Get_size() > 1:
+        dp.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        flat /= dp.Get_size()
+
+
 def dp_step(stage: ReferenceStage, x: np.ndarray, y: np.ndarray, lr: float, dp: MPI.Comm | None) -> float:
     """One SGD step of a whole model on this rank's batch; gradients averaged over ``dp`` (if > 1 rank).
     Equal batch shares per rank, so the average of the ranks' mean gradients is the global mean's."""
     stage.zero_grad()
     loss, grad = cross_entropy(stage.forward(x), y)
     stage.backward(grad)
-    if dp is not None and dp.Get_size() > 1:
-        dp.Allreduce(MPI.IN_PLACE, stage.flat_grad, op=MPI.SUM)
-        stage.flat_grad /= dp.Get_size()
+    average(stage.flat_grad, dp)
     stage.sgd(lr)
     return loss
 
@@ -150,8 +156,6 @@ def gpipe_step(
         grad_in = stage.backward(grad, i)
         if s > 0:
             pp.Send(grad_in, dest=s - 1, tag=microbatches + i)
-    if dp is not None and dp.Get_size() > 1:
-        dp.Allreduce(MPI.IN_PLACE, stage.flat_grad, op=MPI.SUM)
-        stage.flat_grad /= dp.Get_size()
+    average(stage.flat_grad, dp)
     stage.sgd(lr)
     return loss if s == p - 1 else float("nan")

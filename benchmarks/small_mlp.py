@@ -12,6 +12,7 @@ parameter balancing picks). Every rank runs this: ``mpiexec -n N`` with N = dp x
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np  # noqa: E402
 from minimal_autograd import minimal_gpipe_step, minimal_step  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from numpy_reference import ReferenceStage, dp_step, gpipe_step  # noqa: E402
+from numpy_reference import average as reference_average  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -145,10 +147,16 @@ def minidist_step(w: Workload) -> tuple[Step, list]:
     return step, params
 
 
+def reference_stage(w: Workload) -> ReferenceStage:
+    """This rank's pipeline stage of the reference (the whole model without stages), from the initial
+    weights: what the reference and the minimal autograd engine train."""
+    layers = w.stage_linears
+    return ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
+
+
 def reference_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
     """(one step of the hand-written NumPy reference, this stage's parameter arrays)."""
-    layers = w.stage_linears
-    stage = ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
+    stage = reference_stage(w)
     dp = w.dp_comm
     if w.mesh.pp == 1:
         return (lambda: dp_step(stage, w.x, w.y, w.args.lr, dp)), stage.params
@@ -156,25 +164,11 @@ def reference_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
     return (lambda: gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, dp)), stage.params
 
 
-def dp_average(w: Workload) -> Callable[[np.ndarray], None]:
-    """``average(flat)``: the reference's data-parallel mean of a flat gradient, in place (one mpi4py
-    ``Allreduce`` of the sum over the dp group, then / dp); a no-op with one dp rank."""
-    dp, n = w.dp_comm, w.mesh.dp
-
-    def average(flat: np.ndarray) -> None:
-        if n > 1:
-            dp.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-            flat /= n
-
-    return average
-
-
 def minimal_autograd_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
     """(one step of ``minimal_autograd.py``: the reference's arithmetic and messages through a tape,
     this stage's parameter arrays)."""
-    layers = w.stage_linears
-    stage = ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
-    average = dp_average(w)
+    stage = reference_stage(w)
+    average = functools.partial(reference_average, dp=w.dp_comm)  # the reference's, on the same flat gradient
     if w.mesh.pp == 1:
         return (lambda: minimal_step(stage, w.x, w.y, w.args.lr, average)), stage.params
     pp, m = w.pp_comm, w.args.microbatches
