@@ -16,11 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import strategies as S
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import minidist as md
 from minidist.nn import functional as F
+from minidist.ops.linear_relu import linear_relu
 
 # Step and tolerances. With x perturbed by ±EPS the central difference (L(x+h) - L(x-h)) / 2h has
 # truncation error ~ EPS² |L'''| / 6 ≈ 1e-12 · O(10) for our bounded inputs (|x| ≤ 3, log and 1/x
@@ -161,6 +162,19 @@ def test_linear_gradient_for_any_leading_axes(bias, data):
         gradcheck(F.linear, x, w, data.draw(S.arrays((n_out,))))
     else:
         gradcheck(F.linear, x, w)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@given(data=st.data())
+def test_linear_relu_gradient_for_any_leading_axes(bias, data):
+    """The fused Linear + ReLU (minidist/ops/linear_relu.py), away from the kink at 0: every
+    pre-activation at least 1e-3 from 0, far beyond what the ±1e-6 steps of the differences move it."""
+    lead = data.draw(S.shapes(min_dims=0, max_dims=2))
+    n_in, n_out = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+    x, w = data.draw(S.arrays((*lead, n_in))), data.draw(S.arrays((n_out, n_in)))
+    b = [data.draw(S.arrays((n_out,)))] if bias else []
+    assume(np.all(np.abs(x @ w.T + sum(b)) > 1e-3))
+    gradcheck(linear_relu, x, w, *b)
 
 
 # -------------------------------------------------------------------------------------- reductions

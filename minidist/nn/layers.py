@@ -12,6 +12,7 @@ from minidist import backend, random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.nn import functional as F
 from minidist.nn.module import Module, Parameter
+from minidist.ops.linear_relu import linear_relu
 
 
 def uniform(shape: tuple[int, ...], bound: float, dtype: Any = DEFAULT_DTYPE) -> Parameter:
@@ -40,12 +41,20 @@ class Linear(Module):
         self.bias = uniform((out_features,), bound, dtype) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        return F.linear(x, self.weight, self.bias)
+
+    def forward_relu(self, x: Tensor) -> Tensor:
+        """relu(self(x)) as one op, bit-identical (``ops/linear_relu.py``); ``run_in_order`` uses it."""
+        self._check_input(x)
+        return linear_relu(x, self.weight, self.bias)
+
+    def _check_input(self, x: Tensor) -> None:
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}: "
                 f"its last dimension must be {self.in_features}"
             )
-        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (
@@ -184,9 +193,7 @@ class Sequential(Module):
             setattr(self, str(i), m)
 
     def forward(self, x: Any) -> Any:
-        for m in self._modules.values():
-            x = m(x)
-        return x
+        return run_in_order(list(self._modules.values()), x)
 
     def __getitem__(self, i: int | slice) -> Module:
         """The i-th module, or a ``Sequential`` of a slice of them (sharing the same modules)."""
@@ -198,3 +205,27 @@ class Sequential(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
+
+
+def run_in_order(modules: list[Module], x: Any) -> Any:
+    """``x`` through ``modules`` in order (``Sequential`` and a pipeline stage run their layers so).
+
+    A plain ``Linear`` followed by a plain ``ReLU`` runs as one op, ``Linear.forward_relu``
+    (``ops/linear_relu.py``: bit-identical, one graph node instead of two, no second array).
+    Subclasses, and modules whose ``forward`` was replaced on the instance (FSDP's units gather
+    their parameters so), run as themselves.
+    """
+    fused = False  # the module before was a Linear that already applied this ReLU
+    for m, following in zip(modules, modules[1:] + [None]):
+        if fused:
+            fused = False
+        elif type(m) is Linear and type(following) is ReLU and not _replaced(m) and not _replaced(following):
+            x = m.forward_relu(x)
+            fused = True
+        else:
+            x = m(x)
+    return x
+
+
+def _replaced(m: Module) -> bool:
+    return "forward" in m.__dict__

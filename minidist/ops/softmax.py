@@ -12,6 +12,7 @@ from minidist.autograd import autocast
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module as _xp
+from minidist.backend import asarray
 from minidist.ops.dtypes import autocast_float32
 
 
@@ -116,8 +117,6 @@ def cross_entropy(
             ``label_smoothing`` outside [0, 1].
         TypeError: targets are not integers.
     """
-    from minidist.backend import asarray  # noqa: PLC0415
-
     if autocast.low_dtype is not None:  # on autocast's float32 list (minidist/autograd/autocast.py)
         logits = autocast_float32(logits)
     if reduction not in ("mean", "sum", "none"):

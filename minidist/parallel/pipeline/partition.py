@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from minidist.nn.layers import Sequential
+from minidist.nn.layers import Sequential, run_in_order
 from minidist.nn.module import Module, Parameter
 
 
@@ -64,9 +64,7 @@ class PipelineStage(Module):
         return named_layer_parameters(self._modules.items())
 
     def forward(self, x: Any) -> Any:
-        for layer in self._modules.values():
-            x = layer(x)
-        return x
+        return run_in_order(list(self._modules.values()), x)  # as Sequential (Linear + ReLU fused)
 
     def extra_repr(self) -> str:
         return f"layers {self.start}..{self.start + len(self._modules) - 1}"
