@@ -174,8 +174,10 @@ class StageExecutor:
             if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
                 # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
                 self._loss += out.item() / self.m
-                if out.requires_grad:
-                    error = run_backward(out * (1.0 / self.m), None, self.stage, c, g, i, self.v)
+                if out.requires_grad:  # backward from d(loss / m)/d(loss) = 1/m: the numbers of
+                    # backpropagating ``out * (1 / m)`` from 1, bit for bit, with one op fewer per microbatch
+                    seed = backend.xp().full(out.data.shape, 1.0 / self.m, dtype=out.data.dtype)
+                    error = run_backward(out, seed, self.stage, c, g, i, self.v)
         else:
             grad = self._grads.pop((i, c))
             if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
