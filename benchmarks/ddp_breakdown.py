@@ -1,20 +1,33 @@
-"""Where a DP step's time goes beyond the local step: DDP vs the same all-reduce written by hand (issue 16).
+"""Where a DP step's time goes beyond the NumPy reference's: local step, packing, all-reduce, DDP (issue 16).
 
     mpiexec -n 2 python benchmarks/ddp_breakdown.py
 
-The small MLP (64-256-256-10, 64 rows per rank, SGD) six ways, taking turns (15 rounds x 30 steps, the
-slowest rank's wall time per step): ``ddp`` (DistributedDataParallel), ``ours`` (the local model, then
-its gradients packed into one flat array, ``dist.all_reduce``, divided and unpacked by hand), ``mpi``
-(the same with mpi4py's ``Allreduce``), ``none`` (the local step without communication), and the NumPy
-reference of ``peer.py`` with (``ref``) and without (``ref none``) its one ``Allreduce``.
-``ddp - ours`` is DDP's own bookkeeping, ``ours - mpi`` the hand-written all-reduce against MPI's,
-``mpi - none`` the all-reduce including the ranks' wait for each other, to be compared with
-``ref - ref none``; ``none - ref none`` is the local step's gap, with both ranks computing at once.
-Figures: benchmarks/README.md, "After" and "The DP-2 gap, split in time".
+The small MLP (64-256-256-10, 64 rows per rank, SGD) seven ways, taking turns (``--rounds`` rounds x 30
+steps, the slowest rank's wall time per step):
+
+* ``ddp``: ``DistributedDataParallel``, as ``peer.py`` times it;
+* ``ours``: the local model, then what DDP's bucket does by hand: each ``.grad`` copied into one flat
+  buffer, ``dist.all_reduce(op="avg")`` on it, and each ``.grad`` made a view of its piece (no copy back);
+* ``mpi``: the same with mpi4py's ``Allreduce`` and a division;
+* ``pack``: the same without any communication (the copy into the buffer only);
+* ``local``: the local step alone;
+* ``ref`` / ``ref none``: the NumPy reference of ``peer.py`` with and without its one ``Allreduce``
+  (its gradients are views of one flat buffer from the start: it has nothing to pack).
+
+Printed, besides the times, the gap ``ddp - ref`` split into five differences that add up to it:
+``local - ref none`` (minidist's local step: ``feature_cost.py`` splits it by feature), ``pack - local``
+(copying the gradients into the buffer), ``(mpi - pack) - (ref - ref none)`` (the same ``Allreduce``
+and division with the ranks' wait, which should be ~0), ``ours - mpi`` (our all-reduce against MPI's)
+and ``ddp - ours`` (DDP's bookkeeping: hooks, bucket plan, the unused-parameter flags, statistics).
+
+Until the sixth session the by-hand contenders copied the averaged gradients back into fresh arrays
+(``unflatten_into``, ~100 µs here), which DDP does not do; that copy was counted as "local step" and
+overstated its share (benchmarks/README.md, "The DP-2 gap, split again").
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -30,12 +43,18 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
-from minidist.parallel.buckets import flatten, unflatten_into  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_reference import ReferenceStage, dp_step  # noqa: E402
 
-KINDS = ("ddp", "ours", "mpi", "none", "ref", "ref none")
+KINDS = ("ddp", "ours", "mpi", "pack", "local", "ref", "ref none")
+SPLIT = (  # (label, the difference as (plus, minus) pairs of kinds)
+    ("local step: local - ref none", (("local", "ref none"),)),
+    ("packing: pack - local", (("pack", "local"),)),
+    ("Allreduce + wait: (mpi - pack) - (ref - ref none)", (("mpi", "pack"), ("ref none", "ref"))),
+    ("our all-reduce: ours - mpi", (("ours", "mpi"),)),
+    ("DDP's bookkeeping: ddp - ours", (("ddp", "ours"),)),
+)
 
 
 def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) -> Callable[[], None]:
@@ -47,37 +66,38 @@ def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) 
         dp_comm = world.mpi.Dup() if kind == "ref" else None  # None: no all-reduce
         x_host = np.asarray(x.data)
         return lambda: dp_step(stage, x_host, y, 0.05, dp_comm)
-    if kind == "ddp":
-        ddp = DistributedDataParallel(model, group=world)
-        opt = optim.SGD(ddp.parameters(), lr=0.05)
-
-        def ddp_step() -> None:
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-
-        return ddp_step
-    params = list(model.parameters())
-    comm = world.mpi.Dup()  # MPI's own messages on a communicator of their own
+    net = DistributedDataParallel(model, group=world) if kind == "ddp" else model
+    params = list(net.parameters())
     opt = optim.SGD(params, lr=0.05)
+    flat = np.zeros(sum(p.data.size for p in params), dtype=np.float32)  # one bucket, as DDP's here
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.data.size].reshape(p.data.shape))
+        offset += p.data.size
+    comm = world.mpi.Dup()  # MPI's own messages on a communicator of their own
 
-    def by_hand() -> None:
+    def step() -> None:
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        grads = [p.grad for p in params]
-        flat = flatten(grads)  # pack, as DDP's buckets do
-        if kind == "mpi":
-            comm.Allreduce(MPI.IN_PLACE, flat)
-        elif kind == "ours":
-            dist.all_reduce(flat, group=world)
-        flat /= world.size
-        unflatten_into(flat, grads)
+        nn.functional.cross_entropy(net(x), y).backward()
+        if kind in ("ours", "mpi", "pack"):
+            for p, view in zip(params, views):  # pack, as Bucket.pack
+                view[...] = p.grad
+            if kind == "mpi":
+                comm.Allreduce(MPI.IN_PLACE, flat)
+                np.divide(flat, world.size, out=flat)
+            elif kind == "ours":
+                dist.all_reduce(flat, op="avg", group=world)
+            for p, view in zip(params, views):  # unpack, as Bucket.unpack: views, no copy
+                p.grad = view
         opt.step()
 
-    return by_hand
+    return step
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=25)
+    args = parser.parse_args()
     world = dist.init()
     rng = np.random.default_rng(world.rank)
     x = md.tensor(rng.standard_normal((64, 64), dtype=np.float32))
@@ -87,17 +107,22 @@ def main() -> None:
     for step in steps.values():
         for _ in range(20):
             step()
-    for _ in range(15):
+    for _ in range(args.rounds):
         for kind, step in steps.items():
             world.mpi.Barrier()
             start = time.perf_counter()
             for _ in range(30):
                 step()
             times[kind].append(world.mpi.allreduce((time.perf_counter() - start) / 30, op=MPI.MAX))
-    if world.rank == 0:
-        print(f"small MLP, 64 rows per rank, {world.size} ranks; load {os.getloadavg()[0]:.2f}")
-        for kind, t in times.items():
-            print(f"{kind:8s} median {np.median(t) * 1e6:7.0f} us  min {min(t) * 1e6:7.0f} us")
+    if world.rank != 0:
+        return
+    med = {kind: float(np.median(t)) * 1e6 for kind, t in times.items()}
+    print(f"small MLP, 64 rows per rank, {world.size} ranks; load {os.getloadavg()[0]:.2f}")
+    for kind in KINDS:
+        print(f"{kind:8s} median {med[kind]:7.0f} us  min {min(times[kind]) * 1e6:7.0f} us")
+    print(f"the gap ddp - ref: {med['ddp'] - med['ref']:+.0f} us, of which")
+    for label, pairs in SPLIT:
+        print(f"  {label:52s} {sum(med[a] - med[b] for a, b in pairs):+6.0f} us")
 
 
 if __name__ == "__main__":
