@@ -96,3 +96,32 @@ def test_under_autocast_the_pair_runs_unfused():
     with md.autocast("bfloat16"):
         y = seq(x)
     assert type(y.grad_fn).__name__ == "ReLU"
+
+
+@pytest.mark.parametrize("cls", [nn.Linear, nn.ReLU])
+def test_a_forward_patched_on_the_class_still_runs(cls, monkeypatch):
+    # A spy or a leaky ReLU patched onto the class (as on torch.nn.ReLU) must run, as it does unfused.
+    calls, original = [], cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, t: calls.append(cls) or original(self, t))
+    md.manual_seed(0)
+    y = nn.Sequential(nn.Linear(4, 4), nn.ReLU())(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [cls] and _ops_of(y) == ["ReLU", "Linear"]
+
+
+def test_the_memory_tracker_measures_the_fused_graph_that_runs_without_it():
+    # The tracker wraps every module's forward to name the ops; that must not turn the fusion off, or it
+    # would report (and enforce a budget on) one more (rows, out) array per pair than training holds.
+    from minidist.memory import MemoryTracker, activations
+
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    x = md.tensor(np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32))
+    with MemoryTracker(None):  # no module wrapped: the graph training builds
+        y = model(x)
+        untracked = activations.held()
+    del y
+    with MemoryTracker(model) as tracker:
+        y = model(x)
+        assert _ops_of(y) == ["Linear", "LinearReLU"] and activations.held() == untracked
+    assert tracker.report()["activations"]["peak"] == untracked
+    assert "forward" not in model[0].__dict__ and "forward_relu" not in model[0].__dict__  # undone

@@ -212,14 +212,16 @@ def run_in_order(modules: list[Module], x: Any) -> Any:
 
     A plain ``Linear`` followed by a plain ``ReLU`` runs as one op, ``Linear.forward_relu``
     (``ops/linear_relu.py``: bit-identical, one graph node instead of two, no second array).
-    Subclasses, and modules whose ``forward`` was replaced on the instance (FSDP's units gather
-    their parameters so), run as themselves.
+    Subclasses, a ``forward`` patched on the class (a spy, a leaky ReLU), and a ``forward`` replaced on
+    the instance (FSDP's units gather their parameters so) run as themselves: fusing would skip them.
+    Only a wrapper marked ``observes_only`` (``MemoryTracker``'s: it names the ops, computes nothing)
+    may be skipped.
     """
     fused = False  # the module before was a Linear that already applied this ReLU
     for m, following in zip(modules, modules[1:] + [None]):
         if fused:
             fused = False
-        elif type(m) is Linear and type(following) is ReLU and not _replaced(m) and not _replaced(following):
+        elif type(m) is Linear and type(following) is ReLU and _as_defined(m, following):
             x = m.forward_relu(x)
             fused = True
         else:
@@ -227,5 +229,15 @@ def run_in_order(modules: list[Module], x: Any) -> Any:
     return x
 
 
-def _replaced(m: Module) -> bool:
-    return "forward" in m.__dict__
+_LINEAR_FORWARD, _RELU_FORWARD = Linear.forward, ReLU.forward  # as defined here, to see a class patch
+
+
+def _as_defined(linear: Linear, relu: ReLU) -> bool:
+    """Both modules' ``forward`` are this file's, unwrapped (or wrapped only to observe)."""
+    if Linear.forward is not _LINEAR_FORWARD or ReLU.forward is not _RELU_FORWARD:
+        return False
+    for m in (linear, relu):
+        replaced = m.__dict__.get("forward")
+        if replaced is not None and not getattr(replaced, "observes_only", False):
+            return False
+    return True
