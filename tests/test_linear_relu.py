@@ -125,3 +125,11 @@ def test_the_memory_tracker_measures_the_fused_graph_that_runs_without_it():
         assert _ops_of(y) == ["Linear", "LinearReLU"] and activations.held() == untracked
     assert tracker.report()["activations"]["peak"] == untracked
     assert "forward" not in model[0].__dict__ and "forward_relu" not in model[0].__dict__  # undone
+
+
+@pytest.mark.parametrize("bias", [0.5, [0.25, -0.5, 0.0, 1.0, 2.0]], ids=["float", "list"])
+def test_a_bias_that_linear_takes_without_a_shape_works_fused_too(bias):
+    rng = np.random.default_rng(4)
+    x = md.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+    w = md.tensor(rng.standard_normal((5, 4)).astype(np.float32), requires_grad=True)
+    assert np.array_equal(linear_relu(x, w, bias).data, F.relu(F.linear(x, w, bias)).data)
