@@ -133,3 +133,26 @@ def test_a_bias_that_linear_takes_without_a_shape_works_fused_too(bias):
     x = md.tensor(rng.standard_normal((3, 4)).astype(np.float32))
     w = md.tensor(rng.standard_normal((5, 4)).astype(np.float32), requires_grad=True)
     assert np.array_equal(linear_relu(x, w, bias).data, F.relu(F.linear(x, w, bias)).data)
+
+
+def test_a_users_wrapper_over_the_trackers_forward_still_runs():
+    # functools.wraps copies a wrapped function's attributes: the tracker's wrappers must not be known by
+    # one, or a user's wrapper of them would be skipped as "only observes" too.
+    import functools
+
+    from minidist.memory import MemoryTracker
+
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    calls = []
+    with MemoryTracker(model):
+        tracked = model[1].forward
+
+        @functools.wraps(tracked)
+        def spy(t):
+            calls.append(1)
+            return tracked(t)
+
+        object.__setattr__(model[1], "forward", spy)
+        y = model(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [1] and _ops_of(y) == ["ReLU", "Linear"]

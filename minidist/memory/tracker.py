@@ -249,7 +249,8 @@ class MemoryTracker:
         fused = plain and hasattr(module, "forward_relu")
         for method in ("forward", "forward_relu") if fused else ("forward",):
             wrapped = self._scoped(getattr(module, method), name, measure)
-            wrapped.observes_only = plain
+            if plain:
+                activations.scope_setters.add(wrapped)
             _set_instance_attribute(module, method, wrapped, self._undo)
 
     def _scoped(self, forward: Any, name: str, measure: bool) -> Any:

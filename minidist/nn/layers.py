@@ -10,6 +10,7 @@ import numpy as np
 
 from minidist import backend, random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
+from minidist.memory import activations
 from minidist.nn import functional as F
 from minidist.nn.module import Module, Parameter
 from minidist.ops.linear_relu import linear_relu
@@ -214,8 +215,8 @@ def run_in_order(modules: list[Module], x: Any) -> Any:
     (``ops/linear_relu.py``: bit-identical, one graph node instead of two, no second array).
     Subclasses, a ``forward`` patched on the class (a spy, a leaky ReLU), and a ``forward`` replaced on
     the instance (FSDP's units gather their parameters so) run as themselves: fusing would skip them.
-    Only a wrapper marked ``observes_only`` (``MemoryTracker``'s: it names the ops, computes nothing)
-    may be skipped.
+    Only ``MemoryTracker``'s wrappers, which name the ops and compute nothing, may be skipped
+    (``memory.activations.scope_setters``).
     """
     fused = False  # the module before was a Linear that already applied this ReLU
     for m, following in zip(modules, modules[1:] + [None]):
@@ -238,6 +239,6 @@ def _as_defined(linear: Linear, relu: ReLU) -> bool:
         return False
     for m in (linear, relu):
         replaced = m.__dict__.get("forward")
-        if replaced is not None and not getattr(replaced, "observes_only", False):
+        if replaced is not None and replaced not in activations.scope_setters:
             return False
     return True
