@@ -108,6 +108,16 @@ def test_a_forward_patched_on_the_class_still_runs(cls, monkeypatch):
     assert calls == [cls] and _ops_of(y) == ["ReLU", "Linear"]
 
 
+@pytest.mark.parametrize("name", ["linear", "relu"])
+def test_a_patched_functional_still_runs(name, monkeypatch):
+    # nn.Linear and nn.ReLU call nn.functional's linear and relu (as torch's modules call torch's F).
+    calls, original = [], getattr(F, name)
+    monkeypatch.setattr(F, name, lambda *a: calls.append(name) or original(*a))
+    md.manual_seed(0)
+    y = nn.Sequential(nn.Linear(4, 4), nn.ReLU())(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [name] and _ops_of(y) == ["ReLU", "Linear"]
+
+
 def test_the_memory_tracker_measures_the_fused_graph_that_runs_without_it():
     # The tracker wraps every module's forward to name the ops; that must not turn the fusion off, or it
     # would report (and enforce a budget on) one more (rows, out) array per pair than training holds.

@@ -230,12 +230,15 @@ def run_in_order(modules: list[Module], x: Any) -> Any:
     return x
 
 
-_LINEAR_FORWARD, _RELU_FORWARD = Linear.forward, ReLU.forward  # as defined here, to see a class patch
+# As defined at import, to see a patch: of the classes' forward, or of the functions they call (the
+# fused op does not call them either).
+_DEFINED = (Linear.forward, ReLU.forward, F.linear, F.relu)
 
 
 def _as_defined(linear: Linear, relu: ReLU) -> bool:
-    """Both modules' ``forward`` are this file's, unwrapped (or wrapped only to observe)."""
-    if Linear.forward is not _LINEAR_FORWARD or ReLU.forward is not _RELU_FORWARD:
+    """Both modules' ``forward`` are this file's, unwrapped (or wrapped only to observe), calling
+    ``nn.functional``'s own ``linear`` and ``relu``."""
+    if (Linear.forward, ReLU.forward, F.linear, F.relu) != _DEFINED:
         return False
     for m in (linear, relu):
         replaced = m.__dict__.get("forward")
