@@ -232,16 +232,22 @@ def run_in_order(modules: list[Module], x: Any) -> Any:
 
 # As defined at import, to see a patch: of the classes' forward, or of the functions they call (the
 # fused op does not call them either).
-_DEFINED = (Linear.forward, ReLU.forward, F.linear, F.relu)
+_LINEAR_FORWARD, _RELU_FORWARD, _F_LINEAR, _F_RELU = Linear.forward, ReLU.forward, F.linear, F.relu
 
 
 def _as_defined(linear: Linear, relu: ReLU) -> bool:
     """Both modules' ``forward`` are this file's, unwrapped (or wrapped only to observe), calling
-    ``nn.functional``'s own ``linear`` and ``relu``."""
-    if (Linear.forward, ReLU.forward, F.linear, F.relu) != _DEFINED:
-        return False
-    for m in (linear, relu):
-        replaced = m.__dict__.get("forward")
-        if replaced is not None and replaced not in activations.scope_setters:
-            return False
-    return True
+    ``nn.functional``'s own ``linear`` and ``relu`` (~0.3 us a pair; fusing saves ~3 us)."""
+    return (
+        Linear.forward is _LINEAR_FORWARD
+        and ReLU.forward is _RELU_FORWARD
+        and F.linear is _F_LINEAR
+        and F.relu is _F_RELU
+        and _unwrapped(linear)
+        and _unwrapped(relu)
+    )
+
+
+def _unwrapped(m: Module) -> bool:
+    replaced = m.__dict__.get("forward")
+    return replaced is None or replaced in activations.scope_setters
