@@ -232,6 +232,9 @@ MUTANTS = [
      "grad_b = grad * ((self.a / self.b) / self.b)", "Div", None),
     ("A1", "A1.3", "minidist/ops/elementwise.py", "return (grad * self.y * (1 - self.y),)",
      "return (grad * self.y,)", "Sigmoid", None),
+    # ReLU's op is tested by itself: nn.Sequential runs Linear + ReLU fused (ops/linear_relu.py), without it
+    ("A1", "A1.3", "minidist/ops/elementwise.py", "return (grad * self.positive,)", "return (grad,)", "ReLU",
+     None),
     ("A1", "A1.4", "minidist/ops/softmax.py", "d_logits *= grad * self.scale",
      "d_logits *= grad", "CrossEntropy", None),
     ("A1", "A1.5", "minidist/autograd/graph.py", "counts[id(inp)] += 1", "counts[id(inp)] = 1",

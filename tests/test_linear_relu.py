@@ -96,3 +96,73 @@ def test_under_autocast_the_pair_runs_unfused():
     with md.autocast("bfloat16"):
         y = seq(x)
     assert type(y.grad_fn).__name__ == "ReLU"
+
+
+@pytest.mark.parametrize("cls", [nn.Linear, nn.ReLU])
+def test_a_forward_patched_on_the_class_still_runs(cls, monkeypatch):
+    # A spy or a leaky ReLU patched onto the class (as on torch.nn.ReLU) must run, as it does unfused.
+    calls, original = [], cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, t: calls.append(cls) or original(self, t))
+    md.manual_seed(0)
+    y = nn.Sequential(nn.Linear(4, 4), nn.ReLU())(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [cls] and _ops_of(y) == ["ReLU", "Linear"]
+
+
+@pytest.mark.parametrize("name", ["linear", "relu"])
+def test_a_patched_functional_still_runs(name, monkeypatch):
+    # nn.Linear and nn.ReLU call nn.functional's linear and relu (as torch's modules call torch's F).
+    calls, original = [], getattr(F, name)
+    monkeypatch.setattr(F, name, lambda *a: calls.append(name) or original(*a))
+    md.manual_seed(0)
+    y = nn.Sequential(nn.Linear(4, 4), nn.ReLU())(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [name] and _ops_of(y) == ["ReLU", "Linear"]
+
+
+def test_the_memory_tracker_measures_the_fused_graph_that_runs_without_it():
+    # The tracker wraps every module's forward to name the ops; that must not turn the fusion off, or it
+    # would report (and enforce a budget on) one more (rows, out) array per pair than training holds.
+    from minidist.memory import MemoryTracker, activations
+
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    x = md.tensor(np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32))
+    with MemoryTracker(None):  # no module wrapped: the graph training builds
+        y = model(x)
+        untracked = activations.held()
+    del y
+    with MemoryTracker(model) as tracker:
+        y = model(x)
+        assert _ops_of(y) == ["Linear", "LinearReLU"] and activations.held() == untracked
+    assert tracker.report()["activations"]["peak"] == untracked
+    assert "forward" not in model[0].__dict__ and "forward_relu" not in model[0].__dict__  # undone
+
+
+@pytest.mark.parametrize("bias", [0.5, [0.25, -0.5, 0.0, 1.0, 2.0]], ids=["float", "list"])
+def test_a_bias_that_linear_takes_without_a_shape_works_fused_too(bias):
+    rng = np.random.default_rng(4)
+    x = md.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+    w = md.tensor(rng.standard_normal((5, 4)).astype(np.float32), requires_grad=True)
+    assert np.array_equal(linear_relu(x, w, bias).data, F.relu(F.linear(x, w, bias)).data)
+
+
+def test_a_users_wrapper_over_the_trackers_forward_still_runs():
+    # functools.wraps copies a wrapped function's attributes: the tracker's wrappers must not be known by
+    # one, or a user's wrapper of them would be skipped as "only observes" too.
+    import functools
+
+    from minidist.memory import MemoryTracker
+
+    md.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    calls = []
+    with MemoryTracker(model):
+        tracked = model[1].forward
+
+        @functools.wraps(tracked)
+        def spy(t):
+            calls.append(1)
+            return tracked(t)
+
+        object.__setattr__(model[1], "forward", spy)
+        y = model(md.tensor(np.ones((2, 4), np.float32), requires_grad=True))
+    assert calls == [1] and _ops_of(y) == ["ReLU", "Linear"]

@@ -242,8 +242,18 @@ class MemoryTracker:
         self.measure(gradients_only=True)
 
     def _wrap_forward(self, name: str, module: Any, measure: bool) -> None:
-        forward = module.forward
+        # Over the class's own forward the wrapper only observes: ``nn.Sequential`` may still run a Linear
+        # and its ReLU as one op (``run_in_order``), through the wrapped ``forward_relu``, so the tracker
+        # measures the graph that runs without it. Over FSDP's forward (which gathers) it does not.
+        plain = "forward" not in module.__dict__
+        fused = plain and hasattr(module, "forward_relu")
+        for method in ("forward", "forward_relu") if fused else ("forward",):
+            wrapped = self._scoped(getattr(module, method), name, measure)
+            if plain:
+                activations.scope_setters.add(wrapped)
+            _set_instance_attribute(module, method, wrapped, self._undo)
 
+    def _scoped(self, forward: Any, name: str, measure: bool) -> Any:
         def tracked_forward(*args: Any, **kwargs: Any) -> Any:
             if measure:
                 self.measure()
@@ -253,7 +263,7 @@ class MemoryTracker:
             finally:
                 activations.scope = outer
 
-        _set_instance_attribute(module, "forward", tracked_forward, self._undo)
+        return tracked_forward
 
     def _wrap_method(self, obj: Any, method: str) -> None:
         original = getattr(obj, method)

@@ -49,7 +49,10 @@ def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
 
     Under ``minidist.autocast``, or with a bias that only broadcasts, this is the two ops unfused.
     """
-    if autocast.low_dtype is not None or (bias is not None and bias.shape != (weight.shape[0],)):
+    # A bias without a shape (a float, a list) is one that ``linear`` takes too: the same unfused path.
+    if autocast.low_dtype is not None or (
+        bias is not None and tuple(getattr(bias, "shape", ())) != (weight.shape[0],)
+    ):
         return relu(linear(x, weight, bias))
     if bias is None:
         return LinearReLU.apply(x, weight)
