@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from minidist.autograd import autocast
 from minidist.autograd.tensor import Tensor
-from minidist.ops.elementwise import relu
+from minidist.ops.elementwise import ReLU, relu
 from minidist.ops.linear import Linear, linear
 
 
@@ -39,8 +39,11 @@ class LinearReLU(Linear):
         return y
 
     def backward(self, grad):
-        # the ReLU's backward (grad * mask), then the Linear's on that gradient (ops/linear.py)
-        return super().backward(grad * self.positive)
+        # The ReLU's own backward (it reads only ``self.positive``, which forward kept as ReLU does), then
+        # the Linear's on its result: the unfused pair's code, so it cannot drift from it, and in the
+        # A1 starter (where ReLU.backward is assignment A1.3) the fused op needs the student's ReLU too.
+        (grad,) = ReLU.backward(self, grad)
+        return super().backward(grad)
 
 
 def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
