@@ -4,9 +4,11 @@ An MLP is Linear, ReLU, Linear, ReLU, ... Run as two ops, each pair records two 
 ``Function`` objects and two output tensors, and the ReLU writes its result into a second array of the
 layer's output size. Fused, the pair is one node, and the ReLU zeroes the negative entries of the
 matmul's own fresh result in place. On the small MLP of issue 16 that is two graph nodes fewer per
-forward (of six) and per microbatch of a pipeline stage: benchmarks/README.md, "Fusing Linear + ReLU".
-GPUs do the same with a GEMM epilogue (cuBLASLt's bias + ReLU epilogue); Megatron-LM fuses the bias
-add with the GeLU after it for the same reason (Shoeybi et al. 2019, §4 "bias-GeLU fusion").
+forward (of six) and per microbatch of a pipeline stage: benchmarks/README.md, "The sixth session"
+("Linear + ReLU as one op"). GPUs do the same with a GEMM epilogue (cuBLASLt's
+``CUBLASLT_EPILOGUE_RELU_BIAS``); Megatron-LM fuses the bias add with the GeLU after it for the same
+reason (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", §4.2, operator fusion).
 
     y = max(x W^T + b, 0)          dL/d(x W^T + b) = g * [y > 0], then Linear's three gradients
 
