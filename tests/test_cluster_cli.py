@@ -63,11 +63,25 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+# The state folder every other test file's clusters use (state.py's default; these tests use their own).
+SHARED_STATE_DIR = Path("/run/minidist/cluster")
+
+
 def leftovers(name: str) -> list[str]:
-    """Everything of cluster ``name`` still on the machine: namespaces, links, state and launcher files."""
+    """Everything of cluster ``name`` still on the machine: namespaces, links, state and launcher files.
+
+    Other test files make clusters at the same time (``pytest -n 2``) with default names md<K> in the
+    shared state folder, and one may take this test's name the moment its ``down`` freed it (seen once in
+    CI: "link md1-br" after a clean ``down``). Their namespaces and links are not this test's: a cluster's
+    state file is written before anything of it is made and removed after all is gone, so one in the
+    shared folder, before or after the look, says whose they are.
+    """
+    other = (SHARED_STATE_DIR / f"{name}.json").exists()
     mine = re.compile(rf"{name}(n\d+h?|-br)")
     found = [f"namespace {n}" for n in netns.namespaces() if mine.fullmatch(n)]
     found += [f"link {n}" for n in os.listdir("/sys/class/net") if mine.fullmatch(n)]
+    if other or (SHARED_STATE_DIR / f"{name}.json").exists():
+        found = []  # another test file's cluster of the same name
     found += [f"file {p}" for p in state.STATE_DIR.glob(f"{name}.*")]
     return found
 
