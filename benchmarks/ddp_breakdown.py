@@ -14,11 +14,14 @@ steps, the slowest rank's wall time per step):
 * ``ref`` / ``ref none``: the NumPy reference of ``peer.py`` with and without its one ``Allreduce``
   (its gradients are views of one flat buffer from the start: it has nothing to pack).
 
-Printed, besides the times, the gap ``ddp - ref`` split into five differences that add up to it:
-``local - ref none`` (minidist's local step: ``feature_cost.py`` splits it by feature), ``pack - local``
-(copying the gradients into the buffer), ``(mpi - pack) - (ref - ref none)`` (the same ``Allreduce``
-and division with the ranks' wait, which should be ~0), ``ours - mpi`` (our all-reduce against MPI's)
-and ``ddp - ours`` (DDP's bookkeeping: hooks, bucket plan, the unused-parameter flags, statistics).
+First a check that the contenders compute the same step (``check``). Printed, besides the times,
+the gap ``ddp - ref`` split into five differences that add up to it:
+
+* ``local - ref none``: minidist's local step (``feature_cost.py`` splits it by feature);
+* ``pack - local``: copying the gradients into the buffer;
+* ``(mpi - pack) - (ref - ref none)``: the same ``Allreduce`` and division with the ranks' wait (~0);
+* ``ours - mpi``: our all-reduce against MPI's;
+* ``ddp - ours``: DDP's bookkeeping (hooks, bucket plan, the unused-parameter flags, statistics).
 
 Until the sixth session the by-hand contenders copied the averaged gradients back into fresh arrays
 (``unflatten_into``, ~100 µs here), which DDP does not do; that copy was counted as "local step" and
@@ -48,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_reference import ReferenceStage, dp_step  # noqa: E402
 
 KINDS = ("ddp", "ours", "mpi", "pack", "local", "ref", "ref none")
+CHECK_STEPS = 5
 SPLIT = (  # (label, the difference as (plus, minus) pairs of kinds)
     ("local step: local - ref none", (("local", "ref none"),)),
     ("packing: pack - local", (("pack", "local"),)),
@@ -57,15 +61,18 @@ SPLIT = (  # (label, the difference as (plus, minus) pairs of kinds)
 )
 
 
-def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) -> Callable[[], None]:
-    """One training step of the ``kind`` above, on a fresh model from seed 0."""
+Built = tuple[Callable[[], None], list]  # (one step, the parameters it trains)
+
+
+def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) -> Built:
+    """(one training step of the ``kind`` above, on a fresh model from seed 0; its parameters)."""
     md.manual_seed(0)
     model = MLP(64, [256, 256], 10)
     if kind.startswith("ref"):  # the hand-written NumPy step, from the same initial weights
         stage = ReferenceStage([np.array(p.data) for p in model.parameters()], head=True)
         dp_comm = world.mpi.Dup() if kind == "ref" else None  # None: no all-reduce
         x_host = np.asarray(x.data)
-        return lambda: dp_step(stage, x_host, y, 0.05, dp_comm)
+        return (lambda: dp_step(stage, x_host, y, 0.05, dp_comm)), stage.params
     net = DistributedDataParallel(model, group=world) if kind == "ddp" else model
     params = list(net.parameters())
     opt = optim.SGD(params, lr=0.05)
@@ -91,7 +98,26 @@ def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) 
                 p.grad = view
         opt.step()
 
-    return step
+    return step, params
+
+
+def check(built: dict[str, Built], world: dist.Communicator) -> list[str]:
+    """Lines saying whether, after CHECK_STEPS steps of each, the contenders that average gradients
+    (ddp, ours, mpi, ref) hold the same parameters on every rank, and those that do not (pack, local,
+    ref none) the same as each other: allclose, rtol 1e-4, atol 1e-5 (float32 sums in other orders drift
+    by a few ulps per step; a missing average moves a parameter by lr x |g|, far more)."""
+    for step, _ in built.values():
+        for _ in range(CHECK_STEPS):
+            step()
+    lines = []
+    for group in (("ddp", "ours", "mpi", "ref"), ("pack", "local", "ref none")):
+        first = [np.asarray(getattr(p, "data", p)) for p in built[group[0]][1]]
+        for kind in group[1:]:
+            other = [np.asarray(getattr(p, "data", p)) for p in built[kind][1]]
+            ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(first, other))
+            ok = world.mpi.allreduce(ok, op=MPI.LAND)
+            lines.append(f"check: {kind} vs {group[0]} after {CHECK_STEPS} steps, every rank: allclose {ok}")
+    return lines
 
 
 def main() -> None:
@@ -102,7 +128,9 @@ def main() -> None:
     rng = np.random.default_rng(world.rank)
     x = md.tensor(rng.standard_normal((64, 64), dtype=np.float32))
     y = rng.integers(0, 10, 64)
-    steps = {kind: make_step(kind, world, x, y) for kind in KINDS}
+    built = {kind: make_step(kind, world, x, y) for kind in KINDS}
+    steps = {kind: step for kind, (step, _) in built.items()}
+    lines = check(built, world)
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for step in steps.values():
         for _ in range(20):
@@ -118,6 +146,7 @@ def main() -> None:
         return
     med = {kind: float(np.median(t)) * 1e6 for kind, t in times.items()}
     print(f"small MLP, 64 rows per rank, {world.size} ranks; load {os.getloadavg()[0]:.2f}")
+    print("\n".join(lines))
     for kind in KINDS:
         print(f"{kind:8s} median {med[kind]:7.0f} us  min {min(times[kind]) * 1e6:7.0f} us")
     print(f"the gap ddp - ref: {med['ddp'] - med['ref']:+.0f} us, of which")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi_utils import run_mpi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import feature_cost  # noqa: E402
@@ -43,3 +44,13 @@ def test_ablated_restores_what_it_patched_even_after_an_error():
         assert graph._checked_backward is not before[1]
         1 / 0  # noqa: B018
     assert (linear_op._check, graph._checked_backward, function.Function.__dict__["apply"]) == before
+
+
+def test_ddp_breakdown_contenders_compute_the_same_step_on_two_ranks():
+    """benchmarks/ddp_breakdown.py's split only means something if its by-hand contenders average the
+    gradients as DDP does (and the unaveraged ones agree with each other): its own check, on 2 real ranks."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "ddp_breakdown.py"
+    out = run_mpi(2, script, "--rounds", "1", timeout=120).stdout
+    checks = [line for line in out.splitlines() if line.startswith("check:")]
+    assert len(checks) == 5 and all(line.endswith("allclose True") for line in checks), out
+    assert "DDP's bookkeeping: ddp - ours" in out
