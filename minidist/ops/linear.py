@@ -18,6 +18,7 @@ a tensor core's numerics (Micikevicius et al. 2018, §3.3), without NumPy's slow
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -95,12 +96,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is None:
         return Linear.apply(x, weight)
     shape = tuple(getattr(bias, "shape", ()))
-    if shape == (weight.shape[0],) or (shape and shape[-1] not in (1, weight.shape[0])):
+    if one_per_output(bias, weight) or (shape and shape[-1] not in (1, weight.shape[0])):
         return Linear.apply(x, weight, bias)  # the op itself, or its error for a bias that cannot fit
     if getattr(bias, "dtype", weight.dtype) != weight.dtype:
         _check(x, weight, None)
         raise _dtype_error(x, weight, bias)
     return Linear.apply(x, weight) + bias
+
+
+def one_per_output(bias: Any, weight: Any) -> bool:
+    """Whether ``bias`` has the op's own shape (out,), one value per output feature (not a scalar, a list
+    or another shape that only broadcasts): then the op adds it itself (``linear``, ``linear_relu``)."""
+    return tuple(getattr(bias, "shape", ())) == (weight.shape[0],)
 
 
 def _check(x, weight, bias) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from minidist.autograd import autocast
 from minidist.autograd.tensor import Tensor
 from minidist.ops.elementwise import ReLU, relu
-from minidist.ops.linear import Linear, linear
+from minidist.ops.linear import Linear, linear, one_per_output
 
 
 class LinearReLU(Linear):
@@ -54,10 +54,8 @@ def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
 
     Under ``minidist.autocast``, or with a bias that only broadcasts, this is the two ops unfused.
     """
-    # A bias without a shape (a float, a list) is one that ``linear`` takes too: the same unfused path.
-    if autocast.low_dtype is not None or (
-        bias is not None and tuple(getattr(bias, "shape", ())) != (weight.shape[0],)
-    ):
+    # Any other bias (a scalar, a list, a broadcasting shape) goes where ``linear`` sends it: unfused.
+    if autocast.low_dtype is not None or (bias is not None and not one_per_output(bias, weight)):
         return relu(linear(x, weight, bias))
     if bias is None:
         return LinearReLU.apply(x, weight)
