@@ -28,9 +28,12 @@ def main(root: str, mode: str) -> None:
     real = atomic.write_shard
 
     def slow_or_failing(path, arrays):
+        # Both modes are slow, so the save is surely still pending when save() returns: a failing
+        # write that raised at once could finish before the `handle.done()` check below (a CI run
+        # saw exactly that race).
+        time.sleep(1.0)  # still writing when the script ends
         if mode == "fail":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        time.sleep(1.0)  # still writing when the script ends
         return real(path, arrays)
 
     atomic.write_shard = slow_or_failing
