@@ -6,8 +6,9 @@ The small MLP (64-256-256-10, 64 rows per rank, SGD) seven ways, taking turns (`
 steps, the slowest rank's wall time per step):
 
 * ``ddp``: ``DistributedDataParallel``, as ``peer.py`` times it;
-* ``ours``: the local model, then what DDP's bucket does by hand: each ``.grad`` copied into one flat
-  buffer, ``dist.all_reduce(op="avg")`` on it, and each ``.grad`` made a view of its piece (no copy back);
+* ``ours``: the local model, then what DDP does with its one bucket, called directly (``Bucket``):
+  each ``.grad`` copied into the flat buffer (``pack``), ``dist.all_reduce(op="avg")`` on it, and each
+  ``.grad`` made a view of its piece (``unpack``, no copy back);
 * ``mpi``: the same with mpi4py's ``Allreduce`` and a division;
 * ``pack``: the same without any communication (the copy into the buffer only);
 * ``local``: the local step alone;
@@ -46,6 +47,7 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
+from minidist.parallel.buckets import Bucket  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_reference import ReferenceStage, dp_step  # noqa: E402
@@ -76,26 +78,20 @@ def make_step(kind: str, world: dist.Communicator, x: md.Tensor, y: np.ndarray) 
     net = DistributedDataParallel(model, group=world) if kind == "ddp" else model
     params = list(net.parameters())
     opt = optim.SGD(params, lr=0.05)
-    flat = np.zeros(sum(p.data.size for p in params), dtype=np.float32)  # one bucket, as DDP's here
-    views, offset = [], 0
-    for p in params:
-        views.append(flat[offset : offset + p.data.size].reshape(p.data.shape))
-        offset += p.data.size
+    bucket = Bucket(0, params)  # one bucket of every gradient, as DDP's plan makes here
     comm = world.mpi.Dup()  # MPI's own messages on a communicator of their own
 
     def step() -> None:
         opt.zero_grad()
         nn.functional.cross_entropy(net(x), y).backward()
         if kind in ("ours", "mpi", "pack"):
-            for p, view in zip(params, views):  # pack, as Bucket.pack
-                view[...] = p.grad
+            bucket.pack()  # DDP's own copy into the buffer
             if kind == "mpi":
-                comm.Allreduce(MPI.IN_PLACE, flat)
-                np.divide(flat, world.size, out=flat)
+                comm.Allreduce(MPI.IN_PLACE, bucket.flat)
+                np.divide(bucket.flat, world.size, out=bucket.flat)
             elif kind == "ours":
-                dist.all_reduce(flat, op="avg", group=world)
-            for p, view in zip(params, views):  # unpack, as Bucket.unpack: views, no copy
-                p.grad = view
+                dist.all_reduce(bucket.flat, op="avg", group=world)
+            bucket.unpack()  # views of the buffer, no copy back
         opt.step()
 
     return step, params
