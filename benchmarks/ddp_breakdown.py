@@ -50,7 +50,7 @@ from minidist.parallel import DistributedDataParallel  # noqa: E402
 from minidist.parallel.buckets import Bucket  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from numpy_reference import ReferenceStage, dp_step  # noqa: E402
+from numpy_reference import ReferenceStage, compare, dp_step  # noqa: E402
 
 KINDS = ("ddp", "ours", "mpi", "pack", "local", "ref", "ref none")
 CHECK_STEPS = 5
@@ -107,10 +107,8 @@ def check(built: dict[str, Built], world: dist.Communicator) -> list[str]:
             step()
     lines = []
     for group in (("ddp", "ours", "mpi", "ref"), ("pack", "local", "ref none")):
-        first = [np.asarray(getattr(p, "data", p)) for p in built[group[0]][1]]
         for kind in group[1:]:
-            other = [np.asarray(getattr(p, "data", p)) for p in built[kind][1]]
-            ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(first, other))
+            _, ok = compare(built[group[0]][1], built[kind][1], rtol=1e-4, atol=1e-5)
             ok = world.mpi.allreduce(ok, op=MPI.LAND)
             lines.append(f"check: {kind} vs {group[0]} after {CHECK_STEPS} steps, every rank: allclose {ok}")
     return lines

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import numpy as np  # noqa: E402
 from minimal_autograd import minimal_step  # noqa: E402
-from numpy_reference import ReferenceStage, dp_step  # noqa: E402
+from numpy_reference import ReferenceStage, compare, dp_step  # noqa: E402
 
 import minidist as md  # noqa: E402
 from minidist import optim  # noqa: E402
@@ -167,12 +167,11 @@ def check(built: dict[str, tuple[Callable[[], None], list]]) -> float:
         with ablated(level_of(name)):
             for _ in range(CHECK_STEPS):
                 step()
-    ours = [np.asarray(p.data) for p in built["minidist"][1]]
+    ours = built["minidist"][1]
     worst = 0.0
     for name, (_, params) in built.items():
-        theirs = [np.asarray(getattr(p, "data", p)) for p in params]
-        diff = max(float(np.max(np.abs(a - b))) for a, b in zip(theirs, ours))
-        if not all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(theirs, ours)):
+        diff, ok = compare(params, ours, rtol=1e-5, atol=1e-6)
+        if not ok:
             raise SystemExit(
                 f"check failed: {name} differs from minidist by {diff:.2e} after {CHECK_STEPS} steps"
             )

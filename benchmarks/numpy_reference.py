@@ -83,6 +83,16 @@ class ReferenceStage:
             p -= lr * g
 
 
+def compare(theirs: Sequence, ours: Sequence, rtol: float, atol: float) -> tuple[float, bool]:
+    """How far one contender's parameters are from another's, pair by pair: (the largest |difference|,
+    whether every pair is ``allclose(rtol, atol)``). Parameters are arrays or minidist Tensors (their
+    ``.data``), in the same order and shapes on both sides; the benchmarks' checks before timing use it."""
+    a = [p if isinstance(p, np.ndarray) else np.asarray(p.data) for p in theirs]
+    b = [p if isinstance(p, np.ndarray) else np.asarray(p.data) for p in ours]
+    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+    return diff, all(np.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+
+
 def cross_entropy(logits: np.ndarray, targets: np.ndarray, scale: float = 1.0) -> tuple[float, np.ndarray]:
     """(mean softmax cross-entropy over the N rows, its gradient w.r.t. ``logits`` times ``scale``)."""
     z = logits - logits.max(axis=1, keepdims=True)  # shift: exp cannot overflow, softmax unchanged

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 from ddp import time_round  # noqa: E402  (the slowest rank's wall time per step of one round)
 from mpi4py import MPI  # noqa: E402
+from numpy_reference import compare  # noqa: E402
 from small_mlp import (  # noqa: E402
     Workload,
     add_workload_args,
@@ -74,11 +75,10 @@ def check(w: Workload, comm: MPI.Comm) -> list[str]:
     for step, _ in runs.values():
         for _ in range(CHECK_STEPS):
             step()
-    ours = [np.asarray(p.data) for p in runs.pop("minidist")[1]]
+    ours = runs.pop("minidist")[1]
     lines = []
     for name, (_, params) in runs.items():
-        diff = max(float(np.max(np.abs(a - b))) for a, b in zip(params, ours))
-        ok = all(np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(params, ours))
+        diff, ok = compare(params, ours, RTOL, ATOL)
         diff, ok = comm.allreduce(diff, op=MPI.MAX), comm.allreduce(ok, op=MPI.LAND)
         lines.append(
             f"check: {name} vs minidist after {CHECK_STEPS} steps: max |diff| {diff:.2e} over all ranks' "

@@ -18,7 +18,7 @@ from minidist import nn
 from minidist.models import MLP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from numpy_reference import ReferenceStage, cross_entropy, gpipe_step  # noqa: E402
+from numpy_reference import ReferenceStage, compare, cross_entropy, gpipe_step  # noqa: E402
 
 # float32 sums of up to 256 products in another order (BLAS vs autograd's ops): relative errors of a
 # few 1e-7 per element; gradients are O(1e-2), so 1e-6 absolute leaves margin without hiding a bug
@@ -60,3 +60,14 @@ def test_reference_gpipe_step_equals_minidist_sgd_step():
     gpipe_step(ref, x, y, lr=0.1, microbatches=4, pp=MPI.COMM_SELF)
     for got, p, g in zip(ref.params, model.parameters(), grads):
         np.testing.assert_allclose(got, p.data - 0.1 * g, rtol=RTOL, atol=ATOL)
+
+
+def test_compare_reports_the_largest_difference_and_reads_tensors_as_their_data():
+    """The benchmarks' checks before timing (peer, feature_cost, ddp_breakdown) rest on ``compare``."""
+    ours = [np.zeros((2, 3), dtype=np.float32), np.ones(3, dtype=np.float32)]
+    theirs = [md.tensor(np.full((2, 3), 1e-3, dtype=np.float32)), np.ones(3, dtype=np.float32)]
+    diff, ok = compare(theirs, ours, rtol=0.0, atol=1e-4)
+    assert abs(diff - 1e-3) < 1e-9 and not ok  # 1e-3 off, beyond atol: caught
+    diff, ok = compare(theirs, ours, rtol=0.0, atol=1e-2)
+    assert abs(diff - 1e-3) < 1e-9 and ok  # within atol
+    assert compare(ours, ours, rtol=0.0, atol=0.0) == (0.0, True)
