@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from minidist import perfmodel_failures as pf
-from minidist.checkpoint_interval import format_duration as fd
-from minidist.checkpoint_interval import parse_duration as pd
+from minidist_tools.checkpoint_interval import format_duration as fd
+from minidist_tools.checkpoint_interval import parse_duration as pd
+from minidist_tools.perfmodel import failures as pf
 
 # name, node MTBF, nodes, save cost, restart cost, work
 SETTINGS = [

@@ -16,7 +16,7 @@ Writes ``<out-dir>/collectives_n<N>.csv`` and, when matplotlib is installed
 (``pip install -e ".[bench]"``), ``<out-dir>/collectives_n<N>.png`` (busbw against size).
 
 **Across nodes** (issue 19), as root: ``python benchmarks/collectives.py --cluster 2x2 --bandwidth
-100mbit,1gbit,none`` starts a cluster of 2 network namespaces x 2 ranks (``minidist.cluster``) and
+100mbit,1gbit,none`` starts a cluster of 2 network namespaces x 2 ranks (``minidist_tools.cluster``) and
 runs this benchmark on it once per link speed, for ``all_reduce`` only (ring, recursive doubling,
 Rabenseifner, hierarchical, MPI's built-in and auto, taking turns as always), then prints one table
 of all speeds (``collectives_cluster.py``). alpha and beta are then also fitted between the nodes
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cost_model import fit_alpha_beta, predict, predict_hierarchical  # noqa: E402
 
 import minidist.distributed as dist  # noqa: E402
-from minidist.distributed import liveness  # noqa: E402
-from minidist.distributed.tags import identity  # noqa: E402
+from minidist.distributed.safety import liveness  # noqa: E402
+from minidist.distributed.safety.tags import identity  # noqa: E402
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -170,7 +170,7 @@ def check_costs(world: dist.Communicator, repeats: int = 20_000) -> tuple[float,
 
     Per collective: the marks every call makes for the liveness watchdog and for its messages' tags
     (``tags.identity``, ``liveness.enter``/``leave``, what ``debug.collective_call`` adds to each
-    call). Per look: one :func:`~minidist.distributed.liveness.inspect_channel` of the world's channel
+    call). Per look: one :func:`~minidist.distributed.safety.liveness.inspect_channel` of the world's channel
     (one ``MPI_Iprobe`` per peer), which the watchdog thread does every ``liveness.TICK`` seconds per
     communicator: the CPU it takes from the ranks is this divided by the tick.
     """
@@ -222,7 +222,7 @@ def main() -> None:
     p.add_argument("--label", default="", help=argparse.SUPPRESS)  # set by --cluster: names the CSV
     args = p.parse_args()
     if args.cluster:
-        from collectives_cluster import run_on_cluster  # imports minidist.cluster: only in this mode
+        from collectives_cluster import run_on_cluster  # imports minidist_tools.cluster: only in this mode
 
         run_on_cluster(args, sys.argv[1:], Path(__file__).resolve())
         return

@@ -1,6 +1,6 @@
 """``collectives.py --cluster NxR``: run the all-reduce benchmark across nodes at several link speeds.
 
-Starts a cluster of ``N`` network namespaces with ``R`` ranks each (``minidist.cluster``, needs root),
+Starts a cluster of ``N`` network namespaces with ``R`` ranks each (``minidist_tools.cluster``, needs root),
 and for each speed of ``--bandwidth`` (tc rates such as ``100mbit``, ``1gbit``, or ``none`` for an
 unshaped veth) shapes every node's link and runs ``collectives.py`` itself on the cluster's ranks,
 ``all_reduce`` only. Each run writes ``collectives_n<NR>_<N>x<R>_<speed>.csv``; at the end this prints
@@ -36,7 +36,7 @@ def forwarded(argv: list[str]) -> list[str]:
 
 
 def run_on_cluster(args: argparse.Namespace, argv: list[str], script: Path) -> None:
-    from minidist.cluster import Cluster, cluster_available
+    from minidist_tools.cluster import Cluster, cluster_available
 
     ok, reason = cluster_available()
     if not ok:

@@ -10,7 +10,7 @@ the payload against a plain all-reduce's, the final test accuracy (MLP) or valid
 the wall time (all under whatever else runs on the machine: compare bytes and results, not times).
 
 On a slow link (as root): ``--cluster 2x2 --bandwidth 100mbit`` runs each hook on a cluster in a box
-(``minidist.cluster``: 2 network namespaces of 2 ranks, TCP over veth links shaped by ``tc``), timing
+(``minidist_tools.cluster``: 2 network namespaces of 2 ranks, TCP over veth links shaped by ``tc``), timing
 the example's MLP's DDP steps inside the ranks (:func:`time_steps`: the median step after PowerSGD's
 plain steps, so that start-up and load spikes drop out), with the bytes per step that crossed node 0's
 link (the kernel's counters). ``minidist.parallel.comm_hooks.register_by_name`` registers a hook by
@@ -137,7 +137,7 @@ def main() -> None:
     extra = [] if args.example == "mlp" else ["--max-iters", str(args.max_iters), "--eval-interval",
                                               str(args.max_iters), "--sample-tokens", "0"]  # fmt: skip
     if args.cluster:
-        from minidist.cluster import Cluster
+        from minidist_tools.cluster import Cluster
 
         nodes, ranks_per_node = map(int, args.cluster.split("x"))
         with Cluster.up(nodes, ranks_per_node, args.bandwidth, name=args.name, subnet=args.subnet) as cluster:

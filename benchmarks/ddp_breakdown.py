@@ -47,7 +47,7 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
-from minidist.parallel.buckets import Bucket  # noqa: E402
+from minidist.parallel.data_parallel.buckets import Bucket  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_reference import ReferenceStage, compare, dp_step  # noqa: E402

@@ -30,7 +30,7 @@ import minidist.distributed as dist
 from minidist import nn, optim, trace
 from minidist.memory import counters
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.parallel import DistributedDataParallel, FullyShardedDataParallel
 
 

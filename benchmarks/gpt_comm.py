@@ -18,12 +18,13 @@ the sequence-parallel gradients summed over tp, the tied copies summed, the grad
 ids are below it, its tokenizer has 63 symbols).
 
 Each rank adds up its spans per (group, kind, part) and compares them with the formula for its place
-in the mesh, from ``minidist.perfmodel_transformer`` (which counts ring algorithms: an all-reduce of N
+in the mesh, from ``minidist_tools.perfmodel.transformer`` (which counts ring algorithms: an all-reduce of N
 bytes over n ranks sends ``2 (n-1)/n N`` per rank). Rank 0 prints one row per (group, kind, part): how
 many ranks have it, calls, bytes measured, formula, their ratio (ranges where ranks differ) and the
 algorithms run. Messages in another dtype than the model's (int64 id-range and batch-size checks,
 pipeline shape headers, float64 gradient norms and losses) are "bookkeeping", listed apart without a
-formula. ``--json PATH`` writes every rank's rows (tests/test_gpt_comm.py checks measured == formula).
+formula. ``--json PATH`` writes every rank's rows (tests/benchmarks/test_gpt_comm.py checks measured ==
+formula).
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ import numpy as np
 import minidist as md
 import minidist.distributed as dist
 from minidist import optim, trace
-from minidist import perfmodel_transformer as pm
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare
 from minidist.models import GPTConfig, ParallelGPT
 from minidist.parallel import DistributedDataParallel, PipelineParallel, ProcessMesh, clip_grad_norm_
 from minidist.parallel.context_parallel import split_for_context_parallel
 from minidist.parallel.tensor_parallel import ParallelBlock, allreduce_sequence_parallel_grads
+from minidist_tools.perfmodel import transformer as pm
 
 PHASE = "phase"  # the trace category of this script's own spans (the parts of a step it tells apart)
 LOSS, SP_GRADS, CLIP = "loss", "sequence-parallel grads", "clip"

@@ -19,7 +19,7 @@ for is a failure too: "not started"), with progress printed as it goes:
 5. ``all-reduce``: 2 ranks, float32 GPU arrays of 4 KiB..64 MiB, through minidist's host staging, next to
    host arrays of the same size, and device buffers straight to MPI where MPI is CUDA-aware (else the
    reason it is not available).
-6. ``stand-in-tests``: the CuPy stand-in tests (tests/cupy_stand_in.py; CPU only, so last; not in the
+6. ``stand-in-tests``: the CuPy stand-in tests (tests/helpers/cupy_stand_in.py; CPU only, so last; not in the
    dry run).
 
 Writes ``summary.json``, ``summary.md`` and ``log.txt`` to ``--out`` (default ``$OUT`` if set, else
@@ -49,11 +49,14 @@ from gpu_check_compare import GPT_FLOAT32, MLP_FLOAT64, compare_runs  # noqa: E4
 from gpu_check_report import write_summary  # noqa: E402
 
 NO_GPU = 77  # the exit status of "skipped" for automake-style test drivers
-GPU_TEST_FILES = ["tests/test_gpu.py", "tests/test_transformer_ops.py"]  # the files with gpu-marked tests
+GPU_TEST_FILES = [
+    "tests/backend/test_gpu.py",
+    "tests/ops/test_transformer_ops.py",
+]  # the files with gpu-marked tests
 STAND_IN_TESTS = [
-    "tests/test_gpt_on_gpu_stand_in.py",
-    "tests/test_dist_staging.py",
-    "tests/test_gpu_stand_in_paths.py",
+    "tests/backend/test_gpt_on_gpu_stand_in.py",
+    "tests/distributed/test_dist_staging.py",
+    "tests/backend/test_gpu_stand_in_paths.py",
 ]
 # (full, dry run) sizes: the dry run exercises every code path with models that train in a second
 GPT_ARGS = {
@@ -137,7 +140,7 @@ def python_or_mpi(ranks: int, script: list[str]) -> list[str]:
     if ranks == 1:
         return [sys.executable, *script]
     sys.path.insert(0, str(REPO))
-    from minidist.notebook import mpiexec_path  # noqa: PLC0415  (imports no MPI)
+    from minidist_tools.mpiexec import mpiexec_path  # noqa: PLC0415  (imports no MPI)
 
     try:
         return [mpiexec_path(), "-n", str(ranks), sys.executable, *script]

@@ -25,8 +25,8 @@ class Tolerance:
 
 # MLP in float64 (tests/workers/training/gpu_train.py's model): only the order of the sums inside BLAS
 # and the reductions differs between the devices, ~1e-16 relative per sum; five AdamW steps keep that
-# (the update m / sqrt(v) is scale-free), so tests/test_gpu.py's 1e-9 leaves a margin of 1e6 and is still
-# 1e6 times under what a wrong gradient moves a weight (lr = 1e-2 per step).
+# (the update m / sqrt(v) is scale-free), so tests/backend/test_gpu.py's 1e-9 leaves a margin of 1e6 and is
+# still 1e6 times under what a wrong gradient moves a weight (lr = 1e-2 per step).
 MLP_FLOAT64 = Tolerance(losses=(1e-9, 1e-12), val_loss=0.0, weights=(1e-9, 1e-12), key_bias=0.0)
 
 # GPT in float32, 50 AdamW steps of examples/train_gpt.py's default model. Measured on the CPU (issue 21,

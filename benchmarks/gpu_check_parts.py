@@ -89,7 +89,7 @@ def environment() -> dict[str, Any]:
         info["mpi_cuda_aware"] = False
         info["mpi_cuda_aware_reason"] = "no MPI"
     try:
-        from minidist.notebook import mpiexec_path  # noqa: PLC0415
+        from minidist_tools.mpiexec import mpiexec_path  # noqa: PLC0415
 
         info["mpiexec"] = mpiexec_path()
     except Exception as error:

@@ -86,7 +86,7 @@ def instructions_by_library(path: Path) -> tuple[int, int]:
 
 def count(world: int, worker_args: list[str], calls: int) -> dict[str, tuple[float, float]]:
     """Run the worker under callgrind on ``world`` ranks; {contender: (outside, inside MPI) per call}."""
-    from minidist.notebook import mpiexec_path  # noqa: PLC0415  (imports no MPI)
+    from minidist_tools.mpiexec import mpiexec_path  # noqa: PLC0415  (imports no MPI)
 
     out = Path(tempfile.mkdtemp(prefix="instruction_floor_"))
     # MINIDIST_KEEP_FREED_MEMORY=0: glibc's default heap trimming. With minidist's tuning (host_memory.py)
@@ -131,7 +131,7 @@ def step_contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]
     import minidist as md  # noqa: PLC0415
     import minidist.distributed as dist  # noqa: PLC0415
     from minidist import nn, optim  # noqa: PLC0415
-    from minidist.parallel.buckets import flatten, unflatten_into  # noqa: PLC0415
+    from minidist.parallel.data_parallel.buckets import flatten, unflatten_into  # noqa: PLC0415
 
     w = make_workload(args)
     lr, dp_n, dp = w.args.lr, w.mesh.dp, w.dp_comm

@@ -17,7 +17,7 @@ from small_mlp import Workload
 import minidist as md
 from minidist import nn
 from minidist.parallel import DistributedDataParallel
-from minidist.parallel.buckets import flatten, unflatten_into
+from minidist.parallel.data_parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline import PipelineParallel
 
 

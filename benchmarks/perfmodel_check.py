@@ -1,4 +1,4 @@
-"""Check minidist.perfmodel against measured DDP training steps at 1, 2 and 4 ranks.
+"""Check minidist_tools.perfmodel.step against measured DDP training steps at 1, 2 and 4 ranks.
 
     python benchmarks/perfmodel_check.py                 # launches mpiexec -n 1, 2, 4 itself
     python benchmarks/perfmodel_check.py --ranks 1 2 --steps 3 --json   # what lesson 09 runs
@@ -38,8 +38,9 @@ WIDTH, LAYERS, GLOBAL_BATCH = 1024, 4, 256
 def worker(args: argparse.Namespace) -> None:
     import minidist as md
     import minidist.distributed as dist
-    from minidist import nn, optim, perfmodel
+    from minidist import nn, optim
     from minidist.parallel import DistributedDataParallel
+    from minidist_tools.perfmodel import step as perfmodel
 
     world = dist.init()
     n = world.size

@@ -4,7 +4,7 @@
                                             # benchmarks/scaling.json and benchmarks/scaling.png
     python benchmarks/scaling.py --quick    # 1 and 2 nodes at 100mbit, a small model (~30 s)
 
-It brings up a cluster of network namespaces (``minidist.cluster``: one bridge, a veth link per node,
+It brings up a cluster of network namespaces (``minidist_tools.cluster``: one bridge, a veth link per node,
 shaped with tc tbf, MPI over TCP) and runs one MPI job per (nodes, ranks per node, link speed). Each
 job, with all ranks at once:
 
@@ -65,9 +65,10 @@ PLAIN, OVERLAP, FP16, POWERSGD, RING, HIER = "after", "overlap", "fp16", "powers
 def worker(args: argparse.Namespace) -> None:
     import minidist as md
     import minidist.distributed as dist
-    from minidist import nn, optim, perfmodel
+    from minidist import nn, optim
     from minidist.distributed.topology import node_layout
     from minidist.parallel import DistributedDataParallel
+    from minidist_tools.perfmodel import step as perfmodel
 
     world = dist.init()
     layout = node_layout()
@@ -219,7 +220,7 @@ def plan(quick: bool) -> list[tuple[int, int, list[str | None], list[str]]]:
 
 
 def run_study(args: argparse.Namespace) -> dict:
-    from minidist.cluster import Cluster, ClusterError
+    from minidist_tools.cluster import Cluster, ClusterError
 
     study = {"rows": [], "cores": os.cpu_count(), "load_before": args.load, "config": _config(args)}
     started = time.time()
@@ -293,7 +294,7 @@ def main() -> None:
         return worker(args)
     if args.quick:
         args.width, args.layers, args.steps, args.repeats = 512, 2, 2, 2
-    from minidist.cluster import cluster_available
+    from minidist_tools.cluster import cluster_available
 
     ok, reason = cluster_available()
     if not ok:

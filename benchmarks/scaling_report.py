@@ -2,7 +2,7 @@
 
     python benchmarks/scaling_report.py benchmarks/scaling.json     # table again, and the plot
 
-**Predictions** (``minidist.perfmodel_network``). For each link speed the link's alpha and beta are
+**Predictions** (``minidist_tools.perfmodel.network``). For each link speed the link's alpha and beta are
 fitted to the ring all-reduces measured between 2 nodes (``calibrate_link``); the same fit then
 predicts the 4-node all-reduces (out of sample) and every DDP step: ``predict_nodes`` with
 
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist import perfmodel as pm
-from minidist import perfmodel_network as pn
 from minidist.distributed import tuning
-from minidist.parallel.buckets import plan_buckets
+from minidist.parallel.data_parallel.buckets import plan_buckets
+from minidist_tools.perfmodel import network as pn
+from minidist_tools.perfmodel import step as pm
 
 VARIANT_ALGORITHM = {"ring": "ring", "hierarchical": "hierarchical"}
 MODEL_ALGORITHMS = {"ring": "ring", "rabenseifner": "ring", "recursive_doubling": "recursive_doubling",

@@ -16,7 +16,8 @@ minidist keeps every activation in the training dtype (float32 here), masks incl
 3 a s^2 b) / t) and 4 (18 sbh + 3 a s^2 b) / t (the paper's items: LayerNorm inputs 2 sbh elements,
 q k v input, q and k, softmax, its dropout mask and output, v, projection input, dropout mask, MLP
 input, GELU input and output 4 sbh each, dropout mask); both columns come from
-``minidist.perfmodel_transformer.activation_memory_per_layer``. This script measures, per rank, after one
+``minidist_tools.perfmodel.transformer.activation_memory_per_layer``. This script measures, per rank, after
+one
 forward of a ``ParallelBlock`` (dropout 0.1, float32):
 
 * **saved**: the arrays the ops saved for their backward (the inputs they read back, masks, softmax
@@ -38,10 +39,10 @@ import numpy as np
 import minidist as md
 import minidist.distributed as dist
 from minidist.autograd import Tensor
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.parallel.tensor_parallel import ParallelBlock, model_parallel_manual_seed
 from minidist.parallel.tensor_parallel.sequence_parallel import split_sequence
-from minidist.perfmodel_transformer import activation_memory_per_layer
+from minidist_tools.perfmodel.transformer import activation_memory_per_layer
 
 SHAPES = [(256, 2, 256, 8), (64, 4, 512, 4)]  # (s, b, h, a): sequence, batch, width, heads
 DROPOUT = 0.1

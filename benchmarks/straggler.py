@@ -28,7 +28,7 @@ import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim, trace  # noqa: E402
 from minidist.models import MLP  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
-from minidist.straggler import StragglerMonitor  # noqa: E402
+from minidist_tools.straggler import StragglerMonitor  # noqa: E402
 
 
 def main() -> None:

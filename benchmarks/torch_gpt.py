@@ -1,5 +1,5 @@
 """The same GPT as ``minidist.models.GPT``, written in PyTorch: the reference of benchmarks/gpt.py and an
-optional oracle of tests/test_gpt.py (PyTorch is never a dependency of minidist itself).
+optional oracle of tests/models/test_gpt.py (PyTorch is never a dependency of minidist itself).
 
 Same architecture, parameter names and shapes (so ``load_minidist`` copies a minidist model's weights in
 and the two compute the same numbers): token + position embedding, pre-norm blocks of causal multi-head

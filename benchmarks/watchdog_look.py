@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import minidist.distributed as dist
-from minidist.distributed import heartbeat, liveness
+from minidist.distributed.safety import heartbeat, liveness
 
 
 def per_call(fn, calls: int) -> float:

@@ -78,7 +78,7 @@ from minidist import checkpoint, memory, optim
 from minidist.amp import GradScaler
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.nn import functional as F
 from minidist.optim.lr_scheduler import cosine_with_warmup
 from minidist.parallel import (

@@ -12,7 +12,7 @@ import os
 
 from train_gpt_layout import add_layout_arguments, is_data_parallel
 
-from minidist.launch.env import resume_requested
+from minidist_tools.launch.env import resume_requested
 
 
 def positive(text: str) -> int:
@@ -109,6 +109,6 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # (else the first save, after --eval-interval steps of training, would be the first to notice)
         parser.error(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (made if missing)")
-    # Restarted by `python -m minidist.launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume was given.
+    # Restarted by `minidist launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume was given.
     args.resume = resume_requested(args.resume, args.checkpoint_dir)
     return args

@@ -24,7 +24,7 @@ a job with a time limit would (a killed job resumes from its last periodic check
     mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --checkpoint-every 50 --max-steps 120
     mpirun -n 4 python examples/train_mlp.py --checkpoint-dir ckpt --resume --tp 2  # steps 121-330
 
-Under ``python -m minidist.launch -n 4 --max-restarts 3 -- python examples/train_mlp.py --checkpoint-dir
+Under ``minidist launch -n 4 --max-restarts 3 -- python examples/train_mlp.py --checkpoint-dir
 ckpt --checkpoint-every 40`` a failed rank or node restarts the job, which then resumes by itself (a
 restart counts as ``--resume``: train_mlp_args.py).
 
@@ -62,7 +62,7 @@ from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundan
 from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
-from minidist.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
+from minidist_tools.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
 
 def predict_dense(model: nn.Module, x: np.ndarray) -> np.ndarray:

@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 import minidist.distributed as dist
 from minidist.data import load_dataset
-from minidist.launch.env import resume_requested
 from minidist.parallel import ProcessMesh
+from minidist_tools.launch.env import resume_requested
 
 
 class Parser(argparse.ArgumentParser):
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         "--resume",
         action="store_true",
         help="continue from the newest checkpoint in --checkpoint-dir (implied after a restart by "
-        "python -m minidist.launch)",
+        "minidist launch)",
     )
     p.add_argument(
         "--max-steps", type=int, default=None, help="stop after this many steps in all (resume later)"
@@ -146,7 +146,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error("--checkpoint-every must be >= 0 and --max-steps >= 1")
     if (args.resume or args.checkpoint_every or args.async_checkpoint) and not args.checkpoint_dir:
         p.error("--resume, --checkpoint-every and --async-checkpoint need --checkpoint-dir DIR")
-    # Restarted by `python -m minidist.launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume had
+    # Restarted by `minidist launch` (MINIDIST_RESTART_COUNT > 0): resume as if --resume had
     # been given, so the script needs no change to survive a failure. A first run never resumes by itself.
     args.resume = resume_requested(args.resume, args.checkpoint_dir)
     return args

@@ -10,7 +10,7 @@ Sources are plain Python in the "percent" format: a line ``# %%`` starts a code 
 a markdown cell (every line prefixed with ``# ``). Two more cell kinds carry the exercises:
 
 * ``# %% [exercise KEY]``: the "your turn" cell, shipped with the student's placeholder;
-* ``# %% [check KEY]``: the cell that checks it (a call into ``minidist.notebook.checks``, which the
+* ``# %% [check KEY]``: the cell that checks it (a call into ``minidist_course.notebook.checks``, which the
   notebooks import from the installed package: nothing beside the notebooks computes an answer).
 
 A text cell after a check that gives the exercise's answer is written ``# %% [markdown reveal]``: the

@@ -13,8 +13,8 @@ What is copied: the notebooks ``lessons/NN_*.ipynb`` as they are now (so work al
 notebook needs to run from its own folder (lesson 09 also runs ``examples/`` and ``benchmarks/``, which
 it finds in the clone that minidist is installed from). Never the reference answers
 (``lessons/.solutions/``), the sources or the coursework, and no exercise checks: the notebooks import
-those from the installed package (``from minidist.notebook import checks``), so nothing in the student's
-folder computes an exercise's answer.
+those from the installed package (``from minidist_course.notebook import checks``), so nothing in the
+student's folder computes an exercise's answer.
 
 Rules: the folder must be new or empty, unless ``--force``. With ``--force`` a file that is already there
 and differs is first renamed (``01_autograd.old-1.ipynb``, then ``.old-2``, ...) and the fresh copy is

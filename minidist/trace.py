@@ -30,7 +30,7 @@ this rank sent, the array's ``dtype`` and, for a collective, its ``payload`` (th
 ``algorithm`` it ran.
 Off by default: a span per message costs microseconds, which a timeline of compute does not want.
 ``enable(collectives=True)`` records the collective spans without the per-message ones: what
-``minidist.straggler`` needs to match one call across ranks and tell waiting for a late rank from moving
+``minidist_tools.straggler`` needs to match one call across ranks and tell waiting for a late rank from moving
 data (its ``StragglerMonitor`` also records one :data:`STEP` span per training step with :func:`record`).
 
 Output format: the "Trace Event Format" (complete events, ``"ph": "X"``, times in microseconds), with
@@ -56,7 +56,7 @@ WAIT = "wait"  # time a thread spent blocked waiting for communication (inside a
 LAUNCH = "launch"  # the moment a collective was handed to a communication thread (a very short span)
 COLLECTIVE = "collective"  # one call of a collective, with its bytes (only with enable(messages=True))
 MESSAGE = "message"  # one point-to-point send, with its bytes (only with enable(messages=True))
-STEP = "step"  # one training step, as minidist.straggler.StragglerMonitor.step() delimits it
+STEP = "step"  # one training step, as minidist_tools.straggler.StragglerMonitor.step() delimits it
 
 Event = dict[str, Any]  # {"name", "cat", "start", "end" (seconds since enable), "tid", "thread"[, "args"]}
 
@@ -73,7 +73,7 @@ def enable(messages: bool = False, collectives: bool = False) -> None:
     Call it on every rank right after a barrier, so the ranks' time zeros coincide. ``messages=True``
     also records every collective call and point-to-point send with its group and bytes (module
     docstring, "Bytes"); ``collectives=True`` records the collective calls only (one span per call, no
-    span per message: what ``minidist.straggler`` needs to tell waiting for peers from transferring).
+    span per message: what ``minidist_tools.straggler`` needs to tell waiting for peers from transferring).
     """
     global _enabled, _messages, _collectives, _t0
     _events.clear()

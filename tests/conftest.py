@@ -1,13 +1,23 @@
-"""Shared test configuration: hypothesis profiles.
+"""Shared test configuration: where the helpers are, hypothesis profiles, the order of the test files.
 
-``ci`` (the default) keeps the whole suite under 15 minutes on 2 cores; ``dev`` explores more.
-Choose with ``HYPOTHESIS_PROFILE=dev python -m pytest``.
+The tests mirror the tree (``tests/<package>/...``, ``tests/tools/``, ``tests/course/``). Every test
+finds the shared helpers (``tests/helpers/``: ``mpi_utils``, ``strategies``, ``fake_group``, ...) and the
+modules its MPI workers share (``tests/workers/``: ``ddp_common``, ``tp_common``, ...) by plain name:
+both folders are put on ``sys.path`` here, before any test module is imported.
+
+``ci`` (the default hypothesis profile) keeps the whole suite under 15 minutes on 2 cores; ``dev``
+explores more. Choose with ``HYPOTHESIS_PROFILE=dev python -m pytest``.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS / "helpers"), str(_TESTS / "workers")]
 
 settings.register_profile(
     "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -18,11 +28,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture
 def same_arguments_everywhere(monkeypatch):
-    """Stand-in for the construction-time exchange (``minidist/distributed/agreement.py``): every rank of a
-    ``fake_group`` (tests/fake_group.py) sent this rank's record, i.e. all ranks passed the same arguments
-    (tests/workers/tensor_parallel/tp_errors.py and tp_gpt_errors.py run the real collective with
+    """Stand-in for the construction-time exchange (``minidist/distributed/safety/agreement.py``): every rank
+    of a
+    ``fake_group`` (tests/helpers/fake_group.py) sent this rank's record, i.e. all ranks passed the same
+    arguments (tests/workers/tensor_parallel/tp_errors.py and tp_gpt_errors.py run the real collective with
     arguments that differ)."""
-    from minidist.distributed import agreement
+    from minidist.distributed.safety import agreement
 
     monkeypatch.setattr(agreement, "all_gather_json", lambda obj, group: [obj] * group.size)
 

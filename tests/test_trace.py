@@ -215,7 +215,7 @@ def test_collectives_record_their_bytes_only_when_messages_are_traced():
     common = {"group": "world", "ranks": world.size, "first": 0, "dtype": "float32", "bytes": 0,
               "algorithm": None}  # fmt: skip
     assert spans == [("all_reduce", {**common, "payload": 40}), ("all_gather", {**common, "payload": 12})]
-    # collectives=True (minidist.straggler's setting): the same collective spans, no per-message ones
+    # collectives=True (minidist_tools.straggler's setting): the same collective spans, no per-message ones
     trace.enable(collectives=True)
     dist.all_reduce(a)
     trace.disable()

@@ -4,7 +4,7 @@
 
 # %% [solution sendchunk]
 def send_chunk(rank, step, n):
-    return (rank - step - 1) % n  # as minidist/distributed/ring.py
+    return (rank - step - 1) % n  # as minidist/distributed/algorithms/ring.py
 
 
 # %% [wrong sendchunk]

@@ -31,7 +31,7 @@ def rank_timeout(default: float = 20.0) -> float:
 
 
 def _mpiexec_path() -> str:
-    from minidist.notebook import mpiexec_path  # noqa: PLC0415  (the submission's minidist, see above)
+    from minidist_tools.mpiexec import mpiexec_path  # noqa: PLC0415  (the submission's minidist, see above)
 
     return mpiexec_path()
 
@@ -98,7 +98,7 @@ def explain_crash(stderr: str) -> str:
 def explain_watchdog(stderr: str) -> str:
     """What minidist's liveness watchdog said when it ended the job, or ``""``.
 
-    The watchdog (``minidist/distributed/liveness.py``) ends a job whose ranks' messages can never pair
+    The watchdog (``minidist/distributed/safety/liveness.py``) ends a job whose ranks' messages can never pair
     up (a rank waiting for a neighbour that sends elsewhere, a rank that left) with ``MPI_Abort`` and a
     message, not a traceback. Without it such a run would hang, so the explanation says so.
     """

@@ -73,8 +73,8 @@ MPI_RECEIVES = (
 class Rule:
     """One "Not allowed" rule: which calls the student's code must not make, and why (the handout's words).
 
-    ``files``: module names of the student's code (``"minidist.distributed.ring"``); ``callers``: only
-    these functions of those modules (empty: all); ``mpi_methods``: mpi4py communicator methods;
+    ``files``: module names of the student's code (``"minidist.distributed.algorithms.ring"``); ``callers``:
+    only these functions of those modules (empty: all); ``mpi_methods``: mpi4py communicator methods;
     ``functions``: Python functions as ``"module:name"``; ``through``: modules whose calls are traced
     back to their caller; ``tasks``: function name (``"run"`` or ``"BlockingMessaging.run"``) -> task
     id, to name the task in the message.
@@ -84,7 +84,7 @@ class Rule:
     why: str
     mpi_methods: tuple[str, ...] = MPI_COLLECTIVES
     functions: tuple[str, ...] = ()
-    through: tuple[str, ...] = ("minidist.distributed.mpi_builtin",)
+    through: tuple[str, ...] = ("minidist.distributed.algorithms.mpi_builtin",)
     callers: tuple[str, ...] = ()
     tasks: dict[str, str] = field(default_factory=dict)
 
@@ -138,7 +138,7 @@ class watch:
         self._through = {_module_file(m) for m in rule.through}
         # A decorated collective (debug.collective_call) shares its wrapper's code with all the others:
         # watch the function inside, and look past the wrapper's frame for the caller.
-        self._wrappers = {_module_file("minidist.distributed.debug")}
+        self._wrappers = {_module_file("minidist.distributed.safety.debug")}
         self._codes = {}
         for spec in rule.functions:
             module, name = spec.split(":")

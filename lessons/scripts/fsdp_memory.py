@@ -22,7 +22,7 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import memory, optim
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.nn import functional as F
 from minidist.parallel.fsdp import FullyShardedDataParallel
 

@@ -1,7 +1,7 @@
 """Lesson 12: what the network costs, measured in one launch; rank 0 writes the results as JSON.
 
     mpiexec -n 4 python scripts/network_step.py OUT.json [--mb 0.5 2] [--hooks none fp16 powersgd]
-    python -m minidist.cluster run -- python scripts/network_step.py OUT.json     # the same across nodes
+    minidist cluster run -- python scripts/network_step.py OUT.json     # the same across nodes
 
 Two measurements (one launch: starting the ranks costs seconds, more than what is measured):
 
@@ -20,7 +20,7 @@ OUT.json: ``{"hosts": [per rank], "node_of_rank": [...], "allreduce": [{"algorit
 "seconds": [samples], "bytes_sent": [per rank]}], "params", "ddp": [{"hook", "step_s": [per step, the
 slowest rank's], "payload_per_step": [per rank: the bytes its gradient all-reduces reduced per step,
 from DDP's ``comm_stats``], "events": [per rank]}]}``. Nodes are what
-``minidist.distributed.topology`` sees: network namespaces on a ``minidist.cluster``, or blocks of
+``minidist.distributed.topology`` sees: network namespaces on a ``minidist_tools.cluster``, or blocks of
 ``MINIDIST_RANKS_PER_NODE`` ranks on one machine.
 """
 

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import minidist as md
-from minidist.notebook import checks
+from minidist_course.notebook import checks
 
 # %% [markdown]
 # ## 1. The graph
@@ -271,6 +271,6 @@ plt.show()
 # - An autograd engine is a graph of ops, each knowing its local derivative, visited in reverse
 #   topological order; gradients of a tensor used twice are *summed*.
 # - Always check new ops against central differences in float64 — minidist's
-#   `tests/test_gradcheck.py` does it for every op, on shapes chosen by hypothesis.
+#   `tests/ops/test_gradcheck.py` does it for every op, on shapes chosen by hypothesis.
 #
 # Next: [lesson 02](02_mpi.ipynb) starts several processes and makes them talk.

@@ -23,7 +23,7 @@ import sys
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import checks, mpiexec_path, start_cluster, stop_cluster
+from minidist_course.notebook import checks, mpiexec_path, start_cluster, stop_cluster
 
 rc = start_cluster(2)  # about 5-10 s: two Python processes start and import MPI
 print(f"{len(rc.ids)} engines ready")

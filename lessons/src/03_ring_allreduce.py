@@ -18,8 +18,8 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist import perfmodel
-from minidist.notebook import checks, start_cluster, stop_cluster
+from minidist_course.notebook import checks, start_cluster, stop_cluster
+from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]
 # ## 1. Simulate the ring on paper
@@ -32,8 +32,8 @@ from minidist.notebook import checks, start_cluster, stop_cluster
 # We simulate it with plain NumPy: `count[r][c]` = how many ranks' contributions chunk c on rank r
 # already contains. The rule each rank follows is simple: in the first step send chunk `rank - 1`
 # (mod n: rank 0 sends the last chunk); after that, always pass on the chunk you have just received
-# (added to your own copy). This is the schedule of `minidist/distributed/ring.py`, and it ends with
-# rank r holding the complete chunk r.
+# (added to your own copy). This is the schedule of `minidist/distributed/algorithms/ring.py`, and it ends
+# with rank r holding the complete chunk r.
 
 
 # %%
@@ -80,7 +80,8 @@ draw_ring(simulate_ring(4), 4)
 #
 # "Pass on what you just received" needs memory. Write it as a formula instead:
 # `send_chunk(rank, step, n)` for the reduce-scatter phase (steps 0 .. n-2), as the real code in
-# `minidist/distributed/ring.py` computes it. Hint: compare consecutive panels: which cell of each row grew?
+# `minidist/distributed/algorithms/ring.py` computes it. Hint: compare consecutive panels: which cell of each
+# row grew?
 
 
 # %% [exercise sendchunk]
@@ -140,7 +141,7 @@ import numpy as np
 from mpi4py import MPI
 
 import minidist.distributed as dist
-from minidist import perfmodel
+from minidist_tools.perfmodel import step as perfmodel
 
 world = dist.init()
 alpha, beta = perfmodel.measure_alpha_beta(world, iters=5)

@@ -22,7 +22,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from minidist import trace
-from minidist.notebook import checks, start_cluster, stop_cluster
+from minidist_course.notebook import checks, start_cluster, stop_cluster
 
 rc = start_cluster(2)
 

@@ -21,7 +21,7 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import checks, start_cluster, stop_cluster
+from minidist_course.notebook import checks, start_cluster, stop_cluster
 
 rc = start_cluster(2)
 

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from minidist import perfmodel
-from minidist.notebook import checks, mpiexec_path
 from minidist.parallel.pipeline import (
     draw_gantt,
     gpipe,
@@ -37,6 +35,8 @@ from minidist.parallel.pipeline import (
     text_grid,
 )
 from minidist.parallel.pipeline.gantt import timeline_from_trace
+from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]
 # ## 1. A schedule is a list of instructions
@@ -275,8 +275,8 @@ for key in [("gpipe", 4), ("1f1b", 4)]:
 #
 # Each rank builds the whole `nn.Sequential` from the same seed and keeps its stage's layers; the last
 # stage scales each microbatch's loss by `1/m`, so the accumulated gradients equal one step on the
-# whole batch: p stages train the same model as one process (`tests/test_pipeline_equivalence.py`).
-#
+# whole batch: p stages train the same model as one process
+# (`tests/parallel/pipeline/test_pipeline_equivalence.py`).
 # ## Summary
 # - A schedule is data: per stage, an ordered list of forwards, backwards, sends and receives.
 # - Bubble fraction `(p-1)/(m+p-1)` for both GPipe and 1F1B: use `m` several times `p`.

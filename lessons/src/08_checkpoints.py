@@ -29,7 +29,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist.notebook import checks, mpiexec_path
+from minidist_course.notebook import checks, mpiexec_path
 
 mpiexec, python = mpiexec_path(), sys.executable
 work = Path(tempfile.mkdtemp(prefix="minidist_lesson08_"))
@@ -88,12 +88,12 @@ code = train("crashed.npz", "--ckpt", ckpt, "--steps", 16, "--every", 4, "--kill
 print("exit code", code)
 
 # %% [markdown]
-# What survived? `python -m minidist checkpoint info DIR` lists the checkpoints (`*` marks `latest`) and
+# What survived? `minidist checkpoint info DIR` lists the checkpoints (`*` marks `latest`) and
 # describes the newest: its mesh, files, and every tensor with its global shape, `tp_dim` (the axis
 # along which it is split over the tensor-parallel ranks; `-` = replicated) and number of shards.
 
 # %%
-# !{python} -m minidist checkpoint info {ckpt}
+# !{python} -m minidist_cli checkpoint info {ckpt}
 
 # %% [markdown]
 # **Your turn.** Rank 0 switches `latest` only when a set of files exists, durably, in the committed

@@ -10,7 +10,7 @@
 # 2. train the MLP on 8 ranks with all three kinds of parallelism at once, and say what each group
 #    communicates, and how often;
 # 3. predict a training step's time from compute, communication and the pipeline bubble, with the
-#    formulas of lessons 03-07 (`minidist/perfmodel.py`);
+#    formulas of lessons 03-07 (`minidist_tools/perfmodel/step.py`);
 # 4. calibrate that model on your own machine and check it against measured steps;
 # 5. plot speedup against the number of GPUs and find where adding GPUs stops paying off.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import minidist
-from minidist import perfmodel
-from minidist.notebook import checks, mpiexec_path
 from minidist.parallel.mesh import draw_grid, mesh_coords
+from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]
 # ## Part A — the 3D mesh

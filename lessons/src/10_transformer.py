@@ -35,7 +35,7 @@ import minidist as md
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, train_val_split
 from minidist.models import GPT, GPTConfig
 from minidist.nn import functional as F
-from minidist.notebook import checks, mpiexec_path
+from minidist_course.notebook import checks, mpiexec_path
 
 rng = np.random.default_rng(0)
 

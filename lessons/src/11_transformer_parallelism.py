@@ -14,21 +14,21 @@
 # 5. place a rank in the dp x tp x pp x cp mesh, and count the bytes each group moves per step.
 #
 # Lesson 06 split one MLP block; lesson 10 built the GPT. Here the GPT is split the way Megatron-LM
-# splits frontier models. The arithmetic lives in `minidist/perfmodel_transformer.py`.
+# splits frontier models. The arithmetic lives in `minidist_tools/perfmodel/transformer.py`.
 
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
 
 import minidist as md
-from minidist import perfmodel_transformer as pt
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import CausalSelfAttention
+from minidist.models.gpt.transformer import CausalSelfAttention
 from minidist.nn import functional as F
-from minidist.notebook import checks, start_cluster, stop_cluster
 from minidist.parallel.context_parallel.split import context_parallel_positions
 from minidist.parallel.mesh import draw_grid
 from minidist.parallel.tensor_parallel.split import shard_bounds, shard_rows
+from minidist_course.notebook import checks, start_cluster, stop_cluster
+from minidist_tools.perfmodel import transformer as pt
 
 rc = start_cluster(2)  # two MPI ranks for the %%px cells
 
@@ -352,7 +352,7 @@ for layout in layouts:
 # Tensor parallelism moves the most and sits on the critical path: that is why it stays inside a
 # node. These are minidist's own bytes, not only the papers': counted at the collectives of a
 # `ParallelGPT` and of `ring_attention` on 2 ranks, they equal the formulas
-# (`tests/test_perfmodel_transformer.py`).
+# (`tests/tools/perfmodel/test_perfmodel_transformer.py`).
 #
 # ## Summary
 # - tp splits attention by heads (c_attn strided, c_proj row) and the MLP column then row: 2

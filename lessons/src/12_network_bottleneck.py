@@ -8,7 +8,7 @@
 # 1. start a cluster of "machines" on one laptop (network namespaces joined by links) and train with
 #    DDP across them, the bytes really crossing a TCP link;
 # 2. read one training step's timeline across nodes, and see where the ranks wait for the network;
-# 3. slow the link down (100 Mbit/s, 1 Gbit/s) and find, with `minidist.perfmodel_network`, the
+# 3. slow the link down (100 Mbit/s, 1 Gbit/s) and find, with `minidist_tools.perfmodel.network`, the
 #    number of nodes past which adding more stops paying off;
 # 4. count the bytes a flat ring and a hierarchical all-reduce put on each node's link;
 # 5. count what gradient compression (fp16, PowerSGD) saves, and say what it costs.
@@ -31,10 +31,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist import perfmodel, trace
-from minidist import perfmodel_network as pn
-from minidist.cluster import Cluster, cluster_available
-from minidist.notebook import checks, mpiexec_path
+from minidist import trace
+from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.cluster import Cluster, cluster_available
+from minidist_tools.perfmodel import network as pn
+from minidist_tools.perfmodel import step as perfmodel
 
 available, reason = cluster_available()
 print("a cluster of network namespaces:", "available" if available else f"not available: {reason}")
@@ -42,7 +43,7 @@ print("a cluster of network namespaces:", "available" if available else f"not av
 # %% [markdown]
 # ## 1. A cluster in a box
 #
-# `minidist.cluster` makes each node a Linux **network namespace**: a separate network stack with its
+# `minidist_tools.cluster` makes each node a Linux **network namespace**: a separate network stack with its
 # own interface, address and (in a UTS namespace) host name. A virtual Ethernet cable (a *veth* pair)
 # joins each node to a bridge, the box's switch. MPI's launcher starts the ranks inside the namespaces
 # (`mpiexec -launcher rsh` with a small script that enters them), and `UCX_TLS=tcp,self` makes ranks
@@ -50,10 +51,10 @@ print("a cluster of network namespaces:", "available" if available else f"not av
 # memory, as on a real machine. From a shell:
 #
 # ```
-# sudo python -m minidist.cluster up --nodes 2 --ranks-per-node 2 --bandwidth 1gbit
-# sudo python -m minidist.cluster run -- python examples/train_mlp.py     # 4 ranks, 2 per node
-# sudo python -m minidist.cluster status                                  # nodes, links, bytes sent
-# sudo python -m minidist.cluster down
+# sudo minidist cluster up --nodes 2 --ranks-per-node 2 --bandwidth 1gbit
+# sudo minidist cluster run -- python examples/train_mlp.py     # 4 ranks, 2 per node
+# sudo minidist cluster status                                  # nodes, links, bytes sent
+# sudo minidist cluster down
 # ```
 #
 # Namespaces need root (the `CAP_NET_ADMIN` capability). Without it, this lesson runs its ranks on this
@@ -214,7 +215,7 @@ plt.show()
 # %% [markdown]
 # ## 4. The sweet spot: how many nodes?
 #
-# `minidist.perfmodel_network` prices a **two-level network**: inside a node, messages go through
+# `minidist_tools.perfmodel.network` prices a **two-level network**: inside a node, messages go through
 # shared memory or NVLink (`intra_alpha`, `intra_beta`); between nodes, through one link per node
 # (`inter_alpha`: seconds per message, `inter_beta`: seconds per byte). A ring all-reduce over ranks in
 # blocks has one edge leaving each node, and each of its steps waits for the slowest edge: a link, as
@@ -329,7 +330,7 @@ plt.show()
 # leave *one node* through its link during one all-reduce of `nbytes`, for `algorithm="ring"` (one ring
 # over all `nodes x ranks_per_node` ranks, in blocks per node) and `"hierarchical"` (phase 2 a ring over
 # the leaders). Bytes inside a node do not count. Below the check, your counts sit beside the 2 MiB
-# all-reduces measured above. (`tests/test_lessons.py` checks the reference answer against the bytes
+# all-reduces measured above. (`tests/course/test_lessons.py` checks the reference answer against the bytes
 # minidist's all-reduces send, and against a cluster's link counters.)
 
 

@@ -6,7 +6,7 @@
 #
 # **Learning goals.** After this lesson you can
 # 1. kill a rank (and, on a cluster, a whole node) in the middle of training and watch
-#    `python -m minidist.launch` end the job, find the newest checkpoint that verifies and restart it,
+#    `minidist launch` end the job, find the newest checkpoint that verifies and restart it,
 #    on fewer nodes if it must;
 # 2. find a straggler, the one rank that is consistently slower, and see who pays for it;
 # 3. say how often a job on thousands of nodes fails, and choose how often to checkpoint it
@@ -32,11 +32,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import minidist
-from minidist import perfmodel_failures as pf
-from minidist.cluster import Cluster, cluster_available
-from minidist.launch import read_log
-from minidist.launch.processes import kill_job, rank_pids
-from minidist.notebook import checks, mpiexec_path
+from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.cluster import Cluster, cluster_available
+from minidist_tools.launch import read_log
+from minidist_tools.launch.processes import kill_job, rank_pids
+from minidist_tools.perfmodel import failures as pf
 
 python, WORK = sys.executable, Path(tempfile.mkdtemp(prefix="minidist_lesson13_"))
 REPO = Path(minidist.__file__).resolve().parent.parent  # the clone that holds examples/
@@ -46,7 +46,7 @@ print("a cluster of network namespaces:", "available" if available else f"not av
 # %% [markdown]
 # ## 1. Kill a rank and watch the job recover
 #
-# `python -m minidist.launch` is minidist's `torchrun --max-restarts`: it runs a training command under
+# `minidist launch` is minidist's `torchrun --max-restarts`: it runs a training command under
 # `mpiexec` and watches it. When a rank dies (or, on a cluster, a node), it ends every process of the
 # job that is left, checks which checkpoint is the newest that *verifies* (every file's sha256, lesson
 # 08), and starts the command again, with `MINIDIST_RESTART_COUNT=1` in every rank's environment;
@@ -66,13 +66,13 @@ print(f"cluster {cluster.name}: nodes {cluster.nodes}" if cluster else f"no clus
 
 
 def start_job(name, *launcher_flags):
-    """Start `python -m minidist.launch` in the background; returns (process, log file, output file)."""
+    """Start `minidist launch` in the background; returns (process, log file, output file)."""
     folder = WORK / name
     folder.mkdir()
     train = [python, str(REPO / "examples" / "train_mlp.py"), "--epochs", "6", "--hidden", "64", "64"]
     train += ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", "5"]
     log, out = folder / "launch.log", folder / "output.txt"
-    launcher = [python, "-m", "minidist.launch", "--max-restarts", "2", "--monitor-interval", "0.2"]
+    launcher = [python, "-m", "minidist_tools.launch", "--max-restarts", "2", "--monitor-interval", "0.2"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(out, "w") as sink:
         proc = subprocess.Popen(
@@ -136,8 +136,8 @@ print("\n".join(line for line in output.splitlines() if line.startswith(("resume
 # all. `verify` names the checkpoint the restart will resume from, and `restart` starts attempt 1, which
 # printed `resumed from ... step 10`. On the cluster, a second `failure` (the node) is followed by a
 # `nodes` event that leaves node 1 out, and attempt 2 runs on one rank. The training ends as an
-# uninterrupted run would (`tests/test_launch.py` checks the final weights bit for bit on the same
-# layout; with fewer nodes they agree to float rounding).
+# uninterrupted run would (`tests/tools/launch/test_launch.py` checks the final weights bit for bit on the
+# same layout; with fewer nodes they agree to float rounding).
 #
 # Where did the time go? Plot the steps each attempt committed against the wall clock:
 
@@ -177,7 +177,7 @@ print(f"from the first failure to the next saved step: {restart_cost:.1f} s")
 # A rank need not die to hurt: one that is merely slower (a throttled GPU, a busy neighbour, a bad
 # cable that retransmits) slows everyone. In synchronous data parallelism every rank waits for the
 # gradients of all others in every all-reduce, so every rank's step takes as long as the slowest one's,
-# and step times alone do not say who is slow. `minidist.straggler` splits each step of each rank into
+# and step times alone do not say who is slow. `minidist_tools.straggler` splits each step of each rank into
 # **compute** (the training thread busy), **comm** (collectives moving data) and **wait** (inside a
 # collective, waiting for another rank to arrive), from the trace (lesson 04), with every rank's clock
 # aligned to rank 0's (Cristian's algorithm: a few ping-pongs). `StragglerMonitor` warns during
@@ -231,7 +231,7 @@ checks.waits(waits)
 # **The answer.** Try first; then open this cell (click it, or the bar at its left).
 #
 # Every rank waits until the last one enters: `[max(entries) - t for t in entries]`; the straggler,
-# last to arrive, waits 0. `minidist/straggler/breakdown.py` does this for every call, matching the
+# last to arrive, waits 0. `minidist_tools/straggler/breakdown.py` does this for every call, matching the
 # k-th call on a group across ranks (MPI's rule: the members of a communicator call its collectives in
 # the same order), and cuts each wait at the end of the rank's call.
 #
@@ -355,11 +355,11 @@ plt.show()
 # %% [markdown]
 # The black points (simulated means, with two standard errors) sit on the curve, and its minimum is at
 # Young's and Daly's interval. The curve is flat near the minimum: saving at half or twice the optimum
-# costs little, ten times off costs a lot. `python -m minidist checkpoint interval` prints the same
+# costs little, ten times off costs a lot. `minidist checkpoint interval` prints the same
 # numbers from the command line (here called in-process):
 
 # %%
-from minidist.__main__ import main as minidist_cli
+from minidist_cli import main as minidist_cli
 
 status = minidist_cli(["checkpoint", "interval", "--node-mtbf", "5y", "--nodes", "16384", "--save-cost", "60",
               "--restart-cost", "600", "--work", "7d", "--interval", "4h"])  # fmt: skip
@@ -372,7 +372,7 @@ status = minidist_cli(["checkpoint", "interval", "--node-mtbf", "5y", "--nodes",
 #
 # ## Summary
 # - At scale failures are routine: N nodes fail N times as often as one. The job must restart by
-#   itself: `python -m minidist.launch` ends every process left, resumes from the newest checkpoint
+#   itself: `minidist launch` ends every process left, resumes from the newest checkpoint
 #   that verifies, and continues on fewer nodes if one is gone.
 # - A straggler slows every rank, so step times do not name it; splitting each step into compute, comm
 #   and wait does: the straggler has the compute, the others the matching wait.

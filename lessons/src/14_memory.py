@@ -28,8 +28,8 @@ import numpy as np
 import minidist as md
 from minidist import memory, nn, optim
 from minidist.models import GPT, GPTConfig
-from minidist.notebook import checks, mpiexec_path
-from minidist.perfmodel_memory import gpt_layer_activation_bytes
+from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.perfmodel.memory import gpt_layer_activation_bytes
 
 CE = nn.functional.cross_entropy
 
@@ -139,7 +139,7 @@ for t in (2, 4):  # tensor parallelism over t ranks, without and with sequence p
 # Under tensor parallelism (lesson 11) the ranks split the heads and the MLP, but the LayerNorms, the
 # residual stream and the row-parallel layers' partial sums stay whole on every rank; sequence
 # parallelism splits those along the sequence too, all but the partial sums that minidist's
-# reduce-scatter keeps as its input. `tests/test_memory.py` measures all three counts on real ranks.
+# reduce-scatter keeps as its input. `tests/memory/test_memory.py` measures all three counts on real ranks.
 #
 # ## 3. A budget
 #

@@ -67,9 +67,9 @@ class GradScaler:
 
     Attributes: ``skipped_steps`` (steps skipped so far, kept in ``state_dict``).
 
-    Differences from PyTorch (tests/test_torch_oracle_issue21.py compares the two): the scale is a
-    Python float, not a tensor; ``state_dict`` has one more key, ``skipped_steps`` (each library loads
-    the other's); the arguments are checked (torch takes any factor); ``step`` on an optimizer whose
+    Differences from PyTorch (tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py compares the two): the
+    scale is a Python float, not a tensor; ``state_dict`` has one more key, ``skipped_steps`` (each library
+    loads the other's); the arguments are checked (torch takes any factor); ``step`` on an optimizer whose
     parameters have no gradient steps it (torch asserts) so that every rank of ``group`` reaches the
     collective; ``scale`` of a non-Tensor is a ``TypeError`` (torch: ``ValueError``).
 
@@ -230,7 +230,8 @@ class GradScaler:
             return
         if not self._per_optimizer and new_scale is None:
             # Counting a step that never checked its gradients would grow the scale for nothing. PyTorch's
-            # text, word for word (tests/test_torch_oracle_issue21.py): call step(optimizer) first.
+            # text, word for word (tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py): call
+            # step(optimizer) first.
             raise RuntimeError("No inf checks were recorded prior to update.")
         found = any(s["found_inf"] for s in self._per_optimizer.values())
         if found:

@@ -22,7 +22,8 @@ the low dtype, minidist's values are torch's bits (log_softmax: torch rounds int
 give torch CPU's dtypes and bits (gelu: an ulp of the low dtype apart at a few values, two erf codes).
 ``scaled_dot_product_attention``: torch's CPU kernel rounds the softmax weights to the low dtype
 before multiplying V; minidist keeps them in float32 (closer to the exact result). The float32 master
-gradients of a small MLP under bfloat16 equal torch's to the bit (tests/test_torch_oracle_issue21.py).
+gradients of a small MLP under bfloat16 equal torch's to the bit
+(tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py).
 
 How it is computed here, and why: NumPy's float16 arithmetic is ~200x slower than float32's, and
 ml_dtypes' bfloat16 ufuncs are slow too, so no op does elementwise arithmetic in a 2-byte dtype.
@@ -157,7 +158,7 @@ def round_bfloat16(a: Any) -> Any:
 
     bfloat16 is float32's upper 16 bits: add 0x7FFF plus the lowest kept bit, then clear the low 16
     bits (the carry rounds up); inf and NaN are kept as they are. Works on NumPy and CuPy arrays; on
-    NumPy it equals ``a.astype(ml_dtypes.bfloat16).astype(np.float32)`` (tests/test_amp.py).
+    NumPy it equals ``a.astype(ml_dtypes.bfloat16).astype(np.float32)`` (tests/amp/test_amp.py).
     """
     from minidist.backend import array_module  # noqa: PLC0415
 

@@ -13,7 +13,7 @@ Reading order (``save`` and ``load`` each begin with their numbered steps, one c
    not saved);
 6. ``stage.py`` (what a save copies when it is called) -> ``save.py`` -> ``background.py`` (the
    asynchronous save: ``SaveHandle``, ``wait_pending``) -> ``load.py`` -> ``latest.py`` (resume,
-   stepping back past damage) -> ``cli.py`` (``python -m minidist checkpoint info``).
+   stepping back past damage) -> ``cli.py`` (``minidist checkpoint info``).
 
 On disk::
 

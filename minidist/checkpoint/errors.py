@@ -3,12 +3,12 @@
 A checkpoint problem seen by one rank (its shard is corrupt, its disk is full, a bad argument there)
 must stop *every* rank, or the others would wait forever in the next collective. So each step of
 ``save``/``load`` runs its checks inside ``with on_every_rank(comm):``: at the end of the block the
-ranks exchange their error (or None) through ``minidist.distributed.agreement``, and if any rank had
+ranks exchange their error (or None) through ``minidist.distributed.safety.agreement``, and if any rank had
 one, all of them raise the lowest rank's, rebuilt as the same class with the same path.
 
 The helpers below are ``minidist.distributed``'s, with the checkpoint's error classes filled in. They
 import it when first called: importing it starts MPI, and importing ``minidist.checkpoint`` must not
-(``python -m minidist checkpoint info`` runs without MPI).
+(``minidist checkpoint info`` runs without MPI).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def agree(values: dict[str, Any], comm: Any, *, what: str, fix: str) -> None:
 def differences(values: dict[str, Any], comm: Any) -> str | None:
     """Collective: which of the ranks' JSON ``values`` differ, e.g. ``"step (5 on rank 0; 6 on rank 1)"``,
     the same text on every rank; None if all are equal."""
-    from minidist.distributed.agreement import all_gather_json, describe_differences  # noqa: PLC0415
+    from minidist.distributed.safety.agreement import all_gather_json, describe_differences  # noqa: PLC0415
 
     return describe_differences(all_gather_json(values, comm))
 

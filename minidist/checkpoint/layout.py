@@ -163,7 +163,7 @@ def assign_writers(
 
 # --- resharding: this rank's piece of a global tensor, from the shards another layout saved ------
 # split.py is imported inside the functions: importing minidist.parallel imports MPI, and this
-# package promises that importing it (e.g. for `python -m minidist checkpoint info`) does not.
+# package promises that importing it (e.g. for `minidist checkpoint info`) does not.
 def needed_shards(
     entry: dict[str, Any], tp: int, tp_rank: int, tp_dim: int | None, stride: int = 1
 ) -> list[dict[str, Any]]:

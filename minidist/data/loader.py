@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.data._checks import check_int
+from minidist.data.checks import check_int
 
 
 class DataLoader:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.data._checks import check_int
+from minidist.data.checks import check_int
 
 
 def dataset_length(dataset: Any) -> int:

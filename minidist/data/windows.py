@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.data._checks import check_int
+from minidist.data.checks import check_int
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1  # the second word of the generator's seed: the two never share windows
 

@@ -27,7 +27,6 @@ This package uses only ``minidist.backend`` and ``minidist.trace`` from the rest
 nothing of autograd or modules. Importing it initialises MPI.
 """
 
-from minidist.distributed.agreement import agree, all_gather_json, raise_if_any
 from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather,
@@ -46,12 +45,13 @@ from minidist.distributed.comm import (
     recv,
     send,
 )
-from minidist.distributed.debug import barrier, collective_call, debug_enabled
 from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
 from minidist.distributed.reduce_ops import REDUCE_OPS
-from minidist.distributed.report import exit_with_error
+from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any
+from minidist.distributed.safety.debug import barrier, collective_call, debug_enabled
+from minidist.distributed.safety.report import exit_with_error
+from minidist.distributed.safety.watchdog import abort, timeout_seconds
 from minidist.distributed.staging import mpi_is_cuda_aware
-from minidist.distributed.watchdog import abort, timeout_seconds
 
 __all__ = [
     "ALGORITHMS",

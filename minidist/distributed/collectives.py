@@ -37,11 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from minidist.distributed.broadcast import tree_broadcast
-from minidist.distributed.comm import Communicator, group_or_world
-from minidist.distributed.debug import collective_call
-from minidist.distributed.hierarchical import has_hierarchy, hierarchical_all_reduce
-from minidist.distributed.mpi_builtin import (
+from minidist.distributed.algorithms.hierarchical import has_hierarchy, hierarchical_all_reduce
+from minidist.distributed.algorithms.mpi_builtin import (
     mpi_all_gather,
     mpi_all_gather_counts,
     mpi_all_reduce,
@@ -49,22 +46,25 @@ from minidist.distributed.mpi_builtin import (
     mpi_reduce,
     mpi_reduce_scatter,
 )
-from minidist.distributed.rabenseifner import rabenseifner_all_reduce
-from minidist.distributed.recursive_doubling import recursive_doubling_all_reduce
-from minidist.distributed.recursive_halving import recursive_halving_reduce_scatter
-from minidist.distributed.reduce_ops import check_op
-from minidist.distributed.ring import (
+from minidist.distributed.algorithms.rabenseifner import rabenseifner_all_reduce
+from minidist.distributed.algorithms.recursive_doubling import recursive_doubling_all_reduce
+from minidist.distributed.algorithms.recursive_halving import recursive_halving_reduce_scatter
+from minidist.distributed.algorithms.ring import (
     chunk_bounds,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter_chunk,
 )
-from minidist.distributed.scatter_allgather import scatter_allgather_broadcast
+from minidist.distributed.algorithms.scatter_allgather import scatter_allgather_broadcast
+from minidist.distributed.algorithms.tree_broadcast import tree_broadcast
+from minidist.distributed.algorithms.tree_reduce import tree_reduce
+from minidist.distributed.checks import check_array, check_choice, check_rank
+from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.reduce_ops import check_op
+from minidist.distributed.safety.debug import collective_call
 from minidist.distributed.staging import host_view, like
 from minidist.distributed.topology import node_layout, world_spans_nodes
-from minidist.distributed.tree_reduce import tree_reduce
 from minidist.distributed.tuning import choose, choose_across_nodes
-from minidist.distributed.validate import check_array, check_choice, check_rank
 
 # The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
 # group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
@@ -192,7 +192,8 @@ def reduce_scatter(
 
     ``algorithm``, for ``N = a.nbytes``: ``"ring"``, cost ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N
     gamma``; it reads ``a`` in place and passes partial results in two chunk-sized buffers (``ring.py``,
-    :func:`~minidist.distributed.ring.ring_reduce_scatter_chunk`). ``"recursive_halving"``: the same bytes in
+    :func:`~minidist.distributed.algorithms.ring.ring_reduce_scatter_chunk`). ``"recursive_halving"``: the
+    same bytes in
     ``log2 n`` steps, plus ``2 alpha + (1 + 1/n) N beta + N gamma`` when ``n`` is not a power of two
     (``recursive_halving.py``). ``"mpi"``: ``MPI_Reduce_scatter``. ``"auto"``: from ``tuning.py``.
     Raises like :func:`all_reduce` (``a`` need not be writable).

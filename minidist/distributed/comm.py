@@ -32,12 +32,12 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import backend
-from minidist.distributed import heartbeat, liveness
+from minidist.distributed.checks import check_array, check_rank, check_tag
 from minidist.distributed.errors import DistributedError
+from minidist.distributed.safety import heartbeat, liveness
+from minidist.distributed.safety.traffic import message_span
+from minidist.distributed.safety.watchdog import CallTracker, install_excepthook
 from minidist.distributed.staging import host_view, mpi_datatype
-from minidist.distributed.traffic import message_span
-from minidist.distributed.validate import check_array, check_rank, check_tag
-from minidist.distributed.watchdog import CallTracker, install_excepthook
 
 
 class Communicator:
@@ -45,8 +45,9 @@ class Communicator:
 
     Attributes: ``rank`` (this process's rank in the group), ``size`` (number of ranks), ``mpi`` (the raw
     ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below), ``calls`` (a
-    :class:`~minidist.distributed.watchdog.CallTracker` that numbers the group's collectives, shared with the
-    channel), ``name`` (a label for traces and messages: ``"world"``, or what ``split`` was given, e.g.
+    :class:`~minidist.distributed.safety.watchdog.CallTracker` that numbers the group's collectives, shared
+    with the channel), ``name`` (a label for traces and messages: ``"world"``, or what ``split`` was given,
+    e.g.
     ``ProcessMesh``'s ``"tp"``; ``""`` if none) and ``bytes_sent`` (bytes this rank has sent over this
     communicator's own message space by minidist's point-to-point calls; a collective's messages count on
     its ``collective_channel``, MPI's built-in collectives (``algorithm="mpi"``) not at all).
@@ -67,7 +68,7 @@ class Communicator:
         self.size: int = mpi_comm.Get_size()
         self.name = name
         # Counted per message (one integer addition): what a trace reports as the bytes a call sent
-        # (traffic.py), the quantity the cost formulas count (minidist.perfmodel_transformer).
+        # (traffic.py), the quantity the cost formulas count (minidist_tools.perfmodel.transformer).
         self.bytes_sent = 0
         self.algorithm: str | None = None  # on a channel: the algorithm its last collective ran (trace)
         self._scratch = np.empty(0, dtype=np.uint8)  # see scratch()

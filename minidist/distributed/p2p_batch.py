@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minidist.distributed.checks import check_array, check_rank, check_tag
 from minidist.distributed.comm import Communicator, _from, _to
 from minidist.distributed.errors import DistributedError
+from minidist.distributed.safety.traffic import message_span
 from minidist.distributed.staging import mpi_datatype
-from minidist.distributed.traffic import message_span
-from minidist.distributed.validate import check_array, check_rank, check_tag
 
 
 class P2PRequest:

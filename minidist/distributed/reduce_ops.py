@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed.validate import check_choice
+from minidist.distributed.checks import check_choice
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 

@@ -24,7 +24,7 @@ the environment, consecutive blocks of ``R`` world ranks count as separate nodes
 the world size). Nodes found by MPI are split further, never merged: a simulated node never spans
 two real ones. ``mpiexec`` places ranks in blocks the same way (``-hosts a:R,b:R``, and Slurm's block
 distribution), so a run on a real cluster with R ranks per node gives the same layout as the
-simulation (``tests/test_topology.py`` checks this on a cluster of network namespaces).
+simulation (``tests/distributed/test_topology.py`` checks this on a cluster of network namespaces).
 
 The layout is computed once per group (collectively, by every rank of the group at the same point)
 and cached on the Communicator: later calls cost an attribute look-up.

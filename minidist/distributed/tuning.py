@@ -20,8 +20,8 @@ algorithms with few steps (recursive doubling and halving) more than on a real c
 
 **To re-measure** on another machine: run the benchmark (``benchmarks/collectives.py``) for each
 algorithm name in ``dist.ALGORITHMS`` at the group sizes you use, find the crossovers, and edit
-:data:`AUTO_TABLE`; ``tests/test_collectives.py`` checks every algorithm, so no test depends on these
-numbers.
+:data:`AUTO_TABLE`; ``tests/distributed/test_collectives.py`` checks every algorithm, so no test depends on
+these numbers.
 
 Every rank must choose the same algorithm, so ``auto`` looks only at values that all ranks share: the
 group size and the array's byte size (which must match anyway), and for ``all_reduce`` on a group that

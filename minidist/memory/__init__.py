@@ -15,7 +15,7 @@ into the optional budget that raises :class:`OutOfMemoryError`.
 
 Reading order: ``counters.py`` (the categories and the one table) -> ``activations.py`` (what the
 autograd graph keeps, counted per buffer) -> ``sizes.py`` ("64MiB") -> ``errors.py`` (the message) ->
-``tracker.py``. The formulas the measurements are compared with: ``minidist/perfmodel_memory.py``.
+``tracker.py``. The formulas the measurements are compared with: ``minidist_tools/perfmodel/memory.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ reused. A graph dropped without backward is released when its op objects are col
 (``weakref.finalize``), so the count still returns to zero.
 
 Source: what PyTorch calls "saved tensors" (``torch.autograd.graph.saved_tensors_hooks``); the
-per-layer count is compared with Korthikanti et al. 2022, §4, in ``minidist/perfmodel_memory.py``.
+per-layer count is compared with Korthikanti et al. 2022, §4, in ``minidist_tools/perfmodel/memory.py``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ float32 copies (the softmax in float32, as Micikevicius et al. 2018 §3.3 ask), 
 the low dtype for backward and returns O (and the gradients) in it. PyTorch's fused CPU kernel rounds
 the (unnormalised) softmax weights to the low dtype before multiplying V; here they stay float32, so
 the outputs differ from torch's by at most 2^-8 (bfloat16) or 2^-11 (float16) times max|V|, with
-minidist the closer to the exact result (tests/test_torch_oracle_issue21.py).
+minidist the closer to the exact result (tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py).
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ schedules as data, the executor) -> ``context_parallel/`` (the sequence split ov
 """
 
 from minidist.parallel.clip_grad import clip_grad_norm_
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data_parallel.ddp import DistributedDataParallel
 from minidist.parallel.fsdp import FullyShardedDataParallel
 from minidist.parallel.mesh import ProcessMesh
 from minidist.parallel.pipeline import PipelineParallel
 from minidist.parallel.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
-from minidist.parallel.zero import ZeroRedundancyOptimizer
+from minidist.parallel.zero.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
     "ColumnParallelLinear",

@@ -53,8 +53,8 @@ import operator
 import warnings
 from typing import Any
 
-from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.safety.agreement import agree
 from minidist.distributed.topology import node_layout, world_spans_nodes
 
 AXES = ("dp", "tp", "pp", "cp")

@@ -15,7 +15,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from minidist.distributed.watchdog import abort_job
+from minidist.distributed.safety.watchdog import abort_job
 
 
 def run_worker(main: Callable[..., None], *args: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import minidist as md
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 
 F64 = np.float64
 

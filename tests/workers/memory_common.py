@@ -1,4 +1,4 @@
-"""The model, data and budget of the memory tests (tests/test_memory.py and tests/workers/memory/).
+"""The model, data and budget of the memory tests (tests/memory/test_memory.py and tests/workers/memory/).
 
 The demonstration (issue 21): a GPT whose training step needs more than ``BUDGET`` bytes on one rank
 (``memory.OutOfMemoryError``) trains under the same per-rank budget on 4 ranks with FSDP (ZeRO-3),
@@ -13,7 +13,7 @@ import numpy as np
 
 import minidist as md
 from minidist import nn, optim
-from minidist.models.gpt import GPT, GPTConfig
+from minidist.models.gpt.model import GPT, GPTConfig
 
 SEED = 3
 # Wide and shallow: parameters and optimizer state dominate one rank's memory, as in the models FSDP is for.

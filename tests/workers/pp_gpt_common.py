@@ -1,4 +1,4 @@
-"""The GPT problem of the pipeline tests (tests/test_pipeline_gpt.py and pipeline/pp_gpt.py): a tiny
+"""The GPT problem of the pipeline tests (tests/models/test_pipeline_gpt.py and pipeline/pp_gpt.py): a tiny
 float64 GPT, its token data, its loss and optimizer, and the single-process reference they must match."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Shared by the vocabulary-parallel MPI workers and the single-process references in the tests.
 
-A config (drawn by hypothesis in ``tests/test_tensor_parallel_vocab.py``) names a vocabulary size V,
-an embedding width C, a batch shape, a ``padding_idx``, a loss ``reduction`` and a seed. From the seed
-come the same token ids, logits, targets and upstream gradients in every process, so the workers
+A config (drawn by hypothesis in ``tests/parallel/tensor_parallel/test_tensor_parallel_vocab.py``) names a
+vocabulary size V, an embedding width C, a batch shape, a ``padding_idx``, a loss ``reduction`` and a seed.
+From the seed come the same token ids, logits, targets and upstream gradients in every process, so the workers
 (vocabulary split over the ranks) and the test (one process) compute the same thing.
 """
 
@@ -33,7 +33,7 @@ def inputs(cfg: dict) -> dict[str, Any]:
 
 
 def host(a: Any) -> np.ndarray:
-    """A NumPy copy of a NumPy or CuPy (or tests/cupy_stand_in.py) array."""
+    """A NumPy copy of a NumPy or CuPy (or tests/helpers/cupy_stand_in.py) array."""
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 from mpi4py import MPI
 
 import minidist.distributed as dist
-from minidist.parallel.buckets import Bucket
 from minidist.parallel.comm_hooks.bucket import CommStats, GradBucket
 from minidist.parallel.comm_hooks.powersgd import PowerSGDState
+from minidist.parallel.data_parallel.buckets import Bucket
 
 Hook = Callable[[Any, GradBucket], Any]
 

@@ -5,7 +5,7 @@ layout) must not leave the others waiting for a K/V block that never comes, or w
 the wrong size. So every rank checks its own arguments, then all ranks compare a short numeric summary
 of them (one all-gather of 20 float64 per rank, every call: ring attention runs once per layer
 and step, and the shapes can change between calls, e.g. the last batch or generation). Only when
-something is wrong do the ranks make the slower exchange of ``minidist.distributed.agreement.agree``,
+something is wrong do the ranks make the slower exchange of ``minidist.distributed.safety.agreement.agree``,
 which builds the same error, naming the ranks and the values, on every rank.
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
-from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator
+from minidist.distributed.safety.agreement import agree
 from minidist.ops.attention import mixed_dtypes_error
 from minidist.parallel.context_parallel.split import LAYOUTS
 

@@ -34,9 +34,9 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend, memory, trace
 from minidist.autograd import Tensor
-from minidist.parallel.comm_thread import CommThread, Job
+from minidist.parallel.data_parallel.comm_thread import CommThread, Job
 from minidist.parallel.fsdp.units import UnitPlan
-from minidist.parallel.zero_layout import ShardLayout
+from minidist.parallel.zero.layout import ShardLayout
 
 
 class FlatUnit:

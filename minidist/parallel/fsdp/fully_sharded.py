@@ -26,7 +26,7 @@ root unsharded between forward and backward. With ``wrap=None`` the root is the 
 is not bounded then (the whole model is gathered for the step), but the optimizer state and
 gradients are still 1/N.
 
-Everything is equal to one process (tests/test_fsdp.py: 1 vs 2 and 4 ranks, train_gpt on 3): the
+Everything is equal to one process (tests/parallel/fsdp/test_fsdp.py: 1 vs 2 and 4 ranks, train_gpt on 3): the
 gradients are the same sums in another order, averaged by ``reduce_scatter(op="avg")``.
 """
 
@@ -41,12 +41,12 @@ import minidist.distributed as dist
 from minidist import autograd
 from minidist.autograd import Tensor
 from minidist.nn.module import IncompatibleKeys, Module, Parameter
-from minidist.parallel.comm_thread import CommThread
+from minidist.parallel.data_parallel.comm_thread import CommThread
 from minidist.parallel.fsdp import state
 from minidist.parallel.fsdp.flat_unit import FlatUnit
 from minidist.parallel.fsdp.schedule import UnitSchedule
 from minidist.parallel.fsdp.units import Wrap, describe, local_problem, plan_units
-from minidist.parallel.zero_clip import clip_shards_
+from minidist.parallel.zero.clip import clip_shards_
 
 
 class FullyShardedDataParallel(Module):
@@ -89,7 +89,7 @@ class FullyShardedDataParallel(Module):
     ``state_dict`` (torch's default ``FULL_STATE_DICT``: full values, the model's names, on every rank)
     and ``load_state_dict`` behave as torch's. Unlike torch's flat parameters, ``named_parameters()``
     names each shard ``"<name>[lo:hi]"``. Trained on 2 ranks with AdamW and clipping, the GPT equals
-    PyTorch's on one process (tests/test_torch_oracle_issue21.py).
+    PyTorch's on one process (tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py).
 
     Attributes:
         units: the ``FlatUnit`` s, root first (see ``flat_unit.py``: ``.name``, ``.params``,

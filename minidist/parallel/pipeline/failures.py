@@ -9,7 +9,7 @@ failure that came first in the data flow (smallest microbatch, then virtual stag
 
 Failures of the communication itself (``minidist.distributed`` errors: a timeout, a collective
 mismatch inside a tensor-parallel stage) are not kept: the peers of that call cannot be trusted to
-continue, so those still end the job (``minidist/distributed/watchdog.py``).
+continue, so those still end the job (``minidist/distributed/safety/watchdog.py``).
 """
 
 from __future__ import annotations

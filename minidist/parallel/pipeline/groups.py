@@ -2,7 +2,7 @@
 
 ``resolve_groups`` turns what the user passed (a Communicator, None for the world, or a
 ``ProcessMesh``) into the pipeline group and the optional data-parallel group. (A misuse that only
-some ranks see raises on every rank through ``minidist.distributed.agreement``.) ``gather_step`` is the
+some ranks see raises on every rank through ``minidist.distributed.safety.agreement``.) ``gather_step`` is the
 small exchange (an all-gather, done as an all-reduce: ``gather_ints``) that begins every ``train_step``
 and ``predict``: it also tells which operation each rank called, so ``predict`` on one rank while
 another trains is an error on both, not a garbled message.

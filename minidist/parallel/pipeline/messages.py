@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.distributed.validate import MAX_TAG
+from minidist.distributed.checks import MAX_TAG
 
 DTYPES = ("float16", "float32", "float64")  # what a stage may send; the header stores the index
 # dtype -> its index, looked up by the dtype itself: str(dtype) is Python-level NumPy code, ~29,000

@@ -57,7 +57,7 @@ from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
-from minidist.parallel.buckets import flatten, unflatten_into
+from minidist.parallel.data_parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.groups import as_count, gather_ints, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
@@ -108,7 +108,7 @@ class PipelineParallel:
     that error's class (``RuntimeError`` for classes other than ``TypeError``/``ValueError``) naming the
     stage, the microbatch and the input's shape (``failures.py``). Errors of the communication itself
     (``minidist.distributed``) still end the job through minidist's excepthook
-    (``minidist/distributed/watchdog.py``).
+    (``minidist/distributed/safety/watchdog.py``).
 
     Attributes: ``stage_module`` (this rank's layers, with the full model's parameter names: a
     :class:`PipelineStage`, or with ``v > 1`` a :class:`PipelineChunks` holding all ``v`` chunks),

@@ -5,7 +5,7 @@ the same sizes and flags. A rank that builds ``RowParallelLinear(8, 4)`` while i
 ``RowParallelLinear(12, 4)`` would otherwise compute a different output with no error, and a
 ``gather_output`` on one rank only would fail much later in a collective with a message about
 array lengths. So each layer describes its arguments and compares them across the group at
-construction with the distributed layer's one agreement helper (``minidist/distributed/agreement.py``);
+construction with the distributed layer's one agreement helper (``minidist/distributed/safety/agreement.py``);
 an argument that is bad on *any* rank is reported by *every* rank, so no rank is left waiting in the
 next collective. The same step makes the ranks' random generators agree (:func:`share_generator`), so
 that a per-rank seed cannot build a different layer on each rank.
@@ -22,8 +22,8 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import random
-from minidist.distributed import agreement
 from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.safety import agreement
 
 _skip_depth = 0  # > 0 inside `already_agreed()`
 
@@ -100,7 +100,7 @@ def agree(group: Communicator, layer: str, arguments: dict[str, Any], error: Exc
     """Raise the same error on every rank of ``group`` if any rank has ``error`` or the ranks'
     ``arguments`` (name -> int, bool or str) differ; nothing to exchange inside ``already_agreed()``.
 
-    Collective (:func:`minidist.distributed.agreement`): raises the failing rank's ``TypeError`` or
+    Collective (:func:`minidist.distributed.safety.agreement`): raises the failing rank's ``TypeError`` or
     ``ValueError`` prefixed with ``"rank R of the tensor-parallel group: "``, or a ``ValueError``
     naming each argument that differs and its value on every rank. Then the ranks adopt the group's
     first rank's generator state (:func:`share_generator`), so that the layer they build next is one.

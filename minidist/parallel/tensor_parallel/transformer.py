@@ -1,6 +1,6 @@
 """The GPT transformer block split over a tensor-parallel group (Shoeybi et al. 2019, §3, Fig. 3).
 
-Each parallel module is cut from the full single-process one (``minidist.models.transformer``'s
+Each parallel module is cut from the full single-process one (``minidist.models.gpt.transformer``'s
 ``CausalSelfAttention``, ``FeedForward``, ``Block``), which every rank built from the same seed: the
 parallel model starts as exactly the one-process model, and its parameter names are the same
 (``c_attn``, ``c_proj``, ``c_fc``, ``ln_1``, ``ln_2``, ``attn``, ``mlp``).

@@ -29,8 +29,8 @@ import minidist.distributed as dist
 from minidist import random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.backend import array_module
-from minidist.distributed.agreement import agree as agree_errors
 from minidist.distributed.comm import Communicator
+from minidist.distributed.safety.agreement import agree as agree_errors
 from minidist.nn.module import Module, Parameter
 from minidist.ops.embedding import Embedding
 from minidist.parallel.tensor_parallel.checks import agree, describe_dtype, positive_int, resolve_group

@@ -22,8 +22,8 @@ import numpy as np
 import minidist.distributed as dist
 from minidist.autograd import Function, Tensor
 from minidist.backend import array_module
-from minidist.distributed.agreement import agree
 from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.safety.agreement import agree
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 
 

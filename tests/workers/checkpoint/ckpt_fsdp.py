@@ -32,7 +32,7 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import checkpoint, optim
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.nn import functional as F
 from minidist.parallel import (
     DistributedDataParallel,

@@ -1,10 +1,11 @@
 """MPI worker (cp ranks): ring attention's outputs, gradients and finite differences, and its errors.
 
-argv: out_dir cases.json. Each case (drawn by hypothesis in tests/test_context_parallel.py) is a dict
-with B, H, chunk (tokens per chunk), hs, hs_v, layout, causal, scale (None: the default), seed, fd
-(whether to take finite differences) and stand_in (run on the CuPy stand-in, tests/cupy_stand_in.py).
-Every rank draws the same full Q, K, V (B, H, T, hs) and output weights W from the seed, takes its
-tokens with split_for_context_parallel, runs ring attention and backward of the loss
+argv: out_dir cases.json. Each case (drawn by hypothesis in
+tests/parallel/context_parallel/test_context_parallel.py) is a dict with B, H, chunk (tokens per chunk), hs,
+hs_v, layout, causal, scale (None: the default), seed, fd (whether to take finite differences) and stand_in
+(run on the CuPy stand-in, tests/helpers/cupy_stand_in.py). Every rank draws the same full Q, K, V (B, H, T,
+hs) and output weights W from the seed, takes its tokens with split_for_context_parallel, runs ring attention
+and backward of the loss
 
     J = sum over ranks of <W_r, O_r>   (= <W, O> of the whole sequence)
 
@@ -91,7 +92,9 @@ def run_case(i: int, case: dict) -> None:
 
 for i, case in enumerate(cases):
     if case.get("stand_in"):
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for cupy_stand_in
+        sys.path.insert(
+            0, str(Path(__file__).resolve().parents[2] / "helpers")
+        )  # tests/helpers/: cupy_stand_in
         import pytest
         from cupy_stand_in import install
 

@@ -8,8 +8,9 @@ ranks' shares. A rank's loss for one share is its summed loss times world_size /
 after K accumulated micro-steps (K - 1 of them in no_sync) DDP's average is the gradient of the mean
 loss over the global batch, even when shares are unequal. --two-heads trains ddp_common.TwoHeads with
 find_unused_parameters=True: only some ranks use its `extra` head in a step.
-``--then`` starts another run in the same launch (``tests/test_ddp.py`` runs all its configurations of
-one world size so: starting the ranks costs more than a run); each seeds its model and data itself.
+``--then`` starts another run in the same launch (``tests/parallel/data_parallel/test_ddp.py`` runs all its
+configurations of one world size so: starting the ranks costs more than a run); each seeds its model and data
+itself.
 """
 
 import argparse

@@ -1,5 +1,5 @@
-"""MPI worker for ``minidist.distributed.agreement``: each rank plays its part of every case, records what it
-raised, and the test checks that every rank raised the same thing.
+"""MPI worker for ``minidist.distributed.safety.agreement``: each rank plays its part of every case, records
+what it raised, and the test checks that every rank raised the same thing.
 
 Usage: ``mpiexec -n N python agreement_check.py CASES_JSON OUT_DIR``. Each case gives, per rank, the values
 it passes and the error it has (None, or [class name, message]); ``"group": "even"`` runs the case on

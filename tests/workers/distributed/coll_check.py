@@ -1,9 +1,9 @@
 """MPI worker: run a batch of collective test cases and compare each result with NumPy.
 
 Usage: ``mpiexec -n W python coll_check.py OUT_DIR CASES_JSON``. ``CASES_JSON`` is a list of cases drawn
-by hypothesis in the test (see ``tests/test_collectives.py`` for the fields). Every rank builds its input
-from ``(seed, world rank)`` alone, so every rank can also rebuild *all* ranks' inputs and compute the
-expected result with plain NumPy, without any communication. Each case runs *every* algorithm of every
+by hypothesis in the test (see ``tests/distributed/test_collectives.py`` for the fields). Every rank builds
+its input from ``(seed, world rank)`` alone, so every rank can also rebuild *all* ranks' inputs and compute
+the expected result with plain NumPy, without any communication. Each case runs *every* algorithm of every
 collective (``dist.ALGORITHMS``, "auto" included): starting MPI costs far more than a few more calls.
 Each rank writes ``rank<r>.json`` with the number of checks it made, the number of (case, algorithm)
 pairs skipped because this MPI cannot reduce the dtype, and a list of failure messages (empty when all

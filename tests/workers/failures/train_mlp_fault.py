@@ -1,4 +1,4 @@
-"""examples/train_mlp.py with one fault injected in the first attempt of a ``python -m minidist.launch`` run.
+"""examples/train_mlp.py with one fault injected in the first attempt of a ``minidist launch`` run.
 
 Usage: ``FAULT=KIND:RANK:STEP train_mlp_fault.py [train_mlp.py arguments ...]``, KIND one of
 

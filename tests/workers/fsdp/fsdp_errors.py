@@ -17,7 +17,7 @@ import minidist as md
 import minidist.distributed as dist
 from minidist import nn, optim
 from minidist.models import GPT, GPTConfig
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.parallel import FullyShardedDataParallel as FSDP
 
 

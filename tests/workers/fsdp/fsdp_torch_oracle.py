@@ -1,4 +1,5 @@
-"""MPI worker: the tiny GPT trained with FullyShardedDataParallel for tests/test_torch_oracle_issue21.py.
+"""MPI worker: the tiny GPT trained with FullyShardedDataParallel for
+tests/torch_oracle/test_torch_oracle_amp_fsdp_memory.py.
 
 Usage: ``mpiexec -n N python fsdp_torch_oracle.py OUT_DIR``. Trains ``fsdp_common``'s GPT (float64,
 per-``Block`` units, AdamW with train_gpt's decay groups, ``clip_grad_norm_`` every step) on
@@ -17,7 +18,7 @@ import numpy as np
 from dist_worker_utils import run_worker
 
 import minidist.distributed as dist
-from minidist.models.transformer import Block
+from minidist.models.gpt.transformer import Block
 from minidist.parallel import FullyShardedDataParallel
 
 

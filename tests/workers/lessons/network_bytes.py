@@ -2,7 +2,7 @@
 
 argv: out_dir [nbytes] (default 4 MiB: from this size on, the flat algorithms run a ring on 4 ranks).
 Run on any number of ranks, nodes simulated with ``MINIDIST_RANKS_PER_NODE`` or real (a
-``minidist.cluster``). Rank 0 writes ``network.json`` with
+``minidist_tools.cluster``). Rank 0 writes ``network.json`` with
 
 * ``node_of_rank``, ``nbytes``;
 * ``ring`` / ``hierarchical``: per rank, the bytes it sent to ranks of *other* nodes in one all-reduce of

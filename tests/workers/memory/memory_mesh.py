@@ -1,7 +1,7 @@
 """MPI worker (4 ranks): the memory tracker's figures against the formulas, and the FSDP demonstration.
 
 argv: out_dir. Writes rank{r}.json with, per check, what the tracker measured on this rank, and rank 0
-writes fsdp_state.npz (the FSDP-trained GPT's full parameters). tests/test_memory.py compares:
+writes fsdp_state.npz (the FSDP-trained GPT's full parameters). tests/memory/test_memory.py compares:
 
 * "fsdp": ``memory_common``'s GPT trained with FSDP (a unit per Block) under ``BUDGET``, which one
   rank cannot train in (the test shows the error): the state after the last step, the peaks;
@@ -22,8 +22,8 @@ import memory_common as common  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import memory, nn, optim  # noqa: E402
 from minidist.models import ParallelGPT  # noqa: E402
-from minidist.models.gpt import GPTConfig  # noqa: E402
-from minidist.models.transformer import Block  # noqa: E402
+from minidist.models.gpt.model import GPTConfig  # noqa: E402
+from minidist.models.gpt.transformer import Block  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundancyOptimizer  # noqa: E402
 from minidist.parallel.fsdp import FullyShardedDataParallel  # noqa: E402
 

@@ -1,5 +1,5 @@
 """MPI worker: the bytes each rank sends in one step, counted at the collectives, for the formulas of
-``minidist.perfmodel_transformer``.
+``minidist_tools.perfmodel.transformer``.
 
 argv: out_dir. Run on 2 ranks; rank 0 writes ``traffic.json`` with, per case, the float bytes one rank
 sends in forward and in backward:

@@ -22,7 +22,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from train_mlp_killed import load_example  # noqa: E402  (the example as `python train_mlp.py` loads it)
 
-from minidist.straggler import StragglerWarning  # noqa: E402
+from minidist_tools.straggler import StragglerWarning  # noqa: E402
 
 
 def main(runs_path: str, out: str) -> None:

@@ -15,7 +15,7 @@ from dist_worker_utils import write_json  # noqa: E402
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist.models import GPT, GPTConfig, ParallelGPT  # noqa: E402
-from minidist.models.transformer import Block  # noqa: E402
+from minidist.models.gpt.transformer import Block  # noqa: E402
 from minidist.parallel import ProcessMesh  # noqa: E402
 from minidist.parallel.tensor_parallel import ParallelBlock  # noqa: E402
 

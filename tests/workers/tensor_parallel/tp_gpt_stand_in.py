@@ -1,7 +1,7 @@
 """MPI worker: ``ParallelGPT`` with sequence parallelism on the CuPy stand-in equals the CPU, bit for bit.
 
 argv: out_dir. Two AdamW steps of a tiny ParallelGPT (tp = the world, sequence parallel, V = 11 split
-unevenly) on the CPU, then again with tests/cupy_stand_in.py as the array backend: every op and every
+unevenly) on the CPU, then again with tests/helpers/cupy_stand_in.py as the array backend: every op and every
 mapping must take its array module from its input (no ``np.`` on device data), and the collectives
 stage device arrays through host memory. Writes rank{r}.json: the two runs' losses, whether the
 parameters were device arrays, and the largest parameter difference.
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/: the stand-in
+sys.path.insert(0, str(Path(__file__).parents[2] / "helpers"))  # tests/helpers/: the stand-in
 from cupy_stand_in import DeviceArray, install  # noqa: E402
 from dist_worker_utils import run_worker, write_json  # noqa: E402
 

@@ -1,9 +1,10 @@
 """MPI worker: run hypothesis-drawn configs through the tensor-parallel layers over the world group.
 
-argv: out_dir configs.json. Each config (see tp_common and tests/test_tensor_parallel.py) names a layer
-(column / row / mlp), its sizes, bias, flag (gather_output or input_is_parallel), batch shape and seed.
-Every rank writes rank{r}.npz with "{i}/y", "{i}/x.grad", "{i}/p{j}", "{i}/p{j}.grad" for config i;
-rank 0 also writes meta.json: per config, which outputs are sharded and each parameter's tp_dim.
+argv: out_dir configs.json. Each config (see tp_common and
+tests/parallel/tensor_parallel/test_tensor_parallel.py) names a layer (column / row / mlp), its sizes, bias,
+flag (gather_output or input_is_parallel), batch shape and seed. Every rank writes rank{r}.npz with "{i}/y",
+"{i}/x.grad", "{i}/p{j}", "{i}/p{j}.grad" for config i; rank 0 also writes meta.json: per config, which
+outputs are sharded and each parameter's tp_dim.
 """
 
 import json

@@ -1,9 +1,10 @@
 """MPI worker: VocabParallelEmbedding and vocab_parallel_cross_entropy on the world group.
 
-argv: out_dir configs.json (see vocab_common and tests/test_tensor_parallel_vocab.py). Per config i,
-every rank writes into rank{r}.npz: the embedding's "{i}/y", "{i}/weight", "{i}/weight.grad" (this
-rank's rows), the same for the layer cut from a full table with ``from_weight`` ("{i}/cut/...") and
-the loss's "{i}/loss" and "{i}/logits.grad" (this rank's vocabulary slice of the logits).
+argv: out_dir configs.json (see vocab_common and
+tests/parallel/tensor_parallel/test_tensor_parallel_vocab.py). Per config i, every rank writes into
+rank{r}.npz: the embedding's "{i}/y", "{i}/weight", "{i}/weight.grad" (this rank's rows), the same for the
+layer cut from a full table with ``from_weight`` ("{i}/cut/...") and the loss's "{i}/loss" and
+"{i}/logits.grad" (this rank's vocabulary slice of the logits).
 """
 
 import json

@@ -2,8 +2,8 @@
 
 Usage (on a cluster): ``python cluster_traffic.py ALGORITHM NBYTES REPEATS``. Rank r contributes
 ``r + 1`` in every element, so each result must be ``n (n + 1) / 2`` everywhere; a wrong one raises
-(and ``run_worker`` ends the job). ``tests/test_topology.py`` reads the nodes' link counters around
-two such runs (ring, hierarchical) and compares the bytes that crossed.
+(and ``run_worker`` ends the job). ``tests/distributed/test_topology.py`` reads the nodes' link counters
+around two such runs (ring, hierarchical) and compares the bytes that crossed.
 """
 
 from __future__ import annotations

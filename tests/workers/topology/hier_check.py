@@ -1,7 +1,7 @@
 """MPI worker: node layouts and the hierarchical all-reduce on simulated (or real) nodes.
 
 Usage: ``mpiexec -n W python hier_check.py OUT_DIR CASES_JSON`` with ``MINIDIST_RANKS_PER_NODE`` set
-(or on a real cluster). ``CASES_JSON`` is a list of cases drawn in ``tests/test_hierarchical.py``
+(or on a real cluster). ``CASES_JSON`` is a list of cases drawn in ``tests/distributed/test_hierarchical.py``
 (length, shape, dtype, op, group, seed). For each case every rank runs ``all_reduce`` with
 ``"hierarchical"`` and ``"auto"`` and compares the result with the NumPy reduction of all ranks'
 inputs (rebuilt from ``(seed, world rank)``, as ``distributed/coll_check.py`` does), and checks that

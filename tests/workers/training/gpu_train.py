@@ -1,6 +1,7 @@
 """Worker: train a small MLP for a few steps on the backend chosen by MINIDIST_DEVICE; save parameters.
 
-argv: out.npz. Run once with MINIDIST_DEVICE=cpu and once with MINIDIST_DEVICE=cuda by tests/test_gpu.py.
+argv: out.npz. Run once with MINIDIST_DEVICE=cpu and once with MINIDIST_DEVICE=cuda by
+tests/backend/test_gpu.py.
 """
 
 import sys

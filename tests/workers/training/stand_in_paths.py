@@ -1,10 +1,10 @@
 """MPI worker: data parallelism on the CuPy stand-in equals the CPU, bit for bit (issue 21's audit).
 
-argv: out_dir. The same few steps of a tiny MLP, once with NumPy arrays and once with tests/cupy_stand_in.py
-as the array backend (device arrays that refuse ``np.`` functions and implicit host copies), through every
-path that handles gradients between ranks: DDP with each communication hook (plain, float16, bfloat16,
-PowerSGD with error feedback), ZeRO stages 1 and 2 with their sharded gradient clipping (2- and
-infinity-norm), and
+argv: out_dir. The same few steps of a tiny MLP, once with NumPy arrays and once with
+tests/helpers/cupy_stand_in.py as the array backend (device arrays that refuse ``np.`` functions and implicit
+host copies), through every path that handles gradients between ranks: DDP with each communication hook
+(plain, float16, bfloat16, PowerSGD with error feedback), ZeRO stages 1 and 2 with their sharded gradient
+clipping (2- and infinity-norm), and
 ``minidist.parallel.clip_grad_norm_`` with the infinity norm; and a 2-stage pipeline (1F1B and
 interleaved), whose activations cross ranks through the host. Writes rank{r}.json: per case, whether the
 parameters lived on the "device", the largest difference from the CPU run, and any error.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/: the stand-in
+sys.path.insert(0, str(Path(__file__).parents[2] / "helpers"))  # tests/helpers/: the stand-in
 import pp_common  # noqa: E402
 from cupy_stand_in import DeviceArray, install  # noqa: E402
 from dist_worker_utils import run_worker, write_json  # noqa: E402

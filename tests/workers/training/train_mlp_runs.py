@@ -6,8 +6,8 @@ written to ``PATH.rank<r>`` (what ``mpiexec`` would have shown of that rank), an
 copies a checkpoint folder (rank 0, then a barrier), as a test does between two launches.
 
 Starting N Python ranks that import minidist costs about as much as one of the tests' short trainings,
-so ``tests/test_train_mlp_example.py`` makes its runs together. ``main`` builds its mesh, data, model and
-optimizer anew and seeds every generator from ``--seed``, so each run computes what it computes in a
+so ``tests/examples/test_train_mlp_example.py`` makes its runs together. ``main`` builds its mesh, data, model
+and optimizer anew and seeds every generator from ``--seed``, so each run computes what it computes in a
 launch of its own; an error ends the whole job (``run_worker``), with the run's arguments printed first.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.parallel.buckets import plan_buckets
+from minidist.parallel.data_parallel.buckets import plan_buckets
 
 
 def check_plan(nbytes: list[int], dtypes: list, cap: float) -> None:

@@ -25,7 +25,7 @@ from minidist.parallel import DistributedDataParallel  # noqa: E402
 
 # The handout's "Not allowed": MPI's own collectives (also as minidist's mpi_builtin) from DDP's code.
 RULE = rules.Rule(
-    files=("minidist.parallel.buckets", "minidist.parallel.data_parallel"),
+    files=("minidist.parallel.data_parallel.buckets", "minidist.parallel.data_parallel.ddp"),
     why="the handout asks for buckets averaged with minidist's dist.all_reduce, not MPI's own collectives",
 )
 

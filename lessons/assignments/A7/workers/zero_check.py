@@ -24,7 +24,7 @@ from minidist.parallel import ZeroRedundancyOptimizer  # noqa: E402
 # The handout's "Not allowed": all-reducing full gradients (ZeRO reduce-scatters them), and MPI's own
 # collectives, inside the two communication steps the student writes.
 RULE = rules.Rule(
-    files=("minidist.parallel.zero",),
+    files=("minidist.parallel.zero.optimizer",),
     why="ZeRO reduce-scatters the gradients (each rank gets the average of its shard only) and all-gathers "
     "the parameters, with minidist.distributed; all-reducing full gradients keeps ZeRO's memory saving "
     "from mattering",

@@ -1,0 +1,313 @@
+"""Debug mode (``MINIDIST_DEBUG=1``): before each collective, the ranks check they are calling the same one.
+
+Every rank of a group must call the same collectives, in the same order, with matching arguments. When
+one does not (an ``all_reduce`` inside ``if rank == 0:``, a loop one step shorter on one rank, a tensor
+of another shape), MPI rarely notices: the messages of two different collectives can match each other,
+and the program computes wrong numbers or hangs, far from the mistake.
+
+In debug mode every collective first builds a *fingerprint* of the call on this rank: its sequence
+number on the communicator (the k-th collective called on it), its name, its arguments that must agree
+(``op``, ``src``/``dst``, the array's shape and dtype, and the algorithm when not ``"auto"``) and the
+identity of the group (its size and the world ranks of its members), and the *call site*: the file and
+line of the user's program that made the call (:func:`call_site`, the first frame outside minidist and
+the standard library)::
+
+    #17 all_reduce(op=sum, shape=(100,), float32) at train.py:42
+
+The call site is what tells apart two same-shape calls made in a different order (``all_reduce(loss)``
+then ``all_reduce(acc)`` on rank 0, the other way round on rank 1). It cannot tell apart calls made
+from the *same* line in a different order (a loop over a set of metric names, whose order differs per
+process): those fingerprints are identical, and the numbers come out swapped. The price of comparing
+sites: in debug mode every rank must make a collective from the same line.
+
+The ranks of the group then gather everyone's fingerprint with MPI's own ``MPI_Iallgather`` (debugging
+infrastructure, not an algorithm we teach) over the group's ``collective_channel``. MPI never matches a
+collective with point-to-point messages, so this exchange cannot be confused with the algorithms' or the
+user's messages. Each rank now holds all the fingerprints, so if they differ *every* rank raises the same
+``CollectiveMismatchError``::
+
+    collective #17 mismatch on a group of 4 ranks: ranks [0, 1, 3] called all_reduce(op=sum,
+    shape=(100,), float32) at train.py:42; rank 2 called all_gather(float32) at train.py:40
+
+``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
+
+(Argument checks elsewhere agree through ``agreement.py``, which runs on our own ``all_gather``. This
+check cannot: it runs *inside* every collective, our ``all_gather`` included, and must wait with a
+deadline, so it uses MPI's non-blocking built-in on a channel of its own.)
+
+The end of the program counts as one more call on the world communicator (:func:`check_at_exit`, run
+at interpreter exit), so a rank that skipped the last collective and finished is reported ("rank 2
+reached the end of the program") instead of leaving the others waiting.
+
+With ``MINIDIST_TIMEOUT`` set (``watchdog.py``) the exchange waits at most until the collective's
+deadline, so a rank that never arrives gives a ``CollectiveTimeoutError`` naming it. Debug mode cannot
+see ranks that call collectives on *different* groups: they never meet in one exchange, and each
+exchange waits for its missing members (the timeout turns that into an error).
+
+Cost: one latency-bound all-gather of 256 bytes per rank per collective. For debugging, not for speed.
+
+Hooking a collective into these checks (and into the timeouts of ``watchdog.py``) takes one line: the
+:func:`collective_call` decorator, e.g. ``@collective_call("all_reduce")`` above ``def all_reduce``.
+:func:`barrier`, the collective without data, lives here rather than in ``comm.py`` so that it can wear
+the same decorator (``comm.py`` sits below this module).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist import trace
+from minidist.distributed import comm
+from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.errors import CollectiveMismatchError, DistributedError
+from minidist.distributed.safety import liveness
+from minidist.distributed.safety.arrivals import ranks as describe_ranks
+from minidist.distributed.safety.call_site import call_site
+from minidist.distributed.safety.tags import identity
+from minidist.distributed.safety.traffic import collective_span
+from minidist.distributed.safety.watchdog import CallInfo, abort_job, timeout_seconds
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEBUG_ENV = "MINIDIST_DEBUG"
+FINGERPRINT_BYTES = 256  # fixed size, so the exchange is one MPI_Iallgather of bytes
+EXIT = "exit"  # the name of the pseudo-collective "the program ended"
+
+
+@functools.cache  # read once per process (at the first collective), as it is checked before every one
+def debug_enabled() -> bool:
+    """True if ``MINIDIST_DEBUG`` is set to anything but empty, ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
+    """Decorator for a public collective: number every call, tag its messages, run the checks asked for.
+
+    Always: it marks the call's start and end for the liveness watchdog and sets the tag of the call's
+    messages from its name, ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``,
+    ``tags.py``); about 1 us per call (benchmarks/README.md). With ``MINIDIST_DEBUG`` or
+    ``MINIDIST_TIMEOUT`` set it also runs the call inside :func:`collective_scope`, described by the
+    function's first parameter (the array; none if that parameter is ``group``), its parameters named
+    ``op``, ``src``, ``dst`` and ``algorithm``, and (debug mode) the user's line that made the call
+    (:func:`call_site`); ``group`` (``None`` = the world) says which ranks compare. ``same_shape=False``
+    for collectives whose ranks may pass arrays of different shapes (``all_gather``): then only the
+    dtype must agree.
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        params = list(signature.parameters)
+        first = params[0] if params else "group"
+        root = "src" if "src" in params else "dst"
+        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call);
+        # a parameter the function lacks sits "after the end" and reads as its default, None.
+        where = {key: params.index(key) if key in params else sys.maxsize for key in ("group", "op", root)}
+        default = {key: p.default for key, p in signature.parameters.items()}
+        at_group, at_op, at_root = where["group"], where["op"], where[root]
+        op_default, root_default = default.get("op"), default.get(root)
+        idents: dict[tuple, int] = {}  # (op, src/dst, dtype) -> the tag bits identity() computes
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            n = len(args)
+            group = group_or_world(args[at_group] if at_group < n else kwargs.get("group"))
+            array = args[0] if n and first != "group" else kwargs.get(first)
+            key = (
+                args[at_op] if at_op < n else kwargs.get("op", op_default),
+                args[at_root] if at_root < n else kwargs.get(root, root_default),
+                array.dtype.num if hasattr(array, "dtype") else 0,  # a number hashes faster than a dtype
+            )
+            try:
+                ident = idents[key]
+            except KeyError:
+                ident = idents[key] = identity(name, key[0], key[1], array.dtype if key[2] else None)
+            except TypeError:  # an unhashable argument: the collective will reject it
+                ident = identity(name)
+            link = group.collective_channel
+            previous = liveness.enter(link, ident)
+            try:
+                if trace.collectives_enabled():  # a span with its bytes (trace.enable(collectives=True))
+                    with collective_span(name, group, array):
+                        return run(group, args, kwargs)
+                if not checks_enabled():  # the common case, without run's extra call
+                    return fn(*args, **kwargs)
+                return run(group, args, kwargs)
+            finally:
+                liveness.leave(link, previous)
+
+        def run(group: Communicator, args: tuple, kwargs: dict[str, Any]) -> Any:
+            if not checks_enabled():
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            array = None if first == "group" else given.get(first)
+            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
+            site = call_site() if debug_enabled() else None
+            with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
+                return fn(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
+
+
+@collective_call("barrier")
+def barrier(group: Communicator | None = None) -> None:
+    """Block until every rank of ``group`` (default: the world) has called ``barrier``.
+
+    Raises ``CollectiveMismatchError`` (``MINIDIST_DEBUG``) or ``CollectiveTimeoutError``
+    (``MINIDIST_TIMEOUT``) like every other collective.
+    """
+    group_or_world(group).barrier()
+
+
+@functools.cache  # both settings are read once per process (see above): so is their combination
+def checks_enabled() -> bool:
+    """True if debug mode or a timeout is on, i.e. collectives must be numbered and tracked."""
+    return debug_enabled() or timeout_seconds() is not None
+
+
+def describe_call(
+    name: str, array: Any = None, *, same_shape: bool = True, site: str | None = None, **args: Any
+) -> str:
+    """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32) at
+    train.py:42``.
+
+    ``args`` (``op``, ``src``, ``dst``, ``algorithm``) are shown in that order; ``algorithm`` only when
+    it is not ``"auto"``. ``array`` contributes its shape (unless ``same_shape`` is False) and dtype;
+    something that is not an array contributes its type name (the collective will reject it anyway).
+    ``site`` (:func:`call_site`) is where the user's program made the call.
+    """
+    if name == EXIT:
+        return "the end of the program"
+    algorithm = args.pop("algorithm", "auto")
+    parts = [f"{key}={value}" for key, value in args.items()]
+    if array is not None and hasattr(array, "shape") and hasattr(array, "dtype"):
+        parts += [f"shape={tuple(array.shape)}"] if same_shape else []
+        parts.append(str(array.dtype))
+    elif array is not None:
+        parts.append(f"array={type(array).__name__}")
+    if algorithm != "auto":
+        parts.append(f"algorithm={algorithm}")
+    return f"{name}({', '.join(parts)})" + (f" at {site}" if site else "")
+
+
+def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
+    """``"seq|group|text"`` as exactly :data:`FINGERPRINT_BYTES` bytes; equal calls give equal bytes.
+
+    The group is its size and a hash of its members' world ranks. A text too long to fit (a shape with
+    dozens of dimensions) is cut and followed by a hash of the whole, so comparison stays exact.
+    """
+    group = f"{len(world_ranks)}:{hashlib.sha1(str(world_ranks).encode()).hexdigest()[:12]}"
+    record = f"{seq}|{group}|{text}".encode()
+    if len(record) > FINGERPRINT_BYTES:
+        record = record[: FINGERPRINT_BYTES - 20] + b"..#" + hashlib.sha1(record).hexdigest()[:17].encode()
+    return record.ljust(FINGERPRINT_BYTES, b"\0")
+
+
+@contextmanager
+def collective_scope(
+    group: Communicator,
+    name: str,
+    array: Any = None,
+    *,
+    same_shape: bool = True,
+    site: str | None = None,
+    **args: Any,
+) -> Iterator[None]:
+    """Run the ``with`` block as collective ``name`` on ``group``, with the checks the environment asks for.
+
+    With neither ``MINIDIST_DEBUG`` nor ``MINIDIST_TIMEOUT`` set, or on a group of one rank, this does
+    nothing. Otherwise it numbers the call, records this rank's arrival and sets the deadline
+    (``watchdog.CallTracker.call``) and, in debug mode, compares fingerprints first. ``array`` and
+    ``args`` are as for :func:`describe_call`. Raises ``CollectiveMismatchError`` on every rank if the
+    fingerprints differ, ``CollectiveTimeoutError`` if a rank does not arrive before the deadline.
+    """
+    debug = debug_enabled()
+    if group.size == 1 or not (debug or timeout_seconds() is not None):
+        yield
+        return
+    with group.calls.call(name) as info:
+        if debug:
+            text = describe_call(name, array, same_shape=same_shape, site=site, **args)
+            check_fingerprints(group, info, text)
+        yield
+
+
+def check_fingerprints(group: Communicator, info: CallInfo, text: str) -> None:
+    """Gather every rank's fingerprint of call ``info``; raise ``CollectiveMismatchError`` if any differ."""
+    tracker = group.calls
+    mine = np.frombuffer(fingerprint(info.seq, text, tracker.world_ranks), dtype=np.uint8)
+    everyone = np.empty((group.size, FINGERPRINT_BYTES), dtype=np.uint8)
+    request = group.collective_channel.mpi.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
+    tracker.wait([request], [f"every rank of the group to join the {DEBUG_ENV} check of its calls"])
+    records = [row.tobytes().rstrip(b"\0").decode(errors="replace") for row in everyone]
+    if any(record != records[0] for record in records):
+        is_world = tracker.world_ranks == list(range(MPI.COMM_WORLD.Get_size()))
+        raise CollectiveMismatchError(mismatch_message(records, None if is_world else tracker.world_ranks))
+
+
+def mismatch_message(records: list[str], world_ranks: list[int] | None = None) -> str:
+    """Group the ranks by the fingerprint they sent and say who called what (the same text on every rank).
+
+    ``records[r]`` is rank ``r``'s decoded fingerprint; ``world_ranks`` (None for the world itself)
+    names the group's members in the header, for sub-groups.
+    """
+    callers: dict[str, list[int]] = {}
+    for rank, record in enumerate(records):
+        callers.setdefault(record, []).append(rank)
+    seqs = {record.split("|", 1)[0] for record in callers}
+    header = f"collective #{next(iter(seqs))} mismatch" if len(seqs) == 1 else "collective mismatch"
+    header += f" on a group of {len(records)} ranks"
+    if world_ranks is not None:
+        header += f" (world ranks {world_ranks})"
+    clauses = []
+    for record, ranks in callers.items():
+        seq, _group, text = record.split("|", 2)
+        who = describe_ranks(ranks)
+        action = "reached the end of the program" if text == describe_call(EXIT) else f"called {text}"
+        clauses.append(f"{who} {action}" + (f" as collective #{seq}" if len(seqs) > 1 else ""))
+    return (
+        f"{header}: {'; '.join(clauses)}. Every rank of a group must call the same collectives in the same "
+        "order with matching arguments; look for a collective under an `if rank ...` branch, or a loop that "
+        "runs a different number of times on some ranks."
+    )
+
+
+@atexit.register
+def check_at_exit() -> None:
+    """At interpreter exit, in debug mode: tell ranks still waiting in a collective that this one ended.
+
+    Every rank takes part in one last exchange on the world, named :data:`EXIT`; ranks that all end
+    normally just pass it. It has no deadline, even with ``MINIDIST_TIMEOUT``: a rank that is merely
+    slower to finish (rank 0 writing the results) must not be killed; ranks stuck in a collective time
+    out there by themselves. An exception cannot leave an exit handler (Python would print it and still
+    exit with code 0), so a mismatch is printed and the job aborted. Registered at import, after
+    ``arrivals.free_records``, so it runs before it (exit handlers run last-registered first).
+    """
+    if not comm.is_initialized() or MPI.Is_finalized() or not debug_enabled():
+        return
+    world = comm.init()
+    if world.size == 1:
+        return
+    # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
+    # below on the world, and without the notice both would wait forever.
+    liveness.announce_departure(wait=False)
+    try:
+        with world.calls.call(EXIT, timed=False) as info:
+            check_fingerprints(world, info, describe_call(EXIT))
+    except DistributedError as error:
+        abort_job(world.mpi, f"{type(error).__name__}: {error}\n")
+    liveness.receive_departures()  # after the exchange: ranks waiting in a collective could join it

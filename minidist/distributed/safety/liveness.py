@@ -1,0 +1,332 @@
+"""The liveness watchdog: by default, no rank waits forever for a rank that left, fell behind or disagrees.
+
+Without help, a rank that leaves the program (``sys.exit``, a ``return`` out of the training loop) while
+the others wait in a collective hangs the whole job forever, with no output. So does a rank whose
+collectives do not match the others'. ``dist.init()`` therefore starts, on every rank of a job with
+more than one rank, a daemon thread that wakes every :data:`TICK` seconds and looks at each
+communicator's ``collective_channel`` (the same idea as PyTorch's NCCL watchdog, which by default
+fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_job``: every line of the
+message prefixed ``[rank r]``, after the grace period) when it sees one of:
+
+* **A rank that left.** At interpreter exit (or when Python collects a group it dropped, see
+  :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
+  on the group's channel (tag :data:`~minidist.distributed.safety.tags.DEPARTURE_TAG`, payload: how many
+  collectives it called on the group). A rank waiting in collective #k on a group that receives a
+  notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
+  finalizes, every rank also receives its peers' notices (``departures.py``).
+* **A message of another call.** Every message of a collective carries the call's sequence number and
+  identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
+  queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
+  src/dst or dtype, or one of a call this rank has already finished (a *stale* message: this rank
+  never received it, so the two ranks disagreed about that call).
+* **A call that takes too long** (``MINIDIST_WATCHDOG`` seconds, default :data:`DEFAULT_DEADLINE`):
+  some rank is stuck in a computation, in a collective on another group, or in a loop that will not
+  end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
+  ``0``) stops the thread, and with it these four checks; tags stay on.
+* **A rank that cannot be reached** (``heartbeat.py``): while a collective (or a send or receive of
+  the group's own, ``p2p_wait``) runs longer than a second, the thread pings the peers it waits for;
+  one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default 30) late has lost its node or its
+  link, or is frozen. The message names it and its host.
+
+Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
+every wait costs latency on every message; the thread costs nothing per message: the collectives keep
+MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a few attribute stores).
+The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
+the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
+
+Not covered: a point-to-point ``recv`` from a rank that *left* (only collectives are numbered; a
+waiting send or receive gets heartbeats, so a rank that cannot be reached is found; use
+``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from mpi4py import MPI
+
+from minidist.distributed.safety import departures, heartbeat
+from minidist.distributed.safety.tags import (
+    DEPARTURE_TAG,
+    NAME_BITS,
+    SEQ_WINDOW,
+    describe,
+    seq_offset,
+    tags_supported,
+)
+from minidist.distributed.safety.watchdog import abort_job
+
+WATCHDOG_ENV = "MINIDIST_WATCHDOG"
+DEFAULT_DEADLINE = 300.0  # seconds one collective may wait; PyTorch's NCCL default is 600
+TICK = 0.1  # seconds between two looks: the delay before a departure or a stray message is noticed
+STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stray
+
+_channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+_departing: list[Any] = []  # channels whose peers' notices are still to receive at exit
+
+
+@functools.cache
+def deadline_seconds() -> float | None:
+    """``MINIDIST_WATCHDOG`` in seconds (default 300), or None for ``off``/``0``. Raises ``ValueError``."""
+    value = os.environ.get(WATCHDOG_ENV, "").strip().lower()
+    if value in ("off", "false", "no"):
+        return None
+    try:
+        seconds = float(value) if value else DEFAULT_DEADLINE
+    except ValueError:
+        raise ValueError(f"{WATCHDOG_ENV}={value!r} is not a number of seconds or 'off'") from None
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{WATCHDOG_ENV}={value!r} must be a finite number of seconds >= 0, or 'off'")
+    return seconds or None
+
+
+def watch(channel: Any) -> None:
+    """Start tracking a new collective channel (called by ``Communicator.__init__``)."""
+    # phase = (seq, outer, tag): the last call's number; the outermost running call's number (None
+    # when no call runs); the running (or last) call's tag. One tuple, replaced whole, so the thread
+    # never reads half of an update. No clock is read per call: the thread notes when it first saw a
+    # call running (`seen`), which is at most one tick late.
+    channel.calls_started = 0
+    channel.phase = (0, None, 0)
+    channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
+    channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
+    channel.departed = {}  # group rank -> number of collectives it called before it left
+    channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
+    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (comm.py), or None
+    channel.p2p_seen = (None, 0.0)  # (that p2p_wait, time.monotonic() when the thread first saw it)
+    channel.use_tags = tags_supported()
+    heartbeat.setup(channel)
+    _channels.append(weakref.ref(channel))
+
+
+def enter(channel: Any, ident: int) -> tuple:
+    """Mark the start of a collective with identity ``ident`` (``tags.identity``); return the old phase.
+
+    Sets ``channel.tag_base``, which ``comm.py`` adds to every message tag of the call. This and
+    :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
+    benchmarks/README.md).
+    """
+    seq = channel.calls_started = channel.calls_started + 1
+    tag = ((seq % SEQ_WINDOW) << 16 | ident) if channel.use_tags else 0
+    previous = channel.phase
+    channel.phase = (seq, seq if previous[1] is None else previous[1], tag)
+    channel.tag_base = tag
+    return previous
+
+
+def leave(channel: Any, previous: tuple) -> None:
+    """Mark the end of the collective :func:`enter` started; ``previous`` is what it returned."""
+    if previous[1] is None:  # the outermost call ended: nothing runs on this channel now
+        channel.phase = (channel.calls_started, None, channel.tag_base)
+        channel.tag_base = 0
+    else:  # a collective called inside another (rare): the outer one runs on
+        channel.phase = (channel.calls_started, previous[1], previous[2])
+        channel.tag_base = previous[2]
+
+
+def start() -> None:
+    """Start the watchdog thread (``dist.init()``, more than one rank); idempotent, off if disabled."""
+    global _thread
+    heartbeat.peer_timeout()  # a malformed MINIDIST_PEER_TIMEOUT raises now, at start-up
+    if _thread is None and deadline_seconds() is not None:
+        _thread = threading.Thread(target=_run, name="minidist-watchdog", daemon=True)
+        _thread.start()
+
+
+def _run() -> None:
+    while not _stop.wait(TICK) and not MPI.Is_finalized():  # (a program may finalize MPI itself)
+        for channel in _live_channels():
+            problem = inspect_channel(channel, deadline_seconds())
+            if problem:
+                abort_job(MPI.COMM_WORLD, problem + "\n")
+
+
+def _live_channels() -> list[Any]:
+    return [c for c in (ref() for ref in _channels) if c is not None and c.size > 1]
+
+
+def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = True) -> str | None:
+    """One look at ``channel``: the text of the problem found (see the module doc), or None.
+
+    ``heartbeats=False`` (the last look at exit): answer pings, but send none.
+    """
+    seq, outer, tag = channel.phase  # read first: every later message is judged against it
+    if channel.use_tags:
+        heartbeat.answer(channel)
+    for peer in range(channel.size):
+        if peer == channel.rank:
+            continue
+        status = MPI.Status()
+        departures.receive(channel, peer)
+        if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
+            problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
+            if problem:
+                return problem
+    if outer is None:
+        if heartbeats and channel.use_tags:
+            return _p2p_heartbeat(channel, channel.p2p_wait)
+        return None
+    for peer, called in channel.departed.items():
+        if called < seq:
+            return (
+                f"{_me(channel)}: {_them(channel, peer)} left the program (it exited) after calling "
+                f"{called} collectives on this group, while this rank waits in {describe(tag, seq)}, which "
+                f"it never called. Every rank must make the same collective calls: look for a `return`, "
+                f"`break` or `sys.exit` that only some ranks take, or a loop that is shorter on rank {peer}."
+            )
+    now = time.monotonic()
+    if channel.seen[0] != seq:
+        channel.seen = (seq, now)
+    if heartbeats and channel.use_tags:
+        late, waited = heartbeat.overdue(channel, now - channel.seen[1], now)
+        if late:
+            return _unreachable(channel, late, waited, describe(tag, seq))
+    if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
+        peer = channel.peer
+        last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
+        return (
+            f"{_me(channel)}: {describe(tag, seq)} has not finished after "
+            f"{WATCHDOG_ENV}={deadline:g} s{last}. "
+            "That rank (or one it waits for) is stuck in a long computation, waits in a collective on "
+            "another group, or took a code path without this call. If a wait this long is legitimate "
+            f"(rank 0 writing a large checkpoint), set {WATCHDOG_ENV} to more seconds, or to off."
+        )
+    return None
+
+
+def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
+    """The problem a waiting message from ``peer`` reveals, if any (see the module doc)."""
+    if message_tag == DEPARTURE_TAG or message_tag & NAME_BITS == 0:
+        # Name code 0: a message sent on the channel outside any numbered collective (ring.py's
+        # functions called directly, as the lessons and assignments do: tag_base is 0 then). It names
+        # no call, so it cannot be judged; reading it as "call #0" aborted correct programs whenever
+        # the watchdog looked while such a message was in flight.
+        return None
+    theirs = message_tag >> 16
+    # How far the message's call lies before this rank's first unfinished call: 1 = the last one
+    # finished. Numbers are modulo 4096, so "far behind" could also be "far ahead" (a root that runs
+    # ahead through many broadcasts); only calls up to STALE_WINDOW behind count as finished.
+    behind = -seq_offset(theirs, (seq + 1 if outer is None else outer) % SEQ_WINDOW)
+    stale = 0 < behind <= STALE_WINDOW
+    if stale:
+        return (
+            f"{_me(channel)}: {_them(channel, peer)} sent this rank a message of its call "
+            f"{describe(message_tag)} on this group, which this rank never received: this rank's call with "
+            f"that number was different (its last call: {describe(tag, seq)}). " + _ADVICE
+        )
+    if outer is not None and theirs == seq % SEQ_WINDOW and message_tag != tag:
+        return (
+            f"{_me(channel)}: {_them(channel, peer)} is in {describe(message_tag)} while this rank is in "
+            f"{describe(tag, seq)} on the same group. " + _ADVICE
+        )
+    return None
+
+
+def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
+    """Heartbeats while no collective runs: for the peers of a waiting send/recv (a pipeline stage's), or
+    none (unanswered pings of a finished call are forgotten)."""
+    if waiting is None:
+        heartbeat.overdue(channel, None, 0.0)
+        return None
+    now = time.monotonic()
+    if channel.p2p_seen[0] is not waiting:
+        channel.p2p_seen = (waiting, now)
+    late, waited = heartbeat.overdue(channel, now - channel.p2p_seen[1], now, waiting)
+    ranks = " and ".join(f"rank {p}" for p in waiting)
+    return _unreachable(channel, late, waited, f"a send or receive with {ranks}") if late else None
+
+
+def host_of(channel: Any, peer: int) -> str:
+    """The host name of group rank ``peer`` of ``channel`` (from ``dist.init()``), or "?" before init."""
+    world_rank = channel.calls.world_ranks[peer]
+    return heartbeat.hosts[world_rank] if world_rank < len(heartbeat.hosts) else "?"
+
+
+def _unreachable(channel: Any, late: list[int], waited: float, call: str) -> str:
+    names = ", ".join(f"{_them(channel, p)} (host {host_of(channel, p)})" for p in late)
+    return (
+        f"{_me(channel)}: {names} did not answer the watchdog's heartbeat for {waited:.0f} s "
+        f"({heartbeat.PEER_TIMEOUT_ENV}={heartbeat.peer_timeout():g}) while this rank waits in {call}: "
+        f"{'these ranks' if len(late) > 1 else 'that rank'} cannot be reached (a node is down or its network "
+        "link is cut) or the process is frozen. "
+        "A job launched by `minidist launch` restarts from the newest checkpoint."
+    )
+
+
+_ADVICE = (
+    "Every rank of a group must call the same collectives in the same order, with the same src/dst, op "
+    "and dtype; MINIDIST_DEBUG=1 shows where each rank made its call."
+)
+
+
+def _me(channel: Any) -> str:
+    world = channel.calls.world_ranks
+    if world == list(range(MPI.COMM_WORLD.Get_size())):
+        return f"rank {channel.rank}"
+    return f"rank {channel.rank} of the group of world ranks {world} (ranks named are group ranks)"
+
+
+def _them(channel: Any, peer: int) -> str:
+    world = channel.calls.world_ranks
+    if world == list(range(MPI.COMM_WORLD.Get_size())):
+        return f"rank {peer}"
+    return f"rank {peer} (world rank {world[peer]})"
+
+
+@atexit.register
+def announce_departure(wait: bool = True) -> None:
+    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
+    and (``wait``) receive every peer's notice (:func:`receive_departures`).
+
+    Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
+    collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
+    first with ``wait=False``, then its own exchange on the world (which a rank stuck in a collective
+    must be able to join), then :func:`receive_departures`. Runs once (the second call returns at once).
+    """
+    global _thread
+    if _thread is None or MPI.Is_finalized():
+        return
+    _stop.set()
+    _thread.join(timeout=10)
+    _thread = None
+    channels = _live_channels()
+    for channel in channels:  # a stale message that arrived since the last tick
+        problem = inspect_channel(channel, None, heartbeats=False)
+        if problem:
+            abort_job(MPI.COMM_WORLD, problem + "\n")
+    requests = [request for channel in channels for request in departures.notices(channel)]
+    MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
+    _departing[:] = channels
+    if wait:
+        receive_departures()
+
+
+def receive_departures() -> None:
+    """Receive the peers' departure notices on the channels :func:`announce_departure` announced on."""
+    channels, _departing[:] = list(_departing), []
+    if channels:
+        departures.await_all(channels, deadline_seconds() or DEFAULT_DEADLINE)
+
+
+def announce_drop(channel: Any) -> None:
+    """A channel garbage-collected before exit (``Communicator.__del__``): tell its peers we left it.
+
+    A rank whose group object is gone can never call a collective on that group again, so for the
+    group it has left, just as at exit. Without this, a rank that ``return``s early out of a function
+    holding its sub-group (``dp = world.split(...)``) lost its notice as soon as Python collected the
+    group, and the ranks still waiting on that group hung until the deadline instead of a tick.
+    """
+    if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
+        return
+    try:
+        MPI.Request.Waitall(departures.notices(channel, dropped=True))
+    except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
+        pass

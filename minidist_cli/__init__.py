@@ -1,0 +1,50 @@
+"""``minidist``: one command for every tool around the framework, as ``torchrun`` or ``accelerate`` are.
+
+    minidist info                                 versions, MPI library, array backend, CUDA-aware MPI
+    minidist checkpoint info DIR [--verify]       list and verify checkpoints, without MPI
+    minidist checkpoint interval --node-mtbf ...  how often to checkpoint (Young, Daly, exact)
+    minidist cluster up|run|status|down           a cluster of network namespaces on this machine (root)
+    minidist launch -n N -- COMMAND               run COMMAND on N ranks, restart it from its newest
+    checkpoint minidist assignments list|release|grade|...   the graded coursework of lessons/assignments/
+
+Each subcommand is a module of ``minidist_tools`` or ``minidist_course`` with its own ``main(argv)`` and
+``--help``; this file only picks the module and hands it the rest of the command line. It sits above
+both packages (the framework, ``minidist``, imports neither) and imports a tool only when it is called,
+so ``minidist --help`` starts no MPI. ``python -m minidist_cli`` is the same command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module whose main(argv) runs it, what it does)
+COMMANDS = {
+    "info": ("minidist_tools.info", "print the versions, the MPI library, the backend and CUDA-awareness"),
+    "checkpoint": ("minidist_tools.checkpoint_info", "list and verify checkpoints; how often to save"),
+    "cluster": ("minidist_tools.cluster.__main__", "a cluster of network namespaces over TCP (root)"),
+    "launch": ("minidist_tools.launch.__main__", "run a job on N ranks and restart it after a failure"),
+    "assignments": ("minidist_course.assignments.__main__", "release, grade and batch-grade assignments"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<12} {text}" for name, (_, text) in COMMANDS.items())
+    return (
+        "usage: minidist COMMAND [ARGS...]\n\nthe tools around the minidist framework:\n"
+        f"{rows}\n\n`minidist COMMAND --help` describes one. Also: python lessons/copy_lessons.py DIR "
+        "(your own copy of the lesson notebooks)."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``minidist COMMAND ARGS...``; returns the command's exit status (2 for an unknown command)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"minidist: unknown command {name!r}; choose from {', '.join(COMMANDS)}\n\n{usage()}")
+        return 2
+    return importlib.import_module(COMMANDS[name][0]).main(rest)
