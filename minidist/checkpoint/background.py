@@ -161,9 +161,7 @@ def _private_channel(comm: Any) -> Any:
         return None
     channel = _channels.get(comm)
     if channel is None:
-        import minidist.distributed as dist  # noqa: PLC0415
-
-        channel = dist.Communicator(comm.mpi.Dup(), name=f"{comm.name or 'world'}-checkpoint")
+        channel = comm.dup(name=f"{comm.name or 'world'}-checkpoint")
         _channels[comm] = channel
     return channel
 

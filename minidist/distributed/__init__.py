@@ -35,8 +35,15 @@ from minidist.distributed.collectives import (
     reduce,
     reduce_scatter,
 )
-from minidist.distributed.comm import (
-    Communicator,
+from minidist.distributed.comm import Communicator
+from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
+from minidist.distributed.reduce_ops import REDUCE_OPS
+from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any
+from minidist.distributed.safety.debug import barrier, collective_call, debug_enabled
+from minidist.distributed.safety.report import exit_with_error
+from minidist.distributed.safety.watchdog import abort, timeout_seconds
+from minidist.distributed.staging import mpi_is_cuda_aware
+from minidist.distributed.world import (
     get_local_rank,
     get_rank,
     get_world_size,
@@ -45,13 +52,6 @@ from minidist.distributed.comm import (
     recv,
     send,
 )
-from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
-from minidist.distributed.reduce_ops import REDUCE_OPS
-from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any
-from minidist.distributed.safety.debug import barrier, collective_call, debug_enabled
-from minidist.distributed.safety.report import exit_with_error
-from minidist.distributed.safety.watchdog import abort, timeout_seconds
-from minidist.distributed.staging import mpi_is_cuda_aware
 
 __all__ = [
     "ALGORITHMS",

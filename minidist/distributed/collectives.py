@@ -59,12 +59,13 @@ from minidist.distributed.algorithms.scatter_allgather import scatter_allgather_
 from minidist.distributed.algorithms.tree_broadcast import tree_broadcast
 from minidist.distributed.algorithms.tree_reduce import tree_reduce
 from minidist.distributed.checks import check_array, check_choice, check_rank
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.reduce_ops import check_op
 from minidist.distributed.safety.debug import collective_call
 from minidist.distributed.staging import host_view, like
 from minidist.distributed.topology import node_layout, world_spans_nodes
 from minidist.distributed.tuning import choose, choose_across_nodes
+from minidist.distributed.world import group_or_world
 
 # The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
 # group size (tuning.choose; the thresholds and how they were measured are in tuning.py).

@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist import backend
 from minidist.distributed.checks import check_array, check_rank, check_tag
 from minidist.distributed.errors import DistributedError
-from minidist.distributed.safety import heartbeat, liveness
+from minidist.distributed.safety import liveness
 from minidist.distributed.safety.traffic import message_span
-from minidist.distributed.safety.watchdog import CallTracker, install_excepthook
+from minidist.distributed.safety.watchdog import CallTracker
 from minidist.distributed.staging import host_view, mpi_datatype
 
 
@@ -111,7 +110,15 @@ class Communicator:
         new = self.mpi.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         if new == MPI.COMM_NULL:
             return None
-        return Communicator(new, name=name)
+        return type(self)(new, name=name)
+
+    def dup(self, name: str = "") -> Communicator:
+        """A new communicator of the same ranks with a message space of its own (``MPI_Comm_dup``).
+
+        Collective: every rank of the group must call it at the same point. The copy is of this
+        communicator's class, so it is watched as its original is (``seam.py``). ``name`` labels it.
+        """
+        return type(self)(self.mpi.Dup(), name=name)
 
     def barrier(self) -> None:
         """Block until every rank of the group has called ``barrier`` (``dist.barrier`` adds debug checks)."""
@@ -204,7 +211,7 @@ class Communicator:
         if not self.calls.timed():
             self.mpi.Send(buffer, dest=dst, tag=tag)
         else:
-            self.calls.wait([self.mpi.Isend(buffer, dest=dst, tag=tag)], [_to(dst, tag)])
+            self.calls.wait([self.mpi.Isend(buffer, dest=dst, tag=tag)], [to_peer(dst, tag)])
 
     def host_recv(self, host: np.ndarray, src: int, tag: int = 0) -> None:
         """:meth:`recv` without argument checks; raises ``DistributedError`` unless exactly ``host.size``
@@ -217,7 +224,7 @@ class Communicator:
                 self.mpi.Recv(buffer, source=src, tag=tag, status=status)
             else:
                 request = self.mpi.Irecv(buffer, source=src, tag=tag)
-                self.calls.wait([request], [_from(src, tag)], [status])
+                self.calls.wait([request], [from_peer(src, tag)], [status])
         except MPI.Exception as error:
             self._raise_if_truncated(error, host, src, tag)
             raise
@@ -249,7 +256,7 @@ class Communicator:
             else:  # the same two messages, started together, then awaited with a deadline
                 sending = self.mpi.Isend(send_buffer, dest=dst, tag=sendtag)
                 receiving = self.mpi.Irecv(recv_buffer, source=src, tag=recvtag)
-                waits = [_to(dst, sendtag), _from(src, recvtag)]
+                waits = [to_peer(dst, sendtag), from_peer(src, recvtag)]
                 self.calls.wait([sending, receiving], waits, [MPI.Status(), status])
         except MPI.Exception as error:
             self._raise_if_truncated(error, into, src, recvtag)
@@ -306,103 +313,11 @@ class Communicator:
             ) from error
 
 
-def _to(dst: int, tag: int) -> str:
+def to_peer(dst: int, tag: int) -> str:
+    """What a send waits for, in words (for a timeout message)."""
     return f"rank {dst} to receive this rank's message (tag {tag})"
 
 
-def _from(src: int, tag: int) -> str:
+def from_peer(src: int, tag: int) -> str:
+    """What a receive waits for, in words (for a timeout message)."""
     return f"a message from rank {src} (tag {tag})"
-
-
-# --- the world communicator and module-level shortcuts -------------------------------------------------
-
-# The only global state of dist: the world communicator, this process's rank on its node and the number
-# of nodes the world spans.
-_world: Communicator | None = None
-_local_rank: int | None = None
-_node_count = 1
-
-
-def init() -> Communicator:
-    """Set up the world communicator (all processes of the job) and return it; idempotent.
-
-    Collective the first time: every rank must call it. Also finds this process's *node-local* rank (its
-    rank among the processes sharing its machine, via ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) and
-    pins the process to GPU ``local_rank % n_gpus`` through ``minidist.backend.use_local_rank``
-    (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
-    uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
-    watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
-    ``MINIDIST_ABORT_GRACE``, ``MINIDIST_WATCHDOG`` or ``MINIDIST_PEER_TIMEOUT``.
-    """
-    global _world, _local_rank, _node_count
-    if _world is None:
-        world = MPI.COMM_WORLD
-        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-        _local_rank = node.Get_rank()
-        node.Free()
-        if world.Get_size() > 1:
-            # Each rank's host, and whether it leads its node (local rank 0): the number of nodes tells
-            # "auto" whether any group can span nodes; the hosts name an unreachable rank's node.
-            ranks = world.allgather((MPI.Get_processor_name(), _local_rank == 0))
-            _node_count = sum(leader for _, leader in ranks)
-            heartbeat.hosts = tuple(host for host, _ in ranks)
-        backend.use_local_rank(_local_rank)
-        _world = Communicator(world, name="world")
-        if world.Get_size() > 1:
-            install_excepthook(world)
-            liveness.start()
-    return _world
-
-
-def is_initialized() -> bool:
-    """True once :func:`init` has run in this process."""
-    return _world is not None
-
-
-def group_or_world(group: Communicator | None) -> Communicator:
-    """``group`` itself, or the world communicator for ``None`` (calling :func:`init` if needed).
-
-    Raises ``TypeError`` if ``group`` is not a :class:`Communicator` (e.g. a raw mpi4py communicator).
-    """
-    if group is None:
-        return init()
-    if not isinstance(group, Communicator):
-        raise TypeError(
-            f"group must be a minidist.distributed.Communicator or None (the world), "
-            f"got {type(group).__name__}; "
-            "wrap a raw mpi4py communicator with Communicator(comm)"
-        )
-    return group
-
-
-def get_rank(group: Communicator | None = None) -> int:
-    """This process's rank in ``group`` (default: the world)."""
-    return group_or_world(group).rank
-
-
-def get_world_size(group: Communicator | None = None) -> int:
-    """The number of ranks in ``group`` (default: the world)."""
-    return group_or_world(group).size
-
-
-def get_local_rank() -> int:
-    """This process's rank among the processes on the same machine (calls :func:`init` if needed)."""
-    init()
-    assert _local_rank is not None  # set by init()
-    return _local_rank
-
-
-def node_count() -> int:
-    """The number of machines (shared-memory nodes) the world's ranks run on (calls :func:`init`)."""
-    init()
-    return _node_count
-
-
-def send(a: Any, dst: int, group: Communicator | None = None, tag: int = 0) -> None:
-    """Send array ``a`` to rank ``dst`` of ``group``; see :meth:`Communicator.send`."""
-    group_or_world(group).send(a, dst, tag)
-
-
-def recv(a: Any, src: int, group: Communicator | None = None, tag: int = 0) -> Any:
-    """Receive from rank ``src`` of ``group`` into array ``a``; see :meth:`Communicator.recv`."""
-    return group_or_world(group).recv(a, src, tag)

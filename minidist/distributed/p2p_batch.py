@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.distributed.checks import check_array, check_rank, check_tag
-from minidist.distributed.comm import Communicator, _from, _to
+from minidist.distributed.comm import Communicator, from_peer, to_peer
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.safety.traffic import message_span
 from minidist.distributed.staging import mpi_datatype
@@ -55,7 +55,7 @@ class P2PRequest:
 
     def describe(self) -> str:
         """What waiting for this request means, for a timeout message."""
-        return _from(self.peer, self.tag) if self.is_recv else _to(self.peer, self.tag)
+        return from_peer(self.peer, self.tag) if self.is_recv else to_peer(self.peer, self.tag)
 
 
 def _check(group: Communicator, a: Any, peer: int, tag: int, name: str, writable: bool) -> None:

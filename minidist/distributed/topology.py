@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from minidist.distributed import comm
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed import world
+from minidist.distributed.comm import Communicator
+from minidist.distributed.world import group_or_world
 
 RANKS_PER_NODE_ENV = "MINIDIST_RANKS_PER_NODE"
 
@@ -119,12 +120,12 @@ def world_spans_nodes() -> bool:
     """True if the world's ranks sit on more than one node, real or simulated.
 
     ``algorithm="auto"`` asks this first: when it is False no group spans nodes, and no layout needs
-    computing. Uses what :func:`~minidist.distributed.comm.init` found (no communication).
+    computing. Uses what :func:`~minidist.distributed.world.init` found (no communication).
     """
-    comm.init()
+    world.init()
     rpn = simulated_ranks_per_node()
-    world_size = comm.get_world_size()
-    return comm.node_count() > 1 or (rpn is not None and rpn < world_size)
+    world_size = world.get_world_size()
+    return world.node_count() > 1 or (rpn is not None and rpn < world_size)
 
 
 def _compute(group: Communicator) -> NodeLayout:

@@ -53,9 +53,10 @@ import operator
 import warnings
 from typing import Any
 
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.safety.agreement import agree
 from minidist.distributed.topology import node_layout, world_spans_nodes
+from minidist.distributed.world import group_or_world
 
 AXES = ("dp", "tp", "pp", "cp")
 

@@ -28,7 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import trace
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
+from minidist.distributed.world import group_or_world
 from minidist.trace import Event
 
 

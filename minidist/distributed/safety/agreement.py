@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from minidist.distributed.collectives import all_gather
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
+from minidist.distributed.world import group_or_world
 
 # Exception classes that a rank can rebuild from another rank's record (by class name). A class not
 # listed here, and not the rank's own error's class, arrives as a RuntimeError naming the original.

@@ -68,8 +68,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist import trace
-from minidist.distributed import comm
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed import world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
 from minidist.distributed.safety import liveness
 from minidist.distributed.safety.arrivals import ranks as describe_ranks
@@ -77,6 +77,7 @@ from minidist.distributed.safety.call_site import call_site
 from minidist.distributed.safety.tags import identity
 from minidist.distributed.safety.traffic import collective_span
 from minidist.distributed.safety.watchdog import CallInfo, abort_job, timeout_seconds
+from minidist.distributed.world import group_or_world
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -297,17 +298,17 @@ def check_at_exit() -> None:
     exit with code 0), so a mismatch is printed and the job aborted. Registered at import, after
     ``arrivals.free_records``, so it runs before it (exit handlers run last-registered first).
     """
-    if not comm.is_initialized() or MPI.Is_finalized() or not debug_enabled():
+    if not world.is_initialized() or MPI.Is_finalized() or not debug_enabled():
         return
-    world = comm.init()
-    if world.size == 1:
+    everyone = world.init()
+    if everyone.size == 1:
         return
     # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
     # below on the world, and without the notice both would wait forever.
     liveness.announce_departure(wait=False)
     try:
-        with world.calls.call(EXIT, timed=False) as info:
-            check_fingerprints(world, info, describe_call(EXIT))
+        with everyone.calls.call(EXIT, timed=False) as info:
+            check_fingerprints(everyone, info, describe_call(EXIT))
     except DistributedError as error:
-        abort_job(world.mpi, f"{type(error).__name__}: {error}\n")
+        abort_job(everyone.mpi, f"{type(error).__name__}: {error}\n")
     liveness.receive_departures()  # after the exchange: ranks waiting in a collective could join it

@@ -57,7 +57,8 @@ import numpy as np
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import array_module, is_gpu_array
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
+from minidist.distributed.world import group_or_world
 from minidist.parallel.context_parallel.checks import check_ring_attention_args
 from minidist.parallel.context_parallel.ring_pass import RingPass
 from minidist.parallel.context_parallel.split import context_parallel_chunks

@@ -140,7 +140,7 @@ class DistributedDataParallel(Module):
         # A private channel for gradient traffic (collective: every rank duplicates together), and the
         # thread that uses it. A group of one rank has nothing to communicate.
         self._comm = (  # named as its group, for traces
-            dist.Communicator(self.group.mpi.Dup(), name=getattr(self.group, "name", ""))
+            self.group.dup(name=self.group.name)
             if self.group.size > 1 and params
             else None
         )

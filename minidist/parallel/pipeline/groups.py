@@ -41,7 +41,7 @@ def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communica
         raise TypeError(
             f"dp_group must be a minidist.distributed.Communicator or None, got {type(dp_group).__name__}"
         )
-    return dist.comm.group_or_world(group), dp_group
+    return dist.world.group_or_world(group), dp_group
 
 
 OPERATIONS = ("train_step", "predict")

@@ -22,8 +22,9 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import random
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.safety import agreement
+from minidist.distributed.world import group_or_world
 
 _skip_depth = 0  # > 0 inside `already_agreed()`
 

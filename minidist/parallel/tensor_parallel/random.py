@@ -29,7 +29,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from minidist import random
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
+from minidist.distributed.world import group_or_world
 from minidist.ops.dropout import set_sharded_stream
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"

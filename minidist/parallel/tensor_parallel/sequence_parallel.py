@@ -37,7 +37,8 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.autograd import Function, Tensor
 from minidist.backend import array_module
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
+from minidist.distributed.world import group_or_world
 from minidist.nn.module import Parameter
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 

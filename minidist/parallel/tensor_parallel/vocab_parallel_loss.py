@@ -22,8 +22,9 @@ import numpy as np
 import minidist.distributed as dist
 from minidist.autograd import Function, Tensor
 from minidist.backend import array_module
-from minidist.distributed.comm import Communicator, group_or_world
+from minidist.distributed.comm import Communicator
 from minidist.distributed.safety.agreement import agree
+from minidist.distributed.world import group_or_world
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 
 

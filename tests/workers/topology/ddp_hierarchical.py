@@ -15,7 +15,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from minidist.distributed import collectives, comm, tuning
+from minidist.distributed import collectives, comm, tuning, world
 
 tuning.ACROSS_NODES_TABLE[:] = [(tuning.ANY, [(math.inf, "hierarchical")])]
 tuning.choose_across_nodes.cache_clear()
@@ -33,4 +33,4 @@ collectives._ALL_REDUCE["hierarchical"] = counted
 script = Path(__file__).parents[1] / "ddp" / "ddp_equivalence.py"
 sys.argv = [str(script), *sys.argv[1:]]
 runpy.run_path(str(script), run_name="__main__")
-(Path(sys.argv[1]) / f"hierarchical_rank{comm.get_rank()}.json").write_text(json.dumps(calls))
+(Path(sys.argv[1]) / f"hierarchical_rank{world.get_rank()}.json").write_text(json.dumps(calls))
