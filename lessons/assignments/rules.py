@@ -136,9 +136,13 @@ class watch:
         self.received = 0  # point-to-point receives started on the watched communicators, by anyone
         self._student = {_module_file(m) for m in rule.files}
         self._through = {_module_file(m) for m in rule.through}
-        # A decorated collective (debug.collective_call) shares its wrapper's code with all the others:
-        # watch the function inside, and look past the wrapper's frame for the caller.
-        self._wrappers = {_module_file("minidist.distributed.safety.debug")}
+        # A public collective runs through two wrappers (seam.collective's call, and the safety net's
+        # calls.collective_call) whose code every collective shares: watch the function inside, and look
+        # past the wrappers' frames for the caller.
+        self._wrappers = {
+            _module_file("minidist.distributed.seam"),
+            _module_file("minidist.distributed.safety.calls"),
+        }
         self._codes = {}
         for spec in rule.functions:
             module, name = spec.split(":")

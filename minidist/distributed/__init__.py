@@ -1,49 +1,51 @@
 """``minidist.distributed``: processes that talk to each other, with hand-written collectives.
 
-Reading order: ``comm.py`` (communicators, send/recv; ``p2p_batch.py`` adds non-blocking ones, for the
-interleaved pipeline) -> ``ring.py`` (ring all-reduce, reduce-scatter,
-all-gather) -> ``recursive_doubling.py`` (all-reduce for short messages; folding a group to a power of
-two) -> ``rabenseifner.py`` (all-reduce for long messages in ``2 log2 n`` steps) ->
-``recursive_halving.py`` (reduce-scatter in ``log2 n`` steps) -> ``broadcast.py``
-(binomial tree) -> ``scatter_allgather.py`` (broadcast for long messages) -> ``tree_reduce.py``
-(binomial-tree reduce to one rank) -> ``topology.py`` (which ranks share a node) -> ``hierarchical.py``
-(all-reduce inside nodes, then across them) -> ``tuning.py`` (what ``algorithm="auto"`` picks) ->
-``collectives.py`` (the public entry points) -> ``mpi_builtin.py`` (MPI's own collectives, the
-reference). ``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the
-reductions; ``validate.py`` checks arguments; ``errors.py`` holds our exceptions; ``traffic.py``
-counts the bytes each rank sends, per group and call, for the trace; ``agreement.py`` makes every rank
-raise the same error when any rank sees a problem (used by every layer above).
+Reading order, the mechanism: ``comm.py`` (a communicator: send, recv, sendrecv, one MPI call each) ->
+``world.py`` (``init()``, the world and its shortcuts) -> ``algorithms/`` (one collective algorithm per
+file, ring all-reduce first) -> ``collectives.py`` (the public entry points: check, pick, stage, run)
+-> ``tuning.py`` (what ``algorithm="auto"`` picks) -> ``topology.py`` (which ranks share a node).
+``p2p_batch.py`` adds non-blocking sends and receives (the interleaved pipeline's);
+``staging.py`` moves GPU arrays through host memory; ``reduce_ops.py`` names the reductions;
+``checks.py`` checks arguments; ``errors.py`` holds our exceptions.
 
-When things go wrong: ``tags.py`` (every message of a collective names its call) -> ``liveness.py``
-(on by default: a watchdog thread names a rank that left, a message of another call, a collective
-stuck for ``MINIDIST_WATCHDOG`` seconds, and ends the job) -> ``debug.py`` (``MINIDIST_DEBUG=1``:
-ranks compare each collective call, call site (``call_site.py``) included, before running it; also home of the
-``@collective_call`` hook and ``barrier``) -> ``watchdog.py``
-(``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the whole job,
-after ``MINIDIST_ABORT_GRACE`` seconds) -> ``arrivals.py`` (which collective each rank entered last) ->
-``report.py`` (``exit_with_error``: a script's fatal error printed once, naming the ranks that raised it).
+The safety net, fenced off in ``safety/`` and installed around the mechanism by the one call below
+(``seam.py`` says how): tagged messages, deadlines (``MINIDIST_TIMEOUT``), the liveness watchdog (on by
+default), debug fingerprints (``MINIDIST_DEBUG=1``), trace spans, and how every rank comes to raise
+the same error (``safety/agreement.py``). With the default settings it changes no result.
 
 This package uses only ``minidist.backend`` and ``minidist.trace`` from the rest of minidist: it knows
 nothing of autograd or modules. Importing it initialises MPI.
 """
 
-from minidist.distributed.collectives import (
-    ALGORITHMS,
+from minidist.distributed import safety
+
+safety.install()  # before anything below can make a communicator
+
+from minidist.distributed.collectives import (  # noqa: E402
     all_gather,
     all_reduce,
+    barrier,
     broadcast,
     reduce,
     reduce_scatter,
 )
-from minidist.distributed.comm import Communicator
-from minidist.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
-from minidist.distributed.reduce_ops import REDUCE_OPS
-from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any
-from minidist.distributed.safety.debug import barrier, collective_call, debug_enabled
-from minidist.distributed.safety.report import exit_with_error
-from minidist.distributed.safety.watchdog import abort, timeout_seconds
-from minidist.distributed.staging import mpi_is_cuda_aware
-from minidist.distributed.world import (
+from minidist.distributed.errors import (  # noqa: E402
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+)
+from minidist.distributed.reduce_ops import REDUCE_OPS  # noqa: E402
+from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any  # noqa: E402
+from minidist.distributed.safety.calls import collective_call  # noqa: E402
+from minidist.distributed.safety.debug import debug_enabled  # noqa: E402
+from minidist.distributed.safety.report import exit_with_error  # noqa: E402
+from minidist.distributed.safety.watchdog import abort, timeout_seconds  # noqa: E402
+
+# dist.Communicator(raw_mpi_comm) wraps a communicator as init() and split() do: watched (seam.py).
+from minidist.distributed.safety.watched import WatchedCommunicator as Communicator  # noqa: E402
+from minidist.distributed.staging import mpi_is_cuda_aware  # noqa: E402
+from minidist.distributed.tuning import ALGORITHMS  # noqa: E402
+from minidist.distributed.world import (  # noqa: E402
     get_local_rank,
     get_rank,
     get_world_size,

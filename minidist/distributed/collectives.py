@@ -3,7 +3,7 @@
 A collective is called by *every* rank of a group, with matching arguments, and involves all of them.
 Each function here does the same four things, in order, and leaves the algorithm itself to another file:
 
-1. check the arguments (``validate.py``, ``reduce_ops.py``), so misuse fails on the calling rank with a
+1. check the arguments (``checks.py``, ``reduce_ops.py``), so misuse fails on the calling rank with a
    clear message instead of deep inside MPI;
 2. resolve ``group`` (``None`` = the world);
 3. stage GPU arrays through host memory (``staging.py``);
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.distributed.algorithms.hierarchical import has_hierarchy, hierarchical_all_reduce
+from minidist.distributed.algorithms.hierarchical import hierarchical_all_reduce
 from minidist.distributed.algorithms.mpi_builtin import (
     mpi_all_gather,
     mpi_all_gather_counts,
@@ -58,76 +58,27 @@ from minidist.distributed.algorithms.ring import (
 from minidist.distributed.algorithms.scatter_allgather import scatter_allgather_broadcast
 from minidist.distributed.algorithms.tree_broadcast import tree_broadcast
 from minidist.distributed.algorithms.tree_reduce import tree_reduce
-from minidist.distributed.checks import check_array, check_choice, check_rank
+from minidist.distributed.checks import check_array, check_rank
 from minidist.distributed.comm import Communicator
 from minidist.distributed.reduce_ops import check_op
-from minidist.distributed.safety.debug import collective_call
+from minidist.distributed.seam import collective
 from minidist.distributed.staging import host_view, like
-from minidist.distributed.topology import node_layout, world_spans_nodes
-from minidist.distributed.tuning import choose, choose_across_nodes
+from minidist.distributed.tuning import check_algorithm, resolve
 from minidist.distributed.world import group_or_world
 
-# The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
-# group size (tuning.choose; the thresholds and how they were measured are in tuning.py).
-ALGORITHMS = {
-    "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi"),
-    "reduce_scatter": ("auto", "ring", "recursive_halving", "mpi"),
-    "all_gather": ("auto", "ring", "mpi"),
-    "broadcast": ("auto", "tree", "scatter_allgather", "mpi"),
-    "reduce": ("auto", "tree", "mpi"),
-}
 _ALL_REDUCE = {
     "ring": ring_all_reduce,
     "recursive_doubling": recursive_doubling_all_reduce,
     "rabenseifner": rabenseifner_all_reduce,
-    "hierarchical": hierarchical_all_reduce,
+    "hierarchical": lambda group, flat, op: hierarchical_all_reduce(
+        group, flat, op, reduce=reduce, all_reduce=all_reduce, broadcast=broadcast
+    ),  # built from this module's collectives, run on the node and leader groups (hierarchical.py)
     "mpi": mpi_all_reduce,
 }
 _BROADCAST = {"tree": tree_broadcast, "scatter_allgather": scatter_allgather_broadcast, "mpi": mpi_broadcast}
 
 
-def _check_algorithm(collective: str, algorithm: str) -> None:
-    valid = ALGORITHMS[collective]
-    if algorithm not in valid:  # (check_choice only to raise: this runs before every collective)
-        check_choice(algorithm, valid, f"algorithm for {collective}")
-
-
-def _resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
-    """``algorithm`` itself, or for ``"auto"`` the one ``tuning.py`` picks (the same on every rank).
-    Noted on the group's channel, for the trace (``debug.collective_call``).
-
-    The answer depends only on the arguments and on the group's node layout, which never changes, so
-    it is kept on the group (``Communicator.resolved``): a training loop asks the same every step, and
-    one dictionary look-up costs less than the table look-up and the multi-node test (~1,000
-    instructions less per call, benchmarks/README.md, issue 16, fifth session).
-    """
-    key = (collective, algorithm, nbytes)
-    chosen = group.resolved.get(key)
-    if chosen is None:
-        if len(group.resolved) >= 1024:  # many different sizes: start over rather than grow
-            group.resolved.clear()
-        chosen = group.resolved[key] = _choose(collective, algorithm, nbytes, group)
-    group.collective_channel.algorithm = chosen
-    return chosen
-
-
-def _choose(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
-    chosen = algorithm
-    if algorithm in ("auto", "hierarchical"):
-        chosen = choose(collective, nbytes, group.size)  # the flat pick
-        # A group that may span nodes: its layout decides (computed on the first such call, collectively,
-        # then cached on the group). Without a hierarchy to use, "hierarchical" runs the flat pick.
-        if collective == "all_reduce" and world_spans_nodes() and has_hierarchy(node_layout(group)):
-            layout = node_layout(group)
-            chosen = (
-                "hierarchical"
-                if algorithm == "hierarchical"
-                else choose_across_nodes(nbytes, layout.nodes, group.size)
-            )
-    return chosen
-
-
-@collective_call("all_reduce")
+@collective("all_reduce")
 def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Reduce ``a`` element-wise over all ranks of ``group``, in place on every rank; return ``a``.
 
@@ -164,13 +115,13 @@ def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algor
     ``DistributedError`` if a hand-written algorithm receives a message of unexpected length (the
     ranks' ``a`` differ).
     """
-    _check_algorithm("all_reduce", algorithm)
+    check_algorithm("all_reduce", algorithm)
     check_array(a, writable=True)
     check_op(op, a.dtype)
     group = group_or_world(group)
     if group.size == 1:
         return a  # nothing to combine; "avg" would divide by 1
-    run = _ALL_REDUCE[_resolve("all_reduce", algorithm, a.nbytes, group)]
+    run = _ALL_REDUCE[resolve("all_reduce", algorithm, a.nbytes, group)]
     if isinstance(a, np.ndarray):  # the common case, taken without host_view's ~1 us: small calls count
         # reshape: a view, not a copy, as a is C-contiguous; skipped (~0.3 us) when a is already flat
         run(group, a if a.ndim == 1 else a.reshape(-1), op)
@@ -180,7 +131,7 @@ def all_reduce(a: Any, op: str = "sum", group: Communicator | None = None, algor
     return a
 
 
-@collective_call("reduce_scatter")
+@collective("reduce_scatter")
 def reduce_scatter(
     a: Any, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto"
 ) -> Any:
@@ -199,13 +150,13 @@ def reduce_scatter(
     (``recursive_halving.py``). ``"mpi"``: ``MPI_Reduce_scatter``. ``"auto"``: from ``tuning.py``.
     Raises like :func:`all_reduce` (``a`` need not be writable).
     """
-    _check_algorithm("reduce_scatter", algorithm)
+    check_algorithm("reduce_scatter", algorithm)
     check_array(a)
     check_op(op, a.dtype)
     group = group_or_world(group)
     if group.size == 1:
         return a.reshape(-1).copy()
-    algorithm = _resolve("reduce_scatter", algorithm, a.nbytes, group)
+    algorithm = resolve("reduce_scatter", algorithm, a.nbytes, group)
     bounds = chunk_bounds(a.size, group.size)
     with host_view(a, copy_in=True) as host:
         if algorithm == "ring":
@@ -217,7 +168,7 @@ def reduce_scatter(
     return like(mine, a)
 
 
-@collective_call("all_gather", same_shape=False)
+@collective("all_gather", same_shape=False)
 def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Return the 1-D concatenation of every rank's ``chunk`` (flattened), in rank order.
 
@@ -233,14 +184,14 @@ def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "
     ``ValueError``/``TypeError`` for a bad ``chunk`` or ``algorithm`` (as :func:`all_reduce`) and
     ``DistributedError`` if the ring receives a message of unexpected length.
     """
-    _check_algorithm("all_gather", algorithm)
+    check_algorithm("all_gather", algorithm)
     check_array(chunk, "chunk")
     group = group_or_world(group)
     if group.size == 1:
         return chunk.reshape(-1).copy()
     # Only one hand-written algorithm so far: "auto" needs no sizes (all ranks must pick alike, and
     # the total size is only known after the lengths are gathered).
-    algorithm = _resolve("all_gather", algorithm, 0, group)
+    algorithm = resolve("all_gather", algorithm, 0, group)
     with host_view(chunk, copy_in=True) as host:
         mine = host.reshape(-1)
         if algorithm == "ring":
@@ -260,7 +211,7 @@ def all_gather(chunk: Any, group: Communicator | None = None, algorithm: str = "
     return like(out, chunk)
 
 
-@collective_call("broadcast")
+@collective("broadcast")
 def broadcast(a: Any, src: int = 0, group: Communicator | None = None, algorithm: str = "auto") -> Any:
     """Copy ``a`` from rank ``src`` of ``group`` into ``a`` on every other rank, in place; return ``a``.
 
@@ -276,13 +227,13 @@ def broadcast(a: Any, src: int = 0, group: Communicator | None = None, algorithm
     ``DistributedError`` (hand-written algorithms) if a rank's ``a`` has a different length than the
     root's.
     """
-    _check_algorithm("broadcast", algorithm)
+    check_algorithm("broadcast", algorithm)
     check_array(a, writable=True)
     group = group_or_world(group)
     check_rank(src, group.size, "src")
     if group.size == 1:
         return a
-    run = _BROADCAST[_resolve("broadcast", algorithm, a.nbytes, group)]
+    run = _BROADCAST[resolve("broadcast", algorithm, a.nbytes, group)]
     is_root = group.rank == src
     # The root only sends (needs its data on the host, changes nothing: scatter_allgather writes the same
     # values back); the others only receive.
@@ -291,7 +242,7 @@ def broadcast(a: Any, src: int = 0, group: Communicator | None = None, algorithm
     return a
 
 
-@collective_call("reduce")
+@collective("reduce")
 def reduce(
     a: Any, dst: int = 0, op: str = "sum", group: Communicator | None = None, algorithm: str = "auto"
 ) -> Any:
@@ -311,14 +262,14 @@ def reduce(
     be reduced, ``"avg"`` on integers, or ``"mpi"`` with a dtype this MPI cannot reduce;
     ``DistributedError`` (tree) if a rank's ``a`` has a different length than its tree neighbours'.
     """
-    _check_algorithm("reduce", algorithm)
+    check_algorithm("reduce", algorithm)
     check_array(a, writable=True)
     check_op(op, a.dtype)
     group = group_or_world(group)
     check_rank(dst, group.size, "dst")
     if group.size == 1:
         return a
-    algorithm = _resolve("reduce", algorithm, a.nbytes, group)
+    algorithm = resolve("reduce", algorithm, a.nbytes, group)
     is_root = group.rank == dst
     # Every rank's data is read; only the root's array is written.
     with host_view(a, copy_in=True, copy_out=is_root) as host:
@@ -328,3 +279,13 @@ def reduce(
         else:
             mpi_reduce(group, flat, op, dst)
     return a
+
+
+@collective("barrier")
+def barrier(group: Communicator | None = None) -> None:
+    """Block until every rank of ``group`` (default: the world) has called ``barrier`` (``MPI_Barrier``).
+
+    Raises ``CollectiveMismatchError`` (``MINIDIST_DEBUG``) or ``CollectiveTimeoutError``
+    (``MINIDIST_TIMEOUT``) like every other collective.
+    """
+    group_or_world(group).barrier()

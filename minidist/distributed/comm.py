@@ -2,8 +2,8 @@
 
 A *communicator* is a group of processes, each with a *rank* ``0..size-1`` inside the group, plus a
 private channel so that messages of one group never mix with another's. MPI starts every process with
-``COMM_WORLD`` (all processes); :meth:`Communicator.split` carves sub-groups out of it, e.g. the
-data-parallel and tensor-parallel groups of a 2-D mesh.
+``COMM_WORLD`` (all processes, ``world.py``); :meth:`Communicator.split` carves sub-groups out of it,
+e.g. the data-parallel and tensor-parallel groups of a 2-D mesh.
 
 On top of that sit two primitives, and every hand-written collective in this package is built only
 from them:
@@ -13,12 +13,10 @@ from them:
 * ``sendrecv(x, dst, y, src)``: send ``x`` to ``dst`` *and* receive ``y`` from ``src`` at the same time,
   the step of a ring algorithm.
 
-Every receive checks the length of the message, always. On a channel, every tag is offset by the
-running collective's ``tag_base`` (``tags.py``), so a message of one call never matches a receive of
-another. With ``MINIDIST_TIMEOUT`` set, each blocking call becomes a non-blocking one plus a wait with
-a deadline (``watchdog.py``). ``init()`` makes an uncaught exception on any rank end the whole job
-(``MPI_Abort``) instead of leaving the others waiting, and starts the liveness watchdog
-(``liveness.py``), which ends the job when a rank left or the ranks' calls do not match.
+Each is one MPI call (``MPI_Send``, ``MPI_Recv``, ``MPI_Sendrecv``), and every receive checks the length
+of the message, always. What keeps a job from hanging when something goes wrong (every message of a
+collective tagged with its call, deadlines, a watchdog thread that notices a rank that left) is not
+here: ``minidist.distributed`` installs it around these same calls (``seam.py``, ``safety/``).
 
 Importing this module imports ``mpi4py.MPI``, which initialises MPI (``MPI_Init``). A process started
 without ``mpiexec`` becomes a world of size 1.
@@ -26,6 +24,7 @@ without ``mpiexec`` becomes a world of size 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,9 +32,6 @@ from mpi4py import MPI
 
 from minidist.distributed.checks import check_array, check_rank, check_tag
 from minidist.distributed.errors import DistributedError
-from minidist.distributed.safety import liveness
-from minidist.distributed.safety.traffic import message_span
-from minidist.distributed.safety.watchdog import CallTracker
 from minidist.distributed.staging import host_view, mpi_datatype
 
 
@@ -43,13 +39,12 @@ class Communicator:
     """A group of ranks that can exchange arrays: a thin wrapper over an mpi4py communicator.
 
     Attributes: ``rank`` (this process's rank in the group), ``size`` (number of ranks), ``mpi`` (the raw
-    ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below), ``calls`` (a
-    :class:`~minidist.distributed.safety.watchdog.CallTracker` that numbers the group's collectives, shared
-    with the channel), ``name`` (a label for traces and messages: ``"world"``, or what ``split`` was given,
-    e.g.
-    ``ProcessMesh``'s ``"tp"``; ``""`` if none) and ``bytes_sent`` (bytes this rank has sent over this
-    communicator's own message space by minidist's point-to-point calls; a collective's messages count on
-    its ``collective_channel``, MPI's built-in collectives (``algorithm="mpi"``) not at all).
+    ``mpi4py.MPI.Comm``, for calling MPI directly), ``collective_channel`` (see below), ``name`` (a label
+    for traces and messages: ``"world"``, or what ``split`` was given, e.g. ``ProcessMesh``'s ``"tp"``;
+    ``""`` if none) and ``bytes_sent`` (bytes this rank has sent over this communicator's own message
+    space by minidist's point-to-point calls; a collective's messages count on its
+    ``collective_channel``, MPI's built-in collectives (``algorithm="mpi"``) not at all). The safety
+    net's subclass (``safety/watched.py``) adds ``calls``, which numbers the group's collectives.
 
     Creating a Communicator is *collective*: every rank of ``mpi_comm`` must create it at the same point,
     because it duplicates the communicator (``MPI_Comm_dup``).
@@ -67,43 +62,31 @@ class Communicator:
         self.size: int = mpi_comm.Get_size()
         self.name = name
         # Counted per message (one integer addition): what a trace reports as the bytes a call sent
-        # (traffic.py), the quantity the cost formulas count (minidist_tools.perfmodel.transformer).
+        # (safety/traffic.py), what DDP's comm_stats reports, the quantity the cost formulas count.
         self.bytes_sent = 0
         self.algorithm: str | None = None  # on a channel: the algorithm its last collective ran (trace)
         self._scratch = np.empty(0, dtype=np.uint8)  # see scratch()
         self._scratch_request: tuple = (0, None)  # (count, dtype) of the last scratch() call ...
         self._scratch_view = self._scratch  # ... and the view it returned
-        # Added to the tag of every message this communicator sends or receives: 0 on a user's
-        # communicator; on a channel, the tag of the collective being run (tags.py, liveness.enter).
-        self.tag_base = 0
         self._node_layout = None  # topology.node_layout's cache: which of these ranks share a node
-        # collectives._resolve's answers on this group: (collective, algorithm, bytes) -> algorithm run
+        # tuning.resolve's answers on this group: (collective, algorithm, bytes) -> algorithm run
         self.resolved: dict[tuple, str] = {}
-        if _is_channel:  # this *is* a collective channel; it needs no channel of its own
-            self.collective_channel = self
-            self.calls = CallTracker(mpi_comm)  # collective if MINIDIST_TIMEOUT is set (an RMA window)
-            liveness.watch(self)
-        else:
-            self.collective_channel = Communicator(mpi_comm.Dup(), name=name, _is_channel=True)
-            self.calls = self.collective_channel.calls
+        # A channel needs no channel of its own; a group's channel is of the group's class.
+        self.collective_channel = (
+            self if _is_channel else type(self)(mpi_comm.Dup(), name=name, _is_channel=True)
+        )
 
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"Communicator(rank={self.rank}, size={self.size}{named})"
-
-    def __del__(self) -> None:
-        # A channel collected before exit: its peers must learn that this rank left the group
-        # (liveness.announce_drop); a user's communicator has nothing to announce.
-        if getattr(self, "collective_channel", None) is self:
-            liveness.announce_drop(self)
 
     def split(self, color: int | None, key: int | None = None, name: str = "") -> Communicator | None:
         """Split into sub-groups: ranks passing the same ``color`` form one new Communicator.
 
         Collective over this communicator. ``key`` orders the ranks inside the new group (default: this
         rank, so the relative order is kept). ``color=None`` means "join no group" and returns None.
-        ``name`` labels the new group in traces (``"tp"``). Raises ``ValueError`` for a negative color
-        (MPI reserves those).
+        ``name`` labels the new group in traces (``"tp"``). The new group is of this communicator's
+        class. Raises ``ValueError`` for a negative color (MPI reserves those).
         """
         if color is not None and color < 0:
             raise ValueError(f"color must be >= 0 or None (no group), got {color}")
@@ -121,11 +104,8 @@ class Communicator:
         return type(self)(self.mpi.Dup(), name=name)
 
     def barrier(self) -> None:
-        """Block until every rank of the group has called ``barrier`` (``dist.barrier`` adds debug checks)."""
-        if not self.calls.timed():
-            self.mpi.Barrier()
-        else:
-            self.calls.wait([self.mpi.Ibarrier()], ["every rank of the group to enter barrier"])
+        """Block until every rank of the group has called ``barrier`` (``MPI_Barrier``)."""
+        self.mpi.Barrier()
 
     def send(self, a: Any, dst: int, tag: int = 0) -> None:
         """Send array ``a`` (any shape, ``a.nbytes`` bytes) to rank ``dst``; blocks until ``a`` is reusable.
@@ -138,13 +118,8 @@ class Communicator:
         self._check_peer(dst, "dst")
         check_array(a)
         check_tag(tag)
-        channel = self.collective_channel
-        channel.p2p_wait = (dst,)  # heartbeats for this wait (liveness.py): dst could become unreachable
-        try:
-            with host_view(a, copy_in=True) as host, message_span(self, "send", host, dst):
-                self.host_send(host, dst, tag)
-        finally:
-            channel.p2p_wait = None
+        with host_view(a, copy_in=True) as host:
+            self.host_send(host, dst, tag)
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
         """Receive a message from rank ``src`` into the preallocated array ``a``; return ``a``.
@@ -159,13 +134,8 @@ class Communicator:
         self._check_peer(src, "src")
         check_array(a, writable=True)
         check_tag(tag)
-        channel = self.collective_channel
-        channel.p2p_wait = (src,)
-        try:
-            with host_view(a, copy_in=False, copy_out=True) as host:
-                self.host_recv(host, src, tag)
-        finally:
-            channel.p2p_wait = None
+        with host_view(a, copy_in=False, copy_out=True) as host:
+            self.host_recv(host, src, tag)
         return a
 
     def sendrecv(
@@ -184,17 +154,11 @@ class Communicator:
         check_array(recv_a, "recv_a", writable=True)
         check_tag(sendtag)
         check_tag(recvtag)
-        channel = self.collective_channel
-        channel.p2p_wait = (dst, src)
-        try:
-            with (
-                host_view(send_a, copy_in=True) as out,
-                host_view(recv_a, copy_in=False, copy_out=True) as into,
-            ):
-                with message_span(self, "sendrecv", out, dst):
-                    self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
-        finally:
-            channel.p2p_wait = None
+        with (
+            host_view(send_a, copy_in=True) as out,
+            host_view(recv_a, copy_in=False, copy_out=True) as into,
+        ):
+            self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
         return recv_a
 
     # --- the fast path the hand-written collectives use ------------------------------------------------
@@ -206,25 +170,15 @@ class Communicator:
 
     def host_send(self, host: np.ndarray, dst: int, tag: int = 0) -> None:
         """:meth:`send` without argument checks: ``host`` must be a C-contiguous NumPy array."""
-        buffer, tag = [host, mpi_datatype(host.dtype)], tag + self.tag_base
         self.bytes_sent += host.nbytes
-        if not self.calls.timed():
-            self.mpi.Send(buffer, dest=dst, tag=tag)
-        else:
-            self.calls.wait([self.mpi.Isend(buffer, dest=dst, tag=tag)], [to_peer(dst, tag)])
+        self.mpi.Send([host, mpi_datatype(host.dtype)], dest=dst, tag=tag)
 
     def host_recv(self, host: np.ndarray, src: int, tag: int = 0) -> None:
         """:meth:`recv` without argument checks; raises ``DistributedError`` unless exactly ``host.size``
         elements arrive."""
         status = MPI.Status()
-        buffer, tag = [host, mpi_datatype(host.dtype)], tag + self.tag_base
-        self.peer = src  # for the liveness watchdog's message, should this wait never end
         try:
-            if not self.calls.timed():
-                self.mpi.Recv(buffer, source=src, tag=tag, status=status)
-            else:
-                request = self.mpi.Irecv(buffer, source=src, tag=tag)
-                self.calls.wait([request], [from_peer(src, tag)], [status])
+            self.mpi.Recv([host, mpi_datatype(host.dtype)], source=src, tag=tag, status=status)
         except MPI.Exception as error:
             self._raise_if_truncated(error, host, src, tag)
             raise
@@ -243,26 +197,36 @@ class Communicator:
         status = MPI.Status()
         send_type = mpi_datatype(out.dtype)  # a collective's two buffers share a dtype: look it up once
         recv_type = send_type if into.dtype is out.dtype else mpi_datatype(into.dtype)
-        send_buffer, recv_buffer = [out, send_type], [into, recv_type]
-        sendtag, recvtag = sendtag + self.tag_base, recvtag + self.tag_base
         self.bytes_sent += out.nbytes
-        self.peer = src  # for the liveness watchdog's message, should this wait never end
         try:
-            if not self.calls.timed():
-                self.mpi.Sendrecv(
-                    send_buffer, dest=dst, sendtag=sendtag,
-                    recvbuf=recv_buffer, source=src, recvtag=recvtag, status=status,
-                )  # fmt: skip
-            else:  # the same two messages, started together, then awaited with a deadline
-                sending = self.mpi.Isend(send_buffer, dest=dst, tag=sendtag)
-                receiving = self.mpi.Irecv(recv_buffer, source=src, tag=recvtag)
-                waits = [to_peer(dst, sendtag), from_peer(src, recvtag)]
-                self.calls.wait([sending, receiving], waits, [MPI.Status(), status])
+            self.mpi.Sendrecv(
+                [out, send_type], dest=dst, sendtag=sendtag,
+                recvbuf=[into, recv_type], source=src, recvtag=recvtag, status=status,
+            )  # fmt: skip
         except MPI.Exception as error:
             self._raise_if_truncated(error, into, src, recvtag)
             raise
         if status.Get_count(MPI.BYTE) != into.nbytes:  # compared here, not in a call: runs per message
             self._check_received_length(status, into, src, recvtag)  # raises
+
+    # --- non-blocking messages, for p2p_batch.py: start several, then wait for all ----------------------
+
+    def host_isend(self, host: np.ndarray, dst: int, tag: int = 0) -> MPI.Request:
+        """Start sending ``host`` (``MPI_Isend``); ``host`` must stay unchanged until the wait returns."""
+        self.bytes_sent += host.nbytes
+        return self.mpi.Isend([host, mpi_datatype(host.dtype)], dest=dst, tag=tag)
+
+    def host_irecv(self, host: np.ndarray, src: int, tag: int = 0) -> MPI.Request:
+        """Start receiving into ``host`` (``MPI_Irecv``); it holds the message once the wait returns."""
+        return self.mpi.Irecv([host, mpi_datatype(host.dtype)], source=src, tag=tag)
+
+    def wait_all(self, requests: Sequence[Any]) -> None:
+        """Wait until every started request has finished (``MPI_Waitall``).
+
+        ``requests``: objects with ``mpi`` (the ``MPI.Request``) and ``status`` (the ``MPI.Status`` it
+        fills), ``p2p_batch.P2PRequest``. An MPI error of a request propagates as ``MPI.Exception``.
+        """
+        MPI.Request.Waitall([r.mpi for r in requests], [r.status for r in requests])
 
     def scratch(self, count: int, dtype: Any) -> np.ndarray:
         """A host buffer of ``count`` elements of ``dtype`` for a collective's intermediate results.

@@ -34,8 +34,6 @@ from mpi4py import MPI
 from minidist.distributed.checks import check_array, check_rank, check_tag
 from minidist.distributed.comm import Communicator, from_peer, to_peer
 from minidist.distributed.errors import DistributedError
-from minidist.distributed.safety.traffic import message_span
-from minidist.distributed.staging import mpi_datatype
 
 
 class P2PRequest:
@@ -75,10 +73,7 @@ def isend(group: Communicator, a: np.ndarray, dst: int, tag: int = 0) -> P2PRequ
     matching :func:`irecv` must then be started before waiting). Raises ``TypeError``/``ValueError`` for a
     non-NumPy or non-contiguous ``a``, a bad ``dst`` or ``tag``."""
     _check(group, a, dst, tag, "dst", writable=False)
-    group.bytes_sent += a.nbytes
-    with message_span(group, "isend", a, dst):  # a span only under trace.enable(messages=True)
-        request = group.mpi.Isend([a, mpi_datatype(a.dtype)], dest=dst, tag=tag)
-    return P2PRequest(request, a, dst, tag, is_recv=False)
+    return P2PRequest(group.host_isend(a, dst, tag), a, dst, tag, is_recv=False)
 
 
 def irecv(group: Communicator, a: np.ndarray, src: int, tag: int = 0) -> P2PRequest:
@@ -86,8 +81,7 @@ def irecv(group: Communicator, a: np.ndarray, src: int, tag: int = 0) -> P2PRequ
     the request. ``a`` holds the message only after :func:`wait_all`, which checks that it had exactly
     ``a.size`` elements. Raises like :func:`isend` (and ``ValueError`` for a read-only ``a``)."""
     _check(group, a, src, tag, "src", writable=True)
-    request = group.mpi.Irecv([a, mpi_datatype(a.dtype)], source=src, tag=tag)
-    return P2PRequest(request, a, src, tag, is_recv=True)
+    return P2PRequest(group.host_irecv(a, src, tag), a, src, tag, is_recv=True)
 
 
 def wait_all(group: Communicator, requests: Sequence[P2PRequest]) -> None:
@@ -101,17 +95,11 @@ def wait_all(group: Communicator, requests: Sequence[P2PRequest]) -> None:
     pending = [r for r in requests if not r.done]
     if not pending:
         return
-    channel = group.collective_channel
-    channel.p2p_wait = tuple(sorted({r.peer for r in pending}))  # heartbeats for these peers (liveness.py)
     try:
-        # Without a timeout this is one MPI_Waitall; with one, a test-and-sleep loop with a deadline.
-        waiting_for = [r.describe() for r in pending]
-        group.calls.wait([r.mpi for r in pending], waiting_for, [r.status for r in pending])
+        group.wait_all(pending)  # MPI_Waitall (the safety net adds heartbeats and a deadline)
     except MPI.Exception as error:
         _explain_truncation(group, error, [r for r in pending if r.is_recv])
         raise
-    finally:
-        channel.p2p_wait = None
     for r in pending:
         r.done = True
         if r.is_recv:  # a shorter message would leave a stale tail in the buffer

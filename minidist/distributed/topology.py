@@ -115,6 +115,16 @@ def node_layout(group: Communicator | None = None) -> NodeLayout:
     return layout
 
 
+def has_hierarchy(layout: NodeLayout) -> bool:
+    """True if the group spans several nodes and at least one node holds more than one of its ranks.
+
+    Otherwise (one node, or one rank per node) ``algorithm="hierarchical"`` runs the flat algorithm
+    ``tuning.py`` picks for the group: the three steps of ``algorithms/hierarchical.py`` would only
+    add messages.
+    """
+    return 1 < layout.nodes < len(layout.node_of_rank)
+
+
 @functools.cache  # asked by every all_reduce(algorithm="auto"); the answer never changes in a run
 def world_spans_nodes() -> bool:
     """True if the world's ranks sit on more than one node, real or simulated.

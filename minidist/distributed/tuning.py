@@ -36,6 +36,20 @@ import functools
 import math
 from collections.abc import Container
 
+from minidist.distributed.checks import check_choice
+from minidist.distributed.comm import Communicator
+from minidist.distributed.topology import has_hierarchy, node_layout, world_spans_nodes
+
+# The algorithms each collective offers. "auto" chooses among the hand-written ones by message size and
+# group size (choose, below; the thresholds and how they were measured are above).
+ALGORITHMS = {
+    "all_reduce": ("auto", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi"),
+    "reduce_scatter": ("auto", "ring", "recursive_halving", "mpi"),
+    "all_gather": ("auto", "ring", "mpi"),
+    "broadcast": ("auto", "tree", "scatter_allgather", "mpi"),
+    "reduce": ("auto", "tree", "mpi"),
+}
+
 KiB, MiB = 1024, 1024 * 1024
 ANY = range(2, 1 << 31)  # every group size that sends anything
 POWERS_OF_TWO_FROM_4 = frozenset(1 << k for k in range(2, 31))  # measured at 4 and 8
@@ -119,3 +133,45 @@ def choose_across_nodes(nbytes: int, nodes: int, group_size: int) -> str:
             chosen = next(algorithm for below, algorithm in thresholds if nbytes < below)
             return choose("all_reduce", nbytes, group_size) if chosen == "flat" else chosen
     return "hierarchical"
+
+
+def check_algorithm(collective: str, algorithm: str) -> None:
+    """Raise ``ValueError`` listing the valid names if ``collective`` offers no ``algorithm``."""
+    valid = ALGORITHMS[collective]
+    if algorithm not in valid:  # (check_choice only to raise: this runs before every collective)
+        check_choice(algorithm, valid, f"algorithm for {collective}")
+
+
+def resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
+    """``algorithm`` itself, or for ``"auto"`` the one this module picks (the same on every rank).
+    Noted on the group's channel, for the trace (``safety/traffic.py``).
+
+    The answer depends only on the arguments and on the group's node layout, which never changes, so
+    it is kept on the group (``Communicator.resolved``): a training loop asks the same every step, and
+    one dictionary look-up costs less than the table look-up and the multi-node test (~1,000
+    instructions less per call, benchmarks/README.md).
+    """
+    key = (collective, algorithm, nbytes)
+    chosen = group.resolved.get(key)
+    if chosen is None:
+        if len(group.resolved) >= 1024:  # many different sizes: start over rather than grow
+            group.resolved.clear()
+        chosen = group.resolved[key] = _choose(collective, algorithm, nbytes, group)
+    group.collective_channel.algorithm = chosen
+    return chosen
+
+
+def _choose(collective: str, algorithm: str, nbytes: int, group: Communicator) -> str:
+    chosen = algorithm
+    if algorithm in ("auto", "hierarchical"):
+        chosen = choose(collective, nbytes, group.size)  # the flat pick
+        # A group that may span nodes: its layout decides (computed on the first such call, collectively,
+        # then cached on the group). Without a hierarchy to use, "hierarchical" runs the flat pick.
+        if collective == "all_reduce" and world_spans_nodes() and has_hierarchy(node_layout(group)):
+            layout = node_layout(group)
+            chosen = (
+                "hierarchical"
+                if algorithm == "hierarchical"
+                else choose_across_nodes(nbytes, layout.nodes, group.size)
+            )
+    return chosen

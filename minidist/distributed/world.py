@@ -13,15 +13,15 @@ from typing import Any
 from mpi4py import MPI
 
 from minidist import backend
+from minidist.distributed import seam
 from minidist.distributed.comm import Communicator
-from minidist.distributed.safety import heartbeat, liveness
-from minidist.distributed.safety.watchdog import install_excepthook
 
-# The only global state of dist: the world communicator, this process's rank on its node and the number
-# of nodes the world spans.
+# The only global state of dist: the world communicator, this process's rank on its node, the number
+# of nodes the world spans and the host name of every world rank (for messages naming a rank's node).
 _world: Communicator | None = None
 _local_rank: int | None = None
 _node_count = 1
+hosts: tuple[str, ...] = ()
 
 
 def init() -> Communicator:
@@ -30,12 +30,13 @@ def init() -> Communicator:
     Collective the first time: every rank must call it. Also finds this process's *node-local* rank (its
     rank among the processes sharing its machine, via ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) and
     pins the process to GPU ``local_rank % n_gpus`` through ``minidist.backend.use_local_rank``
-    (a no-op on the CPU backend). With more than one rank it also installs the hook that makes an
-    uncaught exception abort every rank (``watchdog.install_excepthook``) and starts the liveness
-    watchdog thread (``liveness.start``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``,
-    ``MINIDIST_ABORT_GRACE``, ``MINIDIST_WATCHDOG`` or ``MINIDIST_PEER_TIMEOUT``.
+    (a no-op on the CPU backend). The world is built as ``seam.communicator_class`` and then handed to
+    each of ``seam.on_init``: with the safety net installed, a watched communicator, and with more than
+    one rank the hook that makes an uncaught exception abort every rank and the liveness watchdog thread
+    (``safety/``). Raises ``ValueError`` for a malformed ``MINIDIST_TIMEOUT``, ``MINIDIST_ABORT_GRACE``,
+    ``MINIDIST_WATCHDOG`` or ``MINIDIST_PEER_TIMEOUT``.
     """
-    global _world, _local_rank, _node_count
+    global _world, _local_rank, _node_count, hosts
     if _world is None:
         world = MPI.COMM_WORLD
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
@@ -46,12 +47,11 @@ def init() -> Communicator:
             # "auto" whether any group can span nodes; the hosts name an unreachable rank's node.
             ranks = world.allgather((MPI.Get_processor_name(), _local_rank == 0))
             _node_count = sum(leader for _, leader in ranks)
-            heartbeat.hosts = tuple(host for host, _ in ranks)
+            hosts = tuple(host for host, _ in ranks)
         backend.use_local_rank(_local_rank)
-        _world = Communicator(world, name="world")
-        if world.Get_size() > 1:
-            install_excepthook(world)
-            liveness.start()
+        _world = seam.communicator_class(world, name="world")
+        for start in seam.on_init:
+            start(_world)
     return _world
 
 

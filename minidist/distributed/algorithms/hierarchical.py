@@ -45,42 +45,41 @@ sent are counted there (the outer span's ``bytes`` is 0), so a sum over all span
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from minidist.distributed.comm import Communicator
 from minidist.distributed.reduce_ops import finish
-from minidist.distributed.topology import NodeLayout, node_layout
+from minidist.distributed.topology import has_hierarchy, node_layout
 from minidist.distributed.tuning import choose
 
 
-def hierarchical_all_reduce(group: Communicator, flat: np.ndarray, op: str) -> None:
+def hierarchical_all_reduce(
+    group: Communicator,
+    flat: np.ndarray,
+    op: str,
+    *,
+    reduce: Callable[..., object],
+    all_reduce: Callable[..., object],
+    broadcast: Callable[..., object],
+) -> None:
     """All-reduce ``flat`` (1-D host array, same length and dtype on every rank) over ``group``, in place.
 
     Collective over ``group``; the first call also computes the group's node layout (collective,
-    ``topology.node_layout``). The sub-collectives run on the layout's ``node_group`` and
-    ``leader_group``, each with its own channel and tags. Raises ``DistributedError`` if a rank's
-    array has a different length from its partners' (as the flat algorithms do).
+    ``topology.node_layout``). The three steps are collectives in their own right, each numbered and
+    tagged on its own group (the layout's ``node_group`` and ``leader_group``): ``collectives.py``,
+    which defines the public ``reduce``, ``all_reduce`` and ``broadcast``, passes them in, so this
+    module never imports it. Raises ``DistributedError`` if a rank's array has a different length from
+    its partners' (as the flat algorithms do).
     """
-    # Imported here, not at the top: collectives.py imports this module to offer "hierarchical", and
-    # this module calls collectives.py's public functions on the node and leader groups.
-    from minidist.distributed import collectives
-
     layout = node_layout(group)
     assert has_hierarchy(layout), "collectives.all_reduce runs a flat algorithm for this layout"
     inner = "sum" if op == "avg" else op  # "avg" divides once, at the end of step 2
     node, leaders = layout.node_group, layout.leader_group
-    collectives.reduce(flat, dst=0, op=inner, group=node)  # 1. to the leader (node rank 0)
+    reduce(flat, dst=0, op=inner, group=node)  # 1. to the leader (node rank 0)
     if leaders is not None:  # 2. across nodes, leaders only
         across = choose("all_reduce", flat.nbytes, leaders.size)
-        collectives.all_reduce(flat, inner, group=leaders, algorithm=across)
+        all_reduce(flat, inner, group=leaders, algorithm=across)
         finish(op, flat, group.size)
-    collectives.broadcast(flat, src=0, group=node)  # 3. from the leader to its node
-
-
-def has_hierarchy(layout: NodeLayout) -> bool:
-    """True if the group spans several nodes and at least one node holds more than one of its ranks.
-
-    Otherwise (one node, or one rank per node) ``algorithm="hierarchical"`` runs the flat algorithm
-    ``tuning.py`` picks for the group: the three steps would only add messages.
-    """
-    return 1 < layout.nodes < len(layout.node_of_rank)
+    broadcast(flat, src=0, group=node)  # 3. from the leader to its node

@@ -11,4 +11,46 @@ whole job) -> ``arrivals.py`` (which collective each rank entered last) -> ``tra
 and spans of each call, for the trace) -> ``agreement.py`` (how every layer above makes a mistake seen
 by one rank an error on all of them) -> ``report.py`` (``exit_with_error``: a script's fatal error
 printed once, naming the ranks that raised it).
+
+:func:`install` puts it around the mechanism, through ``seam.py``: every communicator becomes a
+``WatchedCommunicator`` (``watched.py``), every public collective runs inside ``calls.py``'s wrapper,
+and ``init()`` starts the abort-on-exception hook and the watchdog thread. ``minidist.distributed``
+calls it once, when it is imported.
 """
+
+from __future__ import annotations
+
+import atexit
+
+from minidist.distributed import seam
+from minidist.distributed.comm import Communicator
+from minidist.distributed.safety import arrivals, debug, leaving, liveness
+from minidist.distributed.safety.calls import collective_call
+from minidist.distributed.safety.watchdog import install_excepthook
+from minidist.distributed.safety.watched import WatchedCommunicator
+
+
+def install() -> None:
+    """Install the safety net around the mechanism of ``minidist.distributed`` (``seam.py``).
+
+    Call it once, before any communicator exists (``minidist.distributed``'s ``__init__`` does).
+    """
+    # Exit handlers run last-registered first: the debug-mode exchange at exit (which a rank stuck in a
+    # collective must be able to join), then the departure notices, then the arrival records' clean-up,
+    # which waits for the other ranks.
+    atexit.register(arrivals.free_records)
+    atexit.register(leaving.announce_departure)
+    atexit.register(debug.check_at_exit)
+    seam.install(
+        WatchedCommunicator,
+        _start,
+        lambda fn, name, same_shape: collective_call(name, same_shape=same_shape)(fn),
+    )
+
+
+def _start(world: Communicator) -> None:
+    """At ``init()``, with more than one rank: an uncaught exception on any rank aborts every rank
+    (``watchdog.install_excepthook``), and the liveness watchdog thread starts (``liveness.start``)."""
+    if world.size > 1:
+        install_excepthook(world.mpi)
+        liveness.start()

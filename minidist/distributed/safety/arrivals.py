@@ -20,7 +20,6 @@ fails at exit otherwise), so every record is freed by :func:`free_records` at in
 
 from __future__ import annotations
 
-import atexit
 import time
 from collections.abc import Sequence
 
@@ -76,7 +75,6 @@ class ArrivalRecord:
 _records: list[ArrivalRecord] = []  # in creation order, which is the same on every rank
 
 
-@atexit.register
 def free_records() -> None:
     """Free every arrival record before ``MPI_Finalize`` (Python runs this before mpi4py finalizes).
 

@@ -46,40 +46,28 @@ exchange waits for its missing members (the timeout turns that into an error).
 
 Cost: one latency-bound all-gather of 256 bytes per rank per collective. For debugging, not for speed.
 
-Hooking a collective into these checks (and into the timeouts of ``watchdog.py``) takes one line: the
-:func:`collective_call` decorator, e.g. ``@collective_call("all_reduce")`` above ``def all_reduce``.
-:func:`barrier`, the collective without data, lives here rather than in ``comm.py`` so that it can wear
-the same decorator (``comm.py`` sits below this module).
+Every public collective runs these checks through the wrapper of ``calls.py``, which the safety net
+puts around it (``seam.py``).
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
-import inspect
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from minidist import trace
 from minidist.distributed import world
 from minidist.distributed.comm import Communicator
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
-from minidist.distributed.safety import liveness
+from minidist.distributed.safety import leaving
 from minidist.distributed.safety.arrivals import ranks as describe_ranks
-from minidist.distributed.safety.call_site import call_site
-from minidist.distributed.safety.tags import identity
-from minidist.distributed.safety.traffic import collective_span
 from minidist.distributed.safety.watchdog import CallInfo, abort_job, timeout_seconds
-from minidist.distributed.world import group_or_world
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 DEBUG_ENV = "MINIDIST_DEBUG"
 FINGERPRINT_BYTES = 256  # fixed size, so the exchange is one MPI_Iallgather of bytes
@@ -90,88 +78,6 @@ EXIT = "exit"  # the name of the pseudo-collective "the program ended"
 def debug_enabled() -> bool:
     """True if ``MINIDIST_DEBUG`` is set to anything but empty, ``0``, ``false``, ``no`` or ``off``."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
-    """Decorator for a public collective: number every call, tag its messages, run the checks asked for.
-
-    Always: it marks the call's start and end for the liveness watchdog and sets the tag of the call's
-    messages from its name, ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``,
-    ``tags.py``); about 1 us per call (benchmarks/README.md). With ``MINIDIST_DEBUG`` or
-    ``MINIDIST_TIMEOUT`` set it also runs the call inside :func:`collective_scope`, described by the
-    function's first parameter (the array; none if that parameter is ``group``), its parameters named
-    ``op``, ``src``, ``dst`` and ``algorithm``, and (debug mode) the user's line that made the call
-    (:func:`call_site`); ``group`` (``None`` = the world) says which ranks compare. ``same_shape=False``
-    for collectives whose ranks may pass arrays of different shapes (``all_gather``): then only the
-    dtype must agree.
-    """
-
-    def decorate(fn: F) -> F:
-        signature = inspect.signature(fn)
-        params = list(signature.parameters)
-        first = params[0] if params else "group"
-        root = "src" if "src" in params else "dst"
-        # Where each argument sits, to read it without Signature.bind (~4 us: too slow for every call);
-        # a parameter the function lacks sits "after the end" and reads as its default, None.
-        where = {key: params.index(key) if key in params else sys.maxsize for key in ("group", "op", root)}
-        default = {key: p.default for key, p in signature.parameters.items()}
-        at_group, at_op, at_root = where["group"], where["op"], where[root]
-        op_default, root_default = default.get("op"), default.get(root)
-        idents: dict[tuple, int] = {}  # (op, src/dst, dtype) -> the tag bits identity() computes
-
-        @functools.wraps(fn)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            n = len(args)
-            group = group_or_world(args[at_group] if at_group < n else kwargs.get("group"))
-            array = args[0] if n and first != "group" else kwargs.get(first)
-            key = (
-                args[at_op] if at_op < n else kwargs.get("op", op_default),
-                args[at_root] if at_root < n else kwargs.get(root, root_default),
-                array.dtype.num if hasattr(array, "dtype") else 0,  # a number hashes faster than a dtype
-            )
-            try:
-                ident = idents[key]
-            except KeyError:
-                ident = idents[key] = identity(name, key[0], key[1], array.dtype if key[2] else None)
-            except TypeError:  # an unhashable argument: the collective will reject it
-                ident = identity(name)
-            link = group.collective_channel
-            previous = liveness.enter(link, ident)
-            try:
-                if trace.collectives_enabled():  # a span with its bytes (trace.enable(collectives=True))
-                    with collective_span(name, group, array):
-                        return run(group, args, kwargs)
-                if not checks_enabled():  # the common case, without run's extra call
-                    return fn(*args, **kwargs)
-                return run(group, args, kwargs)
-            finally:
-                liveness.leave(link, previous)
-
-        def run(group: Communicator, args: tuple, kwargs: dict[str, Any]) -> Any:
-            if not checks_enabled():
-                return fn(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            given = bound.arguments
-            array = None if first == "group" else given.get(first)
-            described = {key: given[key] for key in ("op", "src", "dst", "algorithm") if key in given}
-            site = call_site() if debug_enabled() else None
-            with collective_scope(group, name, array, same_shape=same_shape, site=site, **described):
-                return fn(*args, **kwargs)
-
-        return checked  # type: ignore[return-value]
-
-    return decorate
-
-
-@collective_call("barrier")
-def barrier(group: Communicator | None = None) -> None:
-    """Block until every rank of ``group`` (default: the world) has called ``barrier``.
-
-    Raises ``CollectiveMismatchError`` (``MINIDIST_DEBUG``) or ``CollectiveTimeoutError``
-    (``MINIDIST_TIMEOUT``) like every other collective.
-    """
-    group_or_world(group).barrier()
 
 
 @functools.cache  # both settings are read once per process (see above): so is their combination
@@ -287,7 +193,6 @@ def mismatch_message(records: list[str], world_ranks: list[int] | None = None) -
     )
 
 
-@atexit.register
 def check_at_exit() -> None:
     """At interpreter exit, in debug mode: tell ranks still waiting in a collective that this one ended.
 
@@ -295,8 +200,8 @@ def check_at_exit() -> None:
     normally just pass it. It has no deadline, even with ``MINIDIST_TIMEOUT``: a rank that is merely
     slower to finish (rank 0 writing the results) must not be killed; ranks stuck in a collective time
     out there by themselves. An exception cannot leave an exit handler (Python would print it and still
-    exit with code 0), so a mismatch is printed and the job aborted. Registered at import, after
-    ``arrivals.free_records``, so it runs before it (exit handlers run last-registered first).
+    exit with code 0), so a mismatch is printed and the job aborted. Registered by ``safety.install``
+    last, so it runs first (exit handlers run last-registered first).
     """
     if not world.is_initialized() or MPI.Is_finalized() or not debug_enabled():
         return
@@ -305,10 +210,10 @@ def check_at_exit() -> None:
         return
     # Tell the groups first that this rank left: a rank waiting on a sub-group never joins the exchange
     # below on the world, and without the notice both would wait forever.
-    liveness.announce_departure(wait=False)
+    leaving.announce_departure(wait=False)
     try:
         with everyone.calls.call(EXIT, timed=False) as info:
             check_fingerprints(everyone, info, describe_call(EXIT))
     except DistributedError as error:
         abort_job(everyone.mpi, f"{type(error).__name__}: {error}\n")
-    liveness.receive_departures()  # after the exchange: ranks waiting in a collective could join it
+    leaving.receive_departures()  # after the exchange: ranks waiting in a collective could join it

@@ -41,7 +41,6 @@ from minidist.distributed.safety.tags import PING_TAG, PONG_TAG
 PEER_TIMEOUT_ENV = "MINIDIST_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT = 30.0  # seconds: far above a tick late on a loaded machine, below TCP's minutes
 PING_AFTER = 1.0  # seconds a collective runs before its peers are pinged, and between pings to a peer
-hosts: tuple[str, ...] = ()  # host name of each world rank, set by dist.init(), for the error message
 _EMPTY = np.zeros(1, dtype=np.int64)  # the payload of pings and pongs (nothing is read from it)
 
 

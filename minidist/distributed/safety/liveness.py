@@ -9,7 +9,7 @@ fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_jo
 message prefixed ``[rank r]``, after the grace period) when it sees one of:
 
 * **A rank that left.** At interpreter exit (or when Python collects a group it dropped, see
-  :func:`announce_drop`) every rank sends each member of each of its groups a *departure notice*
+  ``leaving.announce_drop``) every rank sends each member of each of its groups a *departure notice*
   on the group's channel (tag :data:`~minidist.distributed.safety.tags.DEPARTURE_TAG`, payload: how many
   collectives it called on the group). A rank waiting in collective #k on a group that receives a
   notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
@@ -41,7 +41,6 @@ waiting send or receive gets heartbeats, so a rank that cannot be reached is fou
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import threading
@@ -51,6 +50,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from minidist.distributed import world
 from minidist.distributed.safety import departures, heartbeat
 from minidist.distributed.safety.tags import (
     DEPARTURE_TAG,
@@ -70,7 +70,6 @@ STALE_WINDOW = 1024  # a message at most this many calls old is stale; see _stra
 _channels: list[weakref.ref] = []  # every collective channel of this process, in creation order
 _thread: threading.Thread | None = None
 _stop = threading.Event()
-_departing: list[Any] = []  # channels whose peers' notices are still to receive at exit
 
 
 @functools.cache
@@ -97,10 +96,10 @@ def watch(channel: Any) -> None:
     channel.calls_started = 0
     channel.phase = (0, None, 0)
     channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
-    channel.peer = -1  # the rank the channel last waited for (set per receive in comm.py)
+    channel.peer = -1  # the rank the channel last waited for (set per receive in watched.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
     channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
-    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (comm.py), or None
+    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (watched.py), or None
     channel.p2p_seen = (None, 0.0)  # (that p2p_wait, time.monotonic() when the thread first saw it)
     channel.use_tags = tags_supported()
     heartbeat.setup(channel)
@@ -110,7 +109,7 @@ def watch(channel: Any) -> None:
 def enter(channel: Any, ident: int) -> tuple:
     """Mark the start of a collective with identity ``ident`` (``tags.identity``); return the old phase.
 
-    Sets ``channel.tag_base``, which ``comm.py`` adds to every message tag of the call. This and
+    Sets ``channel.tag_base``, which ``watched.py`` adds to every message tag of the call. This and
     :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
     benchmarks/README.md).
     """
@@ -247,7 +246,7 @@ def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
 def host_of(channel: Any, peer: int) -> str:
     """The host name of group rank ``peer`` of ``channel`` (from ``dist.init()``), or "?" before init."""
     world_rank = channel.calls.world_ranks[peer]
-    return heartbeat.hosts[world_rank] if world_rank < len(heartbeat.hosts) else "?"
+    return world.hosts[world_rank] if world_rank < len(world.hosts) else "?"
 
 
 def _unreachable(channel: Any, late: list[int], waited: float, call: str) -> str:
@@ -281,52 +280,18 @@ def _them(channel: Any, peer: int) -> str:
     return f"rank {peer} (world rank {world[peer]})"
 
 
-@atexit.register
-def announce_departure(wait: bool = True) -> None:
-    """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
-    and (``wait``) receive every peer's notice (:func:`receive_departures`).
+def running() -> bool:
+    """True while the watchdog thread runs (from ``dist.init()`` until :func:`stop`)."""
+    return _thread is not None
 
-    Registered when ``comm.py`` is imported, after ``arrivals.free_records``, so it runs before that
-    collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
-    first with ``wait=False``, then its own exchange on the world (which a rank stuck in a collective
-    must be able to join), then :func:`receive_departures`. Runs once (the second call returns at once).
-    """
+
+def stop() -> list[Any] | None:
+    """Stop the watchdog thread (at exit; ``leaving.py``) and return the channels it watched, or None if
+    it was not running (then nothing is to be announced)."""
     global _thread
     if _thread is None or MPI.Is_finalized():
-        return
+        return None
     _stop.set()
     _thread.join(timeout=10)
     _thread = None
-    channels = _live_channels()
-    for channel in channels:  # a stale message that arrived since the last tick
-        problem = inspect_channel(channel, None, heartbeats=False)
-        if problem:
-            abort_job(MPI.COMM_WORLD, problem + "\n")
-    requests = [request for channel in channels for request in departures.notices(channel)]
-    MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
-    _departing[:] = channels
-    if wait:
-        receive_departures()
-
-
-def receive_departures() -> None:
-    """Receive the peers' departure notices on the channels :func:`announce_departure` announced on."""
-    channels, _departing[:] = list(_departing), []
-    if channels:
-        departures.await_all(channels, deadline_seconds() or DEFAULT_DEADLINE)
-
-
-def announce_drop(channel: Any) -> None:
-    """A channel garbage-collected before exit (``Communicator.__del__``): tell its peers we left it.
-
-    A rank whose group object is gone can never call a collective on that group again, so for the
-    group it has left, just as at exit. Without this, a rank that ``return``s early out of a function
-    holding its sub-group (``dp = world.split(...)``) lost its notice as soon as Python collected the
-    group, and the ranks still waiting on that group hung until the deadline instead of a tick.
-    """
-    if _thread is None or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
-        return
-    try:
-        MPI.Request.Waitall(departures.notices(channel, dropped=True))
-    except MPI.Exception:  # (a comm the program freed itself): only the early notice is lost
-        pass
+    return _live_channels()

@@ -68,7 +68,7 @@ def identity(name: str, op: Any = None, root: Any = None, dtype: Any = None) -> 
     # isinstance, not `type(x) is`: ranks may pass the same root as an int and as a NumPy integer
     # (``src=np.argmax(...)`` on one rank, ``int(...)`` on another), or the op as a ``np.str_``; the
     # collective accepts both spellings, so their tags must be equal. (Runs once per distinct
-    # argument tuple: debug.collective_call caches identities.)
+    # argument tuple: calls.collective_call caches identities.)
     op_code = OPS.index(op) if isinstance(op, str) and op in OPS else 0
     root_code = int(root) % 32 if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else 0
     dtype_code = getattr(dtype, "num", 0) % 64

@@ -2,7 +2,7 @@
 
 Cost formulas (``minidist_tools.perfmodel.transformer``) count the bytes *one rank sends*; to compare them
 with a run, every point-to-point message minidist sends adds its size to ``Communicator.bytes_sent`` of
-the communicator it leaves by (``comm.py``: ``host_send``, ``host_sendrecv``; ``p2p_batch.isend``): one
+the communicator it leaves by (``comm.py``: ``host_send``, ``host_sendrecv``, ``host_isend``): one
 integer addition per message, always on. A collective's messages leave by its group's
 ``collective_channel``, so the channel's count before and after a call is what that call sent, which
 is what the algorithm ``"auto"`` chose really sent (a ring all-reduce of N bytes over n ranks sends
@@ -11,7 +11,7 @@ is what the algorithm ``"auto"`` chose really sent (a ring all-reduce of N bytes
 Under ``trace.enable(messages=True)`` the calls also become trace spans (off otherwise: a span costs
 microseconds; checking costs one flag read); ``trace.enable(collectives=True)`` records the first kind only:
 
-* :func:`collective_span`: one ``trace.COLLECTIVE`` span per public collective (``debug.collective_call``
+* :func:`collective_span`: one ``trace.COLLECTIVE`` span per public collective (``calls.collective_call``
   opens it), named after the collective, with ``args`` ``group`` (the group's ``name``), ``ranks``,
   ``first`` (the world rank of the group's rank 0: with ``group`` and ``ranks`` it tells groups of the same
   name apart, so ``minidist_tools.straggler`` can match the same call across ranks), ``payload`` (the array's
@@ -38,7 +38,7 @@ def collective_span(name: str, group: Any, array: Any) -> Iterator[None]:
     details: dict[str, Any] = {"group": group.name, "ranks": group.size, "first": link.calls.world_ranks[0],
                                "payload": getattr(array, "nbytes", 0),
                                "dtype": str(getattr(array, "dtype", ""))}  # fmt: skip
-    before, link.algorithm = link.bytes_sent, None  # collectives._resolve notes the algorithm it runs
+    before, link.algorithm = link.bytes_sent, None  # tuning.resolve notes the algorithm it runs
     with trace.span(name, trace.COLLECTIVE, details):
         try:
             yield
@@ -52,5 +52,7 @@ def message_span(group: Any, kind: str, host: Any, peer: int) -> AbstractContext
     traced; otherwise the shared do-nothing context, after one flag check."""
     if not trace.messages_enabled():
         return trace.NO_SPAN
-    details = {"group": group.name, "bytes": host.nbytes, "dtype": str(host.dtype), "peer": peer}
+    # (getattr: the span opens before the send checks its arguments, and must not fail on a bad one)
+    nbytes, dtype = getattr(host, "nbytes", 0), str(getattr(host, "dtype", ""))
+    details = {"group": group.name, "bytes": nbytes, "dtype": dtype, "peer": peer}
     return trace.span(kind, trace.MESSAGE, details)

@@ -6,7 +6,7 @@ hangs into errors. (The checks that are on by default, a rank that left and call
 live in ``liveness.py``; this module is the opt-in timeout and the abort on an uncaught exception.)
 
 **Timeouts** (``MINIDIST_TIMEOUT=seconds``; unset, empty or ``0`` means off, the default). With a
-timeout, ``comm.py`` replaces each blocking MPI call (``Send``, ``Recv``, ``Sendrecv``, ``Barrier``) by
+timeout, ``watched.py`` replaces each blocking MPI call (``Send``, ``Recv``, ``Sendrecv``, ``Barrier``) by
 its non-blocking twin (``Isend``, ``Irecv``, ``Ibarrier``) and :meth:`CallTracker.wait`, a loop that
 tests the requests and sleeps a little in between (backing off up to :data:`MAX_PAUSE`) until they
 finish or the deadline passes, and then raises ``CollectiveTimeoutError``. Inside a collective the

@@ -140,9 +140,7 @@ class DistributedDataParallel(Module):
         # A private channel for gradient traffic (collective: every rank duplicates together), and the
         # thread that uses it. A group of one rank has nothing to communicate.
         self._comm = (  # named as its group, for traces
-            self.group.dup(name=self.group.name)
-            if self.group.size > 1 and params
-            else None
+            self.group.dup(name=self.group.name) if self.group.size > 1 and params else None
         )
         # Which buckets the thread all-reduces during backward, and the order of all (ddp_launch.py).
         self._launcher = Launcher(self._buckets, overlap, self._comm is not None, small_bucket_bytes)

@@ -1,0 +1,144 @@
+"""``WatchedCommunicator``: the same primitives as ``comm.py``'s, with what keeps a job from hanging silently.
+
+``minidist.distributed`` builds every communicator as this subclass (``seam.py``): the world at
+``init()``, and every group split or duplicated from it. It changes no result; around each primitive it
+adds:
+
+* **tags** (``tags.py``): on a collective channel, every message carries the running collective's
+  number and identity (``tag_base``, set by ``liveness.enter``), so a message of one call can never be
+  received by another, and the liveness watchdog can read from a waiting message which call sent it;
+* **deadlines** (``watchdog.py``, ``MINIDIST_TIMEOUT``): a blocking call becomes its non-blocking twin
+  plus a wait that raises ``CollectiveTimeoutError`` when the deadline passes;
+* **liveness marks** (``liveness.py``, ``heartbeat.py``): whom this rank waits for (``peer``, and
+  ``p2p_wait`` on the channel during a send or receive of the group's own), so a rank that left or
+  cannot be reached is named; a channel is watched from its creation, and a channel that Python
+  collects tells its peers this rank left the group;
+* **trace spans** of the user's own messages (``traffic.py``, ``trace.enable(messages=True)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.distributed.comm import Communicator, from_peer, to_peer
+from minidist.distributed.safety import leaving, liveness
+from minidist.distributed.safety.traffic import message_span
+from minidist.distributed.safety.watchdog import CallTracker
+from minidist.distributed.staging import mpi_datatype
+
+
+class WatchedCommunicator(Communicator):
+    """A :class:`~minidist.distributed.comm.Communicator` whose calls are tagged, timed and watched.
+
+    Adds ``calls`` (a :class:`~minidist.distributed.safety.watchdog.CallTracker` that numbers the group's
+    collectives, shared with the channel) and ``tag_base`` (added to the tag of every message: 0 on a
+    user's communicator; on a channel, the tag of the collective being run). Collective to create, as
+    its base class is (and, with ``MINIDIST_TIMEOUT`` set, the channel's tracker is an RMA window).
+    """
+
+    def __init__(self, mpi_comm: MPI.Comm, *, name: str = "", _is_channel: bool = False) -> None:
+        self.tag_base = 0
+        super().__init__(mpi_comm, name=name, _is_channel=_is_channel)
+        if _is_channel:
+            self.calls = CallTracker(mpi_comm)
+            liveness.watch(self)
+        else:
+            self.calls = self.collective_channel.calls
+
+    def __del__(self) -> None:
+        # A channel collected before exit: its peers must learn that this rank left the group
+        # (leaving.announce_drop); a user's communicator has nothing to announce.
+        if getattr(self, "collective_channel", None) is self:
+            leaving.announce_drop(self)
+
+    @contextmanager
+    def _waiting_for(self, *peers: int) -> Iterator[None]:
+        """Heartbeats for these peers while a send or receive of the group's own waits (liveness.py)."""
+        channel = self.collective_channel
+        channel.p2p_wait = peers
+        try:
+            yield
+        finally:
+            channel.p2p_wait = None
+
+    def barrier(self) -> None:
+        if not self.calls.timed():
+            super().barrier()
+        else:
+            self.calls.wait([self.mpi.Ibarrier()], ["every rank of the group to enter barrier"])
+
+    def send(self, a: Any, dst: int, tag: int = 0) -> None:
+        with self._waiting_for(dst), message_span(self, "send", a, dst):
+            super().send(a, dst, tag)
+
+    def recv(self, a: Any, src: int, tag: int = 0) -> Any:
+        with self._waiting_for(src):
+            return super().recv(a, src, tag)
+
+    def sendrecv(
+        self, send_a: Any, dst: int, recv_a: Any, src: int, sendtag: int = 0, recvtag: int = 0
+    ) -> Any:
+        with self._waiting_for(dst, src), message_span(self, "sendrecv", send_a, dst):
+            return super().sendrecv(send_a, dst, recv_a, src, sendtag, recvtag)
+
+    # The fast path: the tag of the running collective always; the non-blocking twin and a wait with a
+    # deadline only while one is set (MINIDIST_TIMEOUT). Every line runs per message.
+
+    def host_send(self, host: np.ndarray, dst: int, tag: int = 0) -> None:
+        tag += self.tag_base
+        if not self.calls.timed():
+            super().host_send(host, dst, tag)
+            return
+        self.bytes_sent += host.nbytes
+        sending = self.mpi.Isend([host, mpi_datatype(host.dtype)], dest=dst, tag=tag)
+        self.calls.wait([sending], [to_peer(dst, tag)])
+
+    def host_recv(self, host: np.ndarray, src: int, tag: int = 0) -> None:
+        tag += self.tag_base
+        self.peer = src  # for the liveness watchdog's message, should this wait never end
+        if not self.calls.timed():
+            super().host_recv(host, src, tag)
+            return
+        status = MPI.Status()
+        try:
+            receiving = self.mpi.Irecv([host, mpi_datatype(host.dtype)], source=src, tag=tag)
+            self.calls.wait([receiving], [from_peer(src, tag)], [status])
+        except MPI.Exception as error:
+            self._raise_if_truncated(error, host, src, tag)
+            raise
+        self._check_received_length(status, host, src, tag)
+
+    def host_sendrecv(
+        self, out: np.ndarray, dst: int, into: np.ndarray, src: int, sendtag: int = 0, recvtag: int = 0
+    ) -> None:
+        sendtag, recvtag = sendtag + self.tag_base, recvtag + self.tag_base
+        self.peer = src  # for the liveness watchdog's message, should this wait never end
+        if not self.calls.timed():
+            super().host_sendrecv(out, dst, into, src, sendtag, recvtag)
+            return
+        self.bytes_sent += out.nbytes
+        status = MPI.Status()
+        try:  # the same two messages, started together, then awaited with a deadline
+            sending = self.mpi.Isend([out, mpi_datatype(out.dtype)], dest=dst, tag=sendtag)
+            receiving = self.mpi.Irecv([into, mpi_datatype(into.dtype)], source=src, tag=recvtag)
+            waits = [to_peer(dst, sendtag), from_peer(src, recvtag)]
+            self.calls.wait([sending, receiving], waits, [MPI.Status(), status])
+        except MPI.Exception as error:
+            self._raise_if_truncated(error, into, src, recvtag)
+            raise
+        self._check_received_length(status, into, src, recvtag)
+
+    def host_isend(self, host: np.ndarray, dst: int, tag: int = 0) -> MPI.Request:
+        with message_span(self, "isend", host, dst):  # a span only under trace.enable(messages=True)
+            return super().host_isend(host, dst, tag)
+
+    def wait_all(self, requests: Sequence[Any]) -> None:
+        # Without a timeout this is one MPI_Waitall; with one, a test-and-sleep loop with a deadline.
+        with self._waiting_for(*sorted({r.peer for r in requests})):
+            waiting_for = [r.describe() for r in requests]
+            self.calls.wait([r.mpi for r in requests], waiting_for, [r.status for r in requests])
