@@ -28,23 +28,33 @@ COMMANDS = {
 }
 
 
+# The tools that are libraries rather than commands, named in the help so that one finds them too.
+LIBRARIES = {
+    "minidist_tools.straggler": "find the rank that makes every step wait (StragglerMonitor)",
+    "minidist_tools.perfmodel": "models of a step's time, memory, network traffic and failures",
+}
+
+
 def usage() -> str:
+    """The text of ``minidist --help``: every command, every library tool, and where the lessons are."""
     rows = "\n".join(f"  {name:<12} {text}" for name, (_, text) in COMMANDS.items())
+    libraries = "\n".join(f"  {name:<25} {text}" for name, text in LIBRARIES.items())
     return (
         "usage: minidist COMMAND [ARGS...]\n\nthe tools around the minidist framework:\n"
-        f"{rows}\n\n`minidist COMMAND --help` describes one. Also: python lessons/copy_lessons.py DIR "
-        "(your own copy of the lesson notebooks)."
+        f"{rows}\n\n`minidist COMMAND --help` describes one. In Python:\n{libraries}\n\n"
+        "Your own copy of the lesson notebooks: python lessons/copy_lessons.py DIR"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``minidist COMMAND ARGS...``; returns the command's exit status (2 for an unknown command)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage())
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"minidist: unknown command {name!r}; choose from {', '.join(COMMANDS)}\n\n{usage()}")
+        return 0
+    if not argv or argv[0] not in COMMANDS:  # as argparse does: the usage on stderr, exit status 2
+        problem = f"unknown command {argv[0]!r}" if argv else "a command is required"
+        print(f"{usage()}\n\nminidist: error: {problem}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    name, rest = argv[0], argv[1:]
     return importlib.import_module(COMMANDS[name][0]).main(rest)
