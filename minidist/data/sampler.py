@@ -20,27 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.data.checks import check_int
-
-
-def dataset_length(dataset: Any) -> int:
-    """The number of samples in ``dataset``: an int length, a tuple ``(x, y, ...)`` or a sized object.
-
-    A tuple or list of arrays counts as the length of its first array (the samples), not as the
-    number of arrays. Raises ``TypeError`` for anything else and ``ValueError`` for a negative int.
-    """
-    if isinstance(dataset, (int, np.integer)) and not isinstance(dataset, bool):
-        if dataset < 0:
-            raise ValueError(f"a data set length must be >= 0, got {dataset}.")
-        return int(dataset)
-    if isinstance(dataset, (tuple, list)) and len(dataset) > 0 and hasattr(dataset[0], "__len__"):
-        return len(dataset[0])
-    if hasattr(dataset, "__len__"):
-        return len(dataset)
-    raise TypeError(
-        f"cannot tell how many samples a {type(dataset).__name__} holds; pass an int length, "
-        "a tuple of arrays (x, y), or an object with __len__."
-    )
+from minidist.data.checks import check_int, check_same_permutation, dataset_length
 
 
 def _default_world() -> tuple[int, int]:
@@ -186,18 +166,7 @@ class DistributedSampler:
         were recorded are not checked), for a position beyond this rank's share, or for a position
         inside an epoch saved with another ``num_replicas`` in strided mode or another global batch size.
         """
-        for field, mine in (
-            ("seed", self.seed),
-            ("shuffle", self.shuffle),
-            ("dataset_len", self.dataset_len),
-        ):
-            if field in state and state[field] != mine:
-                raise ValueError(
-                    f"the saved sampler state has {field}={state[field]!r} but this DistributedSampler has "
-                    f"{field}={mine!r}, so it would draw another permutation (samples repeated or skipped); "
-                    f"create the sampler with {field}={state[field]!r} as the run that saved (e.g. the same "
-                    "--seed and data), or restore only the model and optimizer (no sampler) for a new order."
-                )
+        check_same_permutation(state, seed=self.seed, shuffle=self.shuffle, dataset_len=self.dataset_len)
         epoch, position = check_int("epoch", state["epoch"], 0), check_int("position", state["position"], 0)
         saved_r = check_int("num_replicas", state.get("num_replicas", self.num_replicas), 1)
         saved_b = None if state.get("batch_size") is None else check_int("batch_size", state["batch_size"], 1)

@@ -1,4 +1,4 @@
-"""Memory accounting: bytes held per category on this rank, current and peak (issue 21).
+"""Memory accounting: bytes held per category on this rank, current and peak.
 
 This package is at the bottom layer (beside ``backend`` and ``trace``), because the autograd engine
 itself reports the activations its graph saves, and higher layers (FSDP's gathered parameters,
@@ -14,16 +14,18 @@ gradients and optimizer state it measures itself, into the per-rank table the ex
 into the optional budget that raises :class:`OutOfMemoryError`.
 
 Reading order: ``counters.py`` (the categories and the one table) -> ``activations.py`` (what the
-autograd graph keeps, counted per buffer) -> ``sizes.py`` ("64MiB") -> ``errors.py`` (the message) ->
-``tracker.py``. The formulas the measurements are compared with: ``minidist_tools/perfmodel/memory.py``.
+autograd graph keeps, counted per buffer) -> ``buffers.py`` (each buffer counted once) -> ``sizes.py``
+("64MiB") -> ``errors.py`` (the message) -> ``tracker.py``. The formulas the measurements are compared
+with: ``minidist_tools/perfmodel/memory.py``.
 """
 
 from __future__ import annotations
 
+from minidist.memory.buffers import traced_numpy_bytes, unique_nbytes
 from minidist.memory.counters import CATEGORIES, allocated, tracking
 from minidist.memory.errors import OutOfMemoryError
 from minidist.memory.sizes import format_bytes, parse_size
-from minidist.memory.tracker import BUDGET_ENV, MemoryTracker, traced_numpy_bytes, unique_nbytes
+from minidist.memory.tracker import BUDGET_ENV, MemoryTracker
 
 __all__ = [
     "BUDGET_ENV",

@@ -1,4 +1,4 @@
-"""``MemoryTracker``: the bytes one rank holds per category, current and peak, measured (issue 21).
+"""``MemoryTracker``: the bytes one rank holds per category, current and peak, measured.
 
 Parameters, gradients and optimizer state are *measured* by walking the model and the optimizer (each
 underlying buffer once: a view or a ZeRO shard that views a parameter adds nothing); activations are
@@ -20,40 +20,15 @@ Usage (a context manager, or ``start()`` / ``stop()``)::
 from __future__ import annotations
 
 import os
-import tracemalloc
 from typing import Any
 
-import numpy as np
-
 from minidist.memory import activations, counters
+from minidist.memory.buffers import unique_nbytes
 from minidist.memory.errors import OutOfMemoryError, describe_overflow
 from minidist.memory.sizes import format_bytes, parse_size
 
 BUDGET_ENV = "MINIDIST_MEMORY_BUDGET"
 MEASURED = ("parameters", "gradients", "optimizer_state")
-
-
-def unique_nbytes(arrays: Any) -> int:
-    """Bytes behind ``arrays`` (``None`` skipped), each underlying buffer once (views charged to it)."""
-    owners = {}
-    for a in arrays:
-        if a is not None:
-            b = activations.base_of(a)
-            owners[id(b)] = int(b.nbytes)
-    return sum(owners.values())
-
-
-def traced_numpy_bytes() -> int:
-    """Bytes of NumPy buffers alive now, as ``tracemalloc`` traced them (0 if it is not tracing).
-
-    NumPy reports each array buffer it allocates to tracemalloc in its own domain
-    (``numpy.lib.tracemalloc_domain``), independently of minidist: the cross-check of the tracker.
-    """
-    if not tracemalloc.is_tracing():
-        return 0
-    domain = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
-    stats = tracemalloc.take_snapshot().filter_traces([domain]).statistics("filename")
-    return sum(s.size for s in stats)
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
