@@ -16,6 +16,11 @@ Reading order, one concept per file:
 This file only re-exports their public names, so ``from minidist.autograd import Tensor`` and
 ``autograd.no_grad()`` work as before the split.
 
+The one import circle of minidist, on purpose: ``tensor.py`` imports ``minidist.ops`` (``x + y`` calls
+``ops.add``) and every op imports ``Tensor`` and ``Function`` from here. ``torch.Tensor``'s operators
+call its ops the same way; splitting the circle would take the operators off the tensor, or hide
+them behind a registry, and a student would lose the line that shows what ``+`` does.
+
 Source: the chain rule in reverse mode, as in Griewank & Walther, "Evaluating Derivatives" (2008),
 ch. 3; the API follows PyTorch (Paszke et al. 2019) and the code layout micrograd (Karpathy 2020).
 """
