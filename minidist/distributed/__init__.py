@@ -34,10 +34,8 @@ from minidist.distributed.errors import (  # noqa: E402
     CollectiveTimeoutError,
     DistributedError,
 )
-from minidist.distributed.reduce_ops import REDUCE_OPS  # noqa: E402
 from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any  # noqa: E402
 from minidist.distributed.safety.calls import collective_call  # noqa: E402
-from minidist.distributed.safety.debug import debug_enabled  # noqa: E402
 from minidist.distributed.safety.report import exit_with_error  # noqa: E402
 from minidist.distributed.safety.watchdog import abort, timeout_seconds  # noqa: E402
 
@@ -57,7 +55,6 @@ from minidist.distributed.world import (  # noqa: E402
 
 __all__ = [
     "ALGORITHMS",
-    "REDUCE_OPS",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "Communicator",
@@ -67,7 +64,6 @@ __all__ = [
     "barrier",
     "broadcast",
     "collective_call",
-    "debug_enabled",
     "get_local_rank",
     "get_rank",
     "get_world_size",

@@ -87,6 +87,15 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
     assert "[rank 1] Traceback (most recent call last):" in result.stderr, result.stderr
 
 
+@pytest.mark.mpi
+def test_abort_on_one_rank_ends_every_rank_with_its_message(tmp_path):
+    result, seconds = run_checks("abort", tmp_path, {})
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert seconds < 15, f"took {seconds:.0f} s"
+    assert "[rank 1] rank 1 gives up on purpose" in result.stderr, result.stderr
+    assert "[rank 1] aborting all 4 ranks" in result.stderr, result.stderr
+
+
 def test_timeout_values_are_checked():
     assert _parse_seconds("MINIDIST_TIMEOUT", "") is None
     assert _parse_seconds("MINIDIST_TIMEOUT", "0") is None

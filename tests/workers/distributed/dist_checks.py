@@ -11,6 +11,7 @@ set by the test. MODE is one of
 * ``late``: rank 3 sleeps (a long computation) instead of joining collective #2;
 * ``barrier-instead``: rank 3 calls ``barrier`` while the others call ``all_reduce``;
 * ``crash``: rank 1 raises ``RuntimeError`` while the others wait in ``all_reduce``;
+* ``abort``: rank 1 calls ``dist.abort`` (exit code 3) while the others wait in ``all_reduce``;
 * ``slow-finish``: no mistake: rank 0 works longer than the timeout after the last collective, while
   the others end the program (this must not be taken for a hang).
 
@@ -80,6 +81,10 @@ def misbehave(mode: str, world: dist.Communicator) -> None:
     elif mode == "crash":
         if rank == 1:
             raise RuntimeError("rank 1 fails on purpose")
+        dist.all_reduce(np.ones(4))
+    elif mode == "abort":
+        if rank == 1:
+            dist.abort("rank 1 gives up on purpose", code=3)
         dist.all_reduce(np.ones(4))
     else:
         raise ValueError(f"unknown mode {mode!r}")

@@ -62,6 +62,8 @@ results = {}
 for name, case in cases.items():
     try:
         results[name] = [None, case()]
+    except dist.CollectiveTimeoutError as error:  # caught by the name a user catches it by
+        results[name] = ["CollectiveTimeoutError", str(error)]
     except dist.DistributedError as error:
         results[name] = [type(error).__name__, str(error)]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
