@@ -21,15 +21,14 @@ with: ``minidist_tools/perfmodel/memory.py``.
 
 from __future__ import annotations
 
-from minidist.memory.buffers import traced_numpy_bytes, unique_nbytes
-from minidist.memory.counters import CATEGORIES, allocated, tracking
+from minidist.memory.buffers import traced_numpy_bytes
+from minidist.memory.counters import allocated, tracking
 from minidist.memory.errors import OutOfMemoryError
 from minidist.memory.sizes import format_bytes, parse_size
 from minidist.memory.tracker import BUDGET_ENV, MemoryTracker
 
 __all__ = [
     "BUDGET_ENV",
-    "CATEGORIES",
     "MemoryTracker",
     "OutOfMemoryError",
     "allocated",
@@ -37,5 +36,4 @@ __all__ = [
     "parse_size",
     "traced_numpy_bytes",
     "tracking",
-    "unique_nbytes",
 ]

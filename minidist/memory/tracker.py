@@ -68,7 +68,7 @@ def _set_instance_attribute(obj: Any, name: str, value: Any, undo: list) -> None
 
 
 class MemoryTracker:
-    """Measure this rank's bytes per category (``minidist.memory.CATEGORIES``), current and peak.
+    """Measure this rank's bytes per category (``counters.CATEGORIES``), current and peak.
 
     Args:
         model: a ``Module`` (possibly wrapped: DDP, FSDP) or anything with ``parameters()`` (a

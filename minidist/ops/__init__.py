@@ -7,10 +7,10 @@ layer_norm: layer_norm · attention: scaled_dot_product_attention
 """
 
 from minidist.ops import inplace
-from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub, unbroadcast
+from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub
 from minidist.ops.attention import scaled_dot_product_attention
 from minidist.ops.dropout import dropout
-from minidist.ops.dtypes import result_type, to
+from minidist.ops.dtypes import to
 from minidist.ops.elementwise import exp, gelu, log, relu, sigmoid, tanh
 from minidist.ops.embedding import embedding
 from minidist.ops.layer_norm import layer_norm
@@ -20,10 +20,10 @@ from minidist.ops.shape import getitem, permute, reshape, transpose
 from minidist.ops.softmax import cross_entropy, log_softmax, softmax
 
 __all__ = [
-    "add", "sub", "mul", "div", "neg", "pow", "matmul", "unbroadcast", "linear",
+    "add", "sub", "mul", "div", "neg", "pow", "matmul", "linear",
     "exp", "log", "tanh", "sigmoid", "relu", "gelu",
     "sum", "mean", "max", "reshape", "transpose", "permute", "getitem",
     "softmax", "log_softmax", "cross_entropy", "dropout", "embedding", "layer_norm",
     "scaled_dot_product_attention",
-    "to", "result_type", "inplace",
+    "to", "inplace",
 ]  # fmt: skip

@@ -6,7 +6,7 @@ command again (the script resumes itself from its ``--checkpoint-dir``: examples
 train_gpt.py do when ``MINIDIST_RESTART_COUNT`` > 0), up to ``--max-restarts`` times. On a cluster in a
 box (``--cluster NAME --nodes MIN:MAX``) it continues on the nodes still alive. In Python::
 
-    from minidist_tools.launch import launch, LaunchResult
+    from minidist_tools.launch import launch
     train = ["python", "examples/train_mlp.py", "--checkpoint-dir", "ckpt", "--checkpoint-every", "40"]
     result = launch(train, n=4, max_restarts=3)
     result.returncode, result.restarts, result.events
@@ -17,8 +17,7 @@ every process of a job) -> checkpoints.py (progress, the newest checkpoint that 
 -> __main__.py (the command line). After TorchElastic (``torchrun --max-restarts``, ``--nnodes MIN:MAX``).
 """
 
-from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import read_log
-from minidist_tools.launch.supervisor import LaunchResult, launch
+from minidist_tools.launch.supervisor import launch
 
-__all__ = ["LaunchError", "LaunchResult", "launch", "read_log"]
+__all__ = ["launch", "read_log"]

@@ -58,6 +58,16 @@ def test_autocast_rejects_other_dtypes_and_restores_the_outer_setting():
     assert inside() == BF16 and md.get_autocast_dtype() is None
 
 
+def test_autocast_is_where_torch_users_look_for_it_too():
+    # torch.autocast and torch.amp.autocast are one context manager; so are md.autocast and md.amp's.
+    from minidist import amp
+
+    assert amp.autocast is md.autocast
+    with amp.autocast(dtype="bfloat16"):
+        assert amp.is_autocast_enabled() and amp.get_autocast_dtype() == BF16
+    assert not amp.is_autocast_enabled() and amp.get_autocast_dtype() is None
+
+
 def test_cast_rounds_and_sends_the_gradient_back_in_the_input_dtype():
     x = md.tensor(np.random.default_rng(0).standard_normal((3, 5)).astype(F32), requires_grad=True)
     for low in (BF16, F16):

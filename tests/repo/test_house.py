@@ -11,6 +11,7 @@ the tools and the framework; inside the framework downward; and never from the m
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -122,59 +123,60 @@ def test_no_import_circle_but_autograd_and_ops():
 
 
 def _re_exports(face: Path) -> dict[str, str]:
-    """``{name: module it comes from}`` for every name a package face imports to hand on."""
+    """``{name: module it comes from}`` for every name a package face imports only to hand on (a name
+    the face's own code uses, as ``safety.install`` uses ``seam``, is not handed on)."""
+    tree = ast.parse(face.read_text())
     names, itself = {}, module_name(face)
-    for node in ast.parse(face.read_text()).body:
+    for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
             if node.module == itself:  # a submodule the face uses itself (``safety.install()``)
                 continue
             for alias in node.names:
                 names[alias.asname or alias.name] = node.module
-    return names
+    own_code = [  # everything but the imports and __all__
+        node
+        for node in tree.body
+        if not isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__")
+    ]
+    used_here = {n.id for node in own_code for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {name: module for name, module in names.items() if name not in used_here}
 
 
-def _uses_of_faces(path: Path, faces: set[str]) -> set[tuple[str, str]]:
+def _uses_of_faces(text: str, faces: set[str]) -> set[tuple[str, str]]:
     """``(face, name)`` for every ``from face import name`` and every ``alias.name`` where ``alias`` is bound
-    to a face (``import minidist.distributed as dist``; ``from minidist import nn``; ``import minidist``)."""
-    try:
-        tree = ast.parse(path.read_text())
-    except SyntaxError:  # a lesson's exercise placeholder, or a template
-        return set()
-    aliases, used = {}, set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in faces:
-                    aliases[alias.asname or alias.name] = alias.name
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                if node.module in faces:
-                    used.add((node.module, alias.name))
-                if f"{node.module}.{alias.name}" in faces:
-                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
-            used.add((aliases[node.value.id], node.attr))
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
-            dotted = ast.unparse(node.value)
-            if dotted in faces:
-                used.add((dotted, node.attr))
+    to a face (``import minidist.distributed as dist``, ``from minidist import nn``, ``import minidist``)
+    in ``text``: code, a code string inside code, a lesson or a page of the documentation alike."""
+    used, aliases = set(), {}
+    for face, names in re.findall(r"from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n]+)", text):
+        for item in re.split(r"[,\s]+", names.split("#")[0].strip("() \n")):
+            if face in faces and item.isidentifier():
+                used.add((face, item))
+        for leaf, alias in re.findall(r"(\w+)(?:\s+as\s+(\w+))?", names.split("#")[0]):
+            if f"{face}.{leaf}" in faces:
+                aliases[alias or leaf] = f"{face}.{leaf}"
+    for face, alias in re.findall(r"import\s+([\w.]+)(?:\s+as\s+(\w+))?", text):
+        if face in faces:
+            aliases[alias or face] = face
+    for alias, face in aliases.items():
+        used.update((face, name) for name in re.findall(rf"(?<![\w.]){re.escape(alias)}\.(\w+)", text))
     return used
 
 
 def test_every_name_a_package_hands_on_is_used_from_there():
     faces = {module_name(p): p for root in PACKAGES for p in (REPO / root).rglob("__init__.py")}
-    readers = [
-        p for p in REPO.rglob("*.py") if not {"__pycache__", ".git", ".venv", ".venv-ci"} & set(p.parts)
-    ]
+    skipped = {"__pycache__", ".git", ".venv", ".venv-ci", ".ipynb_checkpoints"}
+    readers = [p for suffix in ("py", "md", "ipynb") for p in REPO.rglob(f"*.{suffix}")]
     used = set()
     for path in readers:
-        used |= _uses_of_faces(path, set(faces))
+        if not skipped & set(path.parts):
+            itself = module_name(path) if path.name == "__init__.py" else None
+            used |= {
+                (face, name) for face, name in _uses_of_faces(path.read_text(), set(faces)) if face != itself
+            }
     dead = {
         face: sorted(name for name in _re_exports(path) if (face, name) not in used)
         for face, path in faces.items()
     }
     dead = {face: names for face, names in dead.items() if names}
-    assert not dead, (
-        f"names a package face hands on but nothing takes from it (drop them, or use them): {dead}"
-    )
+    assert not dead, f"names a package face hands on but nothing takes from it (drop or use them): {dead}"

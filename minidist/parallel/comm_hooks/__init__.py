@@ -15,7 +15,6 @@ that ``benchmarks/README.md`` ("Gradient compression") measures.
 
 from typing import Any
 
-from minidist.parallel.comm_hooks.bucket import CommStats, GradBucket
 from minidist.parallel.comm_hooks.default import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from minidist.parallel.comm_hooks.powersgd import PowerSGDState, orthogonalize, powerSGD_hook
 
@@ -40,8 +39,6 @@ def register_by_name(ddp: Any, name: str, *, powersgd_rank: int = 1, start_power
 
 __all__ = [
     "HOOKS",
-    "CommStats",
-    "GradBucket",
     "PowerSGDState",
     "allreduce_hook",
     "bf16_compress_hook",
