@@ -193,7 +193,10 @@ def _restore(
         for name, counters in manifest["optimizer"]["scalars"].items():
             if name in params:
                 state.setdefault(name, {}).update(counters)
-        optim_state.load_by_name(optimizer, module, manifest["optimizer"], state, fsdp=fsdp)
+        if fsdp is None:
+            optim_state.load_by_name(optimizer, module, manifest["optimizer"], state)
+        else:  # the optimizer steps FSDP's shard tensors, not the model's parameters: each gets its slice
+            fsdp_state.load_by_name(fsdp, optimizer, manifest["optimizer"], state)
     same_layout = manifest["mesh"] == layout.describe()
     if same_layout:  # each rank its own generators: a bit-exact resume
         saved = manifest["ranks"][layout.rank]
