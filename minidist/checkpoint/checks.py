@@ -87,14 +87,14 @@ def any_failure(comm: Any, what: str, path: Path | None) -> Iterator[None]:
 
 def agree(values: dict[str, Any], comm: Any, *, what: str, fix: str) -> None:
     """Collective: ``ValueError`` on every rank if the ranks' JSON ``values`` differ (``dist.agree``)."""
-    import minidist.distributed as dist  # noqa: PLC0415
+    import minidist.distributed as dist  # noqa: PLC0415  (MPI only when called)
 
     dist.agree(values, None, comm, what=what, label=LABEL, fix=fix)
 
 
 def all_gather_json(obj: Any, comm: Any) -> list[Any]:
     """Collective: every rank's JSON ``obj``, in rank order, on every rank (``dist.all_gather_json``)."""
-    import minidist.distributed as dist  # noqa: PLC0415
+    import minidist.distributed as dist  # noqa: PLC0415  (MPI only when called)
 
     return dist.all_gather_json(obj, comm)
 
