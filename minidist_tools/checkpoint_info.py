@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from minidist.checkpoint import atomic
+from minidist.checkpoint import atomic, file_checks
 from minidist.checkpoint import format as fmt
 from minidist.checkpoint.errors import CheckpointError
 from minidist_tools import checkpoint_interval
@@ -86,7 +86,7 @@ def _problems(folder: Path, manifest: dict) -> list[str]:
     problems = []
     for name in sorted(manifest["files"]):
         try:
-            fmt.verify_file(folder, name, manifest)
+            file_checks.verify_file(folder, name, manifest)
         except CheckpointError as err:
             problems.append(str(err))
     return problems

@@ -15,7 +15,8 @@
 # loses everything since it started; one that resumes *approximately* (a different data order, a reset
 # optimizer) trains a different model. The code is `minidist/checkpoint/`: `atomic.py` (the commit
 # protocol) → `format.py` (manifest and shard files) → `layout.py` (who writes and who reads each
-# shard) → `save.py` → `load.py`; activation recomputation is `minidist/nn/recompute.py`.
+# shard) → `save.py` → `load.py`, with the checks apart in `checks.py` (every rank raises the same
+# error) and `file_checks.py` (sizes and sha256); activation recomputation is `minidist/nn/recompute.py`.
 
 # %%
 import json

@@ -1,19 +1,26 @@
 """Checkpointing that never loses work.
 
-Reading order (``save`` and ``load`` each begin with their numbered steps, one call per step):
+Reading order, the mechanism first (``save`` and ``load`` each begin with their numbered steps, one
+call per step; a step that is a check is one call into the check modules, read last):
 
-1. ``errors.py``: ``CheckpointError``, and how every rank comes to raise the same one;
-2. ``atomic.py``: durable writes, the commit protocol (rename into place, then ``latest``), pruning;
-3. ``format.py``: what a checkpoint is on disk, ``manifest.json`` and the safetensors shard files
-   with their sha256; ``schema.py`` checks every manifest field before anything reads it;
-4. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards;
+1. ``atomic.py``: durable writes (a rank's shard file, hashed while it is fsynced), the commit
+   protocol (rename into place, then ``latest``), pruning;
+2. ``format.py``: what a checkpoint is on disk, ``manifest.json`` and the safetensors shard files;
+3. ``layout.py``: global names, who writes each shard, and resharding (who reads which shards;
    pieces are cut and put back by ``parallel/tensor_parallel/split.py``'s rule: uneven, strided);
-5. ``optim_state.py``: optimizer state by global name, ZeRO included; ``fsdp_state.py``: FSDP's
+4. ``optim_state.py``: optimizer state by global name, ZeRO included; ``fsdp_state.py``: FSDP's
    shards gathered to full tensors and cut back; ``collect.py``: what a rank saves (tied copies are
    not saved);
-6. ``stage.py`` (what a save copies when it is called) -> ``save.py`` -> ``background.py`` (the
+5. ``stage.py`` (what a save copies when it is called) -> ``save.py`` -> ``background.py`` (the
    asynchronous save: ``SaveHandle``, ``wait_pending``) -> ``load.py`` -> ``latest.py`` (resume,
-   stepping back past damage) -> ``cli.py`` (``minidist checkpoint info``).
+   stepping back past damage);
+6. the safety net: ``checks.py`` (how every rank comes to raise the same ``CheckpointError``; the
+   arguments, an existing step, whether a checkpoint fits the model, optimizer and sampler),
+   ``file_checks.py`` (every manifest field; each shard file's size, sha256 and tensors) and
+   ``errors.py`` (the exception classes).
+
+``minidist checkpoint info DIR`` (``minidist_tools/checkpoint_info.py``) lists and verifies
+checkpoints without MPI.
 
 On disk::
 

@@ -1,5 +1,6 @@
-"""Durable, atomic file-system steps: write + fsync, rename into place, the ``latest`` pointer (and
-``resolve``, which follows it), moving a damaged checkpoint aside, pruning old ones.
+"""Durable, atomic file-system steps, every one a save takes: a rank's shard (written, hashed, fsynced),
+write + fsync, rename into place, the ``latest`` pointer (and ``resolve``, which follows it), moving a
+damaged checkpoint aside, pruning old ones.
 
 A checkpoint is committed in this order, so a crash at any moment leaves the previous one loadable:
 
@@ -17,11 +18,19 @@ the old one. The fsyncs make the order hold after a power cut too, not only afte
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import mmap
 import os
 import re
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
 
 from minidist.checkpoint.errors import CheckpointError
 
@@ -69,15 +78,50 @@ def new_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_shard(path: Path, arrays: dict) -> tuple[str, int]:
-    """Write one rank's shard durably (``format.write_shard``); returns (sha256, bytes).
+def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> tuple[str, int]:
+    """Write ``arrays`` (NumPy, any shapes) as a safetensors file, fsynced.
 
-    Routed through this module so that every file-system step of a save is in one place (the fault
-    tests kill a rank right after this call).
+    Returns ``(sha256 hex digest of the file, its size in bytes)``. The library writes the file
+    (``safetensors.numpy.save_file``); then a helper thread hashes it from the page cache through a
+    memory map while this thread waits for ``fsync``: the checksum costs no copy and hides behind the
+    disk. The file gets the mode ``open()`` would give it (``0o644`` under umask ``022``), as the manifest
+    does. Raises ``TypeError`` for a dtype safetensors cannot store (e.g. complex).
     """
-    from minidist.checkpoint.format import write_shard as write  # noqa: PLC0415  (format imports us)
+    for key, a in arrays.items():
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"checkpoint: cannot store {key!r} of dtype {a.dtype} in safetensors")
+    safetensors.numpy.save_file({key: np.ascontiguousarray(a) for key, a in arrays.items()}, str(path))
+    os.chmod(path, new_file_mode())  # the library's temporary file is 0o600: give the manifest's mode
+    with open(path, "rb+") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        # fsync: on disk before the manifest that vouches for it is written
+        return _sha256_while(pages, lambda: os.fsync(f.fileno())), len(pages)
 
-    return write(path, arrays)
+
+def _sha256_while(pages: mmap.mmap, work: Callable[[], None]) -> str:
+    """The sha256 hex digest of ``pages``, computed on a helper thread (hashlib releases the GIL) while
+    this thread runs ``work``.
+
+    A plain thread rather than a ``ThreadPoolExecutor``: an asynchronous save (``background.py``) may
+    still be writing while the interpreter shuts down, and executors then refuse new work ("cannot
+    schedule new futures after interpreter shutdown"); a thread may still be started then.
+    """
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(hashlib.sha256(pages).hexdigest())
+        except BaseException as err:  # noqa: BLE001  (raised on the calling thread below)
+            result.append(err)
+
+    helper = threading.Thread(target=run, name="minidist-sha256")
+    helper.start()
+    try:
+        work()
+    finally:
+        helper.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def fsync_dir(path: Path) -> None:

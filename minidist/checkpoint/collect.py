@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from minidist.checkpoint import format as fmt
 from minidist.checkpoint import fsdp_state, optim_state
-from minidist.checkpoint.errors import all_gather_json
+from minidist.checkpoint.checks import all_gather_json
 from minidist.checkpoint.layout import Layout, tp_dim_of, tp_stride_of
 
 

@@ -120,7 +120,13 @@ def state_by_name(fsdp: Any, optimizer: Any, shapes: dict[str, tuple[int, ...]])
     return out
 
 
-def slices(fsdp: Any, optimizer: Any, state: dict[str, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def load_by_name(fsdp: Any, optimizer: Any, header: dict[str, Any], state: dict[str, dict[str, Any]]) -> None:
+    """Restore the optimizer state by global name (``state``: full arrays, this tp rank's piece) into
+    ``optimizer``, which steps the shard tensors: each gets its slice (``optim_state.load_by_index``)."""
+    optim_state.load_by_index(optimizer, header, _slices(fsdp, optimizer, state))
+
+
+def _slices(fsdp: Any, optimizer: Any, state: dict[str, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """``{optimizer index: state of that shard tensor}`` cut from the full state by global name."""
     per_index = {}
     for unit, indices in _segments(fsdp, optimizer):

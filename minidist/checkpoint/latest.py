@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from minidist.checkpoint import atomic, background
-from minidist.checkpoint.errors import CheckpointError, agree, all_gather_json, on_every_rank, world_comm
+from minidist.checkpoint.checks import agree, all_gather_json, on_every_rank, world_comm
+from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.load import load
 
 

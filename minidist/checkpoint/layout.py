@@ -38,6 +38,10 @@ import numpy as np
 from minidist.checkpoint.errors import CheckpointError
 from minidist.nn.module import Module, Parameter
 
+# split.py (the rule that cuts tp pieces) is imported inside piece_shape and local_piece, not here:
+# importing minidist.parallel imports its layers and with them MPI, and importing this package must
+# not (``minidist checkpoint info`` runs without MPI). It is no import cycle: parallel never imports us.
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -120,7 +124,7 @@ def piece_shape(
 
     Raises ``ValueError`` if the axis cannot be cut into ``stride`` equal blocks.
     """
-    from minidist.parallel.tensor_parallel.split import shard_rows  # noqa: PLC0415  (see _split)
+    from minidist.parallel.tensor_parallel.split import shard_rows  # noqa: PLC0415  (no MPI: see the imports)
 
     out = list(full_shape)
     if tp_dim is not None:
@@ -162,8 +166,6 @@ def assign_writers(
 
 
 # --- resharding: this rank's piece of a global tensor, from the shards another layout saved ------
-# split.py is imported inside the functions: importing minidist.parallel imports MPI, and this
-# package promises that importing it (e.g. for `minidist checkpoint info`) does not.
 def needed_shards(
     entry: dict[str, Any], tp: int, tp_rank: int, tp_dim: int | None, stride: int = 1
 ) -> list[dict[str, Any]]:
@@ -189,7 +191,7 @@ def local_piece(
     ``CheckpointError`` if the pieces do not assemble to ``global_shape`` (a corrupt manifest) or the
     axis cannot be cut into ``stride`` equal blocks.
     """
-    from minidist.parallel.tensor_parallel.split import shard_index  # noqa: PLC0415  (see above)
+    from minidist.parallel.tensor_parallel.split import shard_index  # noqa: PLC0415  (no MPI: see the imports)
 
     # BEGIN SOLUTION A6.1: assemble with the saved split, check, cut with this model's split
     if len(arrays) == 1 and len(entry["shards"]) > 1:  # the fast path: our own shard, unchanged

@@ -10,7 +10,8 @@ all-gathers the slices over the data-parallel group, so a ZeRO checkpoint looks 
 one and loads into either (and into ZeRO at any other data-parallel size); loading cuts this rank's
 slice back out. Both directions are exact copies (no arithmetic on the values). FSDP's optimizer
 steps the same kind of slices, one flat layout per unit: ``fsdp_state.py`` applies
-:func:`gather_segments` and :func:`slice_segment` to each unit.
+:func:`gather_segments` and :func:`slice_segment` to each unit and restores through
+:func:`load_by_index` (it uses this module; this module knows nothing of FSDP).
 """
 
 from __future__ import annotations
@@ -73,20 +74,19 @@ def state_by_name(optimizer: Any, model: Module) -> dict[str, dict[str, Any]]:
     return {names[i]: dict(s) for i, s in optimizer.state.items()}
 
 
-def load_by_name(
-    optimizer: Any, model: Module, header: dict[str, Any], state: dict[str, dict], fsdp: Any = None
-) -> None:
-    """Restore what :func:`state_by_name` produced (arrays already cut to this rank's local shapes);
-    under FSDP (``fsdp``: the ``FullyShardedDataParallel``) the shard tensors' slices of them."""
-    defaults = {k: tuple(v) if isinstance(v, list) else v for k, v in header["defaults"].items()}
-    if fsdp is not None:  # the optimizer steps shard tensors, not the model's parameters
-        from minidist.checkpoint import fsdp_state  # noqa: PLC0415  (it imports this module)
-
-        per_index = fsdp_state.slices(fsdp, optimizer, state)
-    elif _is_zero(optimizer):
+def load_by_name(optimizer: Any, model: Module, header: dict[str, Any], state: dict[str, dict]) -> None:
+    """Restore what :func:`state_by_name` produced (arrays already cut to this rank's local shapes)."""
+    if _is_zero(optimizer):
         per_index = _zero_slices(optimizer, _names_of(optimizer, model), state)
     else:
         per_index = {i: state[n] for i, n in enumerate(_names_of(optimizer, model)) if n in state}
+    load_by_index(optimizer, header, per_index)
+
+
+def load_by_index(optimizer: Any, header: dict[str, Any], per_index: dict[int, dict[str, Any]]) -> None:
+    """Restore ``{optimizer index: state}`` and the ``header``'s hyperparameters and step count into
+    ``optimizer`` (under FSDP, ``fsdp_state.load_by_name`` hands the shard tensors' slices here)."""
+    defaults = {k: tuple(v) if isinstance(v, list) else v for k, v in header["defaults"].items()}
     groups = [  # older checkpoints have none: then the defaults set every group
         {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
         for g in header.get("param_groups", [])

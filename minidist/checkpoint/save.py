@@ -1,9 +1,10 @@
 """``save``: every rank writes its shard, rank 0 writes the manifest and commits atomically.
 
-``save`` reads as its steps (see ``atomic.py`` for why each fsync and rename is there):
+``save`` reads as its steps (see ``atomic.py`` for why each fsync and rename is there), after
+``checks.save_arguments`` (valid, and the same on every rank):
 
-1. ``_prepare``: rank 0 checks the target, creates ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on
-   its name;
+1. ``_prepare``: rank 0 checks the target (``checks.damage_of_existing``), creates
+   ``DIR/.tmp-step_<n>-<id>/``; the ranks agree on its name;
 2. ``stage.stage``: what this rank writes (``collect.py`` says what a rank saves,
    ``layout.assign_writers`` who writes it: every distinct shard once, bytes balanced over the ranks
    that hold a copy), its RNG and sampler states; copied to fresh host memory for an asynchronous save;
@@ -14,8 +15,8 @@
    ``_prune`` deletes checkpoints beyond ``keep_last``.
 
 Any failure on any rank, at any step (an ``OSError``, safetensors' own error, a user's sampler
-raising), is raised as the same ``CheckpointError`` on every rank (``errors.any_failure``, built on
-``errors.on_every_rank``), naming the rank, the file and the cause. It deletes the temporary folder
+raising), is raised as the same ``CheckpointError`` on every rank (``checks.any_failure``, built on
+``checks.on_every_rank``), naming the rank, the file and the cause. It deletes the temporary folder
 and undoes a half-done commit, leaving every existing checkpoint and ``latest`` untouched.
 
 This follows the design of sharded checkpointing in Megatron-LM's ``dist_checkpointing``
@@ -26,7 +27,6 @@ reduced to its essentials.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import uuid
@@ -35,20 +35,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from minidist.checkpoint import atomic, background, fsdp_state
+from minidist.checkpoint import atomic, background, checks, fsdp_state
 from minidist.checkpoint import format as fmt
-from minidist.checkpoint.errors import (
-    CheckpointError,
-    NewerFormatError,
-    agree,
-    all_gather_json,
-    any_failure,
-    on_every_rank,
-    world_comm,
-)
-from minidist.checkpoint.layout import layout_of, unwrap
+from minidist.checkpoint.checks import all_gather_json, any_failure
+from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.stage import Staged, stage
 
 
@@ -109,8 +99,8 @@ def save(
             or ``async_save``.
     """
     background.wait_pending()  # one save at a time: the previous asynchronous one finishes first
-    comm = world_comm(mesh)
-    layout, module = _check_arguments(comm, mesh, model, step, keep_last, extra, async_save)
+    comm = checks.world_comm(mesh)
+    layout, module = checks.save_arguments(comm, mesh, model, step, keep_last, extra, async_save)
     root = Path(directory)
     final = root / atomic.step_dirname(int(step))
 
@@ -140,37 +130,9 @@ def _persist(
         records = all_gather_json(staged.record | {"written": written}, comm)  # every rank's, in order
         with any_failure(comm, "building the manifest", tmp / atomic.MANIFEST):
             manifest = fmt.build_manifest(records, mesh, step, staged.extra, staged.header)
-            _check_tied(records, manifest)
+            checks.tied_originals(records, manifest)  # a tied copy's original was saved by some rank
         _commit(comm, root, tmp, final, manifest)  # rank 0: manifest, rename into place, latest
     _prune(comm, root, final, keep)  # only once the new checkpoint is committed
-
-
-def _check_arguments(
-    comm: Any, mesh: Any, model: Any, step: Any, keep_last: Any, extra: Any, async_save: Any
-) -> tuple:
-    """This rank's ``Layout`` and model, once every rank has passed valid and equal arguments.
-
-    A bad argument on one rank only (``step=-1`` there) raises on every rank: the others must not be
-    left waiting in the next collective.
-    """
-    with on_every_rank(comm, TypeError, ValueError):
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
-            raise TypeError(f"checkpoint.save: step must be an int >= 0, got {step!r}")
-        if keep_last is not None and (
-            not isinstance(keep_last, (int, np.integer)) or isinstance(keep_last, bool) or keep_last < 1
-        ):  # a bool is an int to Python, but keep_last=True is surely not "keep 1"
-            raise ValueError(f"checkpoint.save: keep_last must be None or an int >= 1, got {keep_last!r}")
-        try:
-            json.dumps(extra)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"checkpoint.save: extra must be JSON-serialisable ({err})") from None
-        layout = layout_of(mesh, comm)
-        module = unwrap(model)
-    keep = None if keep_last is None else int(keep_last)
-    # async_save too: ranks that disagree would run the remaining collectives on different communicators
-    same = {"step": int(step), "keep_last": keep, "async_save": bool(async_save)}
-    agree(same, comm, what="checkpoint.save", fix="pass the same step, keep_last, async_save on every rank")
-    return layout, module
 
 
 def _prepare(comm: Any, root: Path, final: Path) -> Path:
@@ -192,13 +154,8 @@ def _prepare(comm: Any, root: Path, final: Path) -> Path:
             stacklevel=3,
         )
     tmp = root / name
-    with _removed_on_error(comm, tmp), on_every_rank(comm):
-        if not tmp.is_dir():  # every rank must see rank 0's folder: same directory, shared file system
-            raise CheckpointError(
-                f"this rank does not see the folder {name} that rank 0 created; pass the same "
-                "directory on every rank, on a file system that all ranks share",
-                root,
-            )
+    with _removed_on_error(comm, tmp):
+        checks.sees_folder(comm, tmp, root)  # the same directory, on a file system all ranks share
     return tmp
 
 
@@ -207,24 +164,12 @@ def _make_tmp(root: Path, final: Path) -> tuple[str, dict | None]:
     moved = None
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if final.exists() or final.is_symlink():
-            problem = fmt.verify_folder(final)
-            if problem is None:
-                raise CheckpointError(
-                    "a checkpoint for this step already exists and verifies; nothing was overwritten. "
-                    "Resume from it, delete or rename it yourself, or save under another step",
-                    final,
-                )
+        problem = checks.damage_of_existing(final)  # an error if final verifies: it is never overwritten
+        if problem is not None:
             moved = {"to": str(atomic.move_aside(root, final)), "problem": problem}
         atomic.remove_stale_tmp(root)
         name = f"{atomic.TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         (root / name).mkdir()
-    except NewerFormatError as err:
-        raise CheckpointError(
-            f"a checkpoint for this step already exists, written by a newer minidist ({err.problem}); "
-            "nothing was overwritten. Save under another step or upgrade minidist",
-            final,
-        ) from None
     except OSError as err:
         raise CheckpointError(f"cannot create the checkpoint folder ({err})", root) from None
     return name, moved
@@ -258,22 +203,11 @@ def _write_shard(comm: Any, tmp: Path, staged: Staged) -> dict[str, Any] | None:
     return {"file": staged.file, "sha256": checksum, "bytes": nbytes, "entries": staged.entries}
 
 
-def _check_tied(records: list[dict], manifest: dict) -> None:
-    """A tied copy is loaded from its original's tensor: some stage must have saved one."""
-    for r in records:
-        for name in r["tied"]:
-            if fmt.model_key(name) not in manifest["tensors"]:
-                raise CheckpointError(
-                    f"parameter {name!r} of rank {r['rank']} is a tied copy (is_tied_copy) but no "
-                    "rank holds its original to save; mark only the second copy of a tied weight"
-                )
-
-
 def _commit(comm: Any, root: Path, tmp: Path, final: Path, manifest: dict) -> None:
-    """Step 4, rank 0: the manifest (durable), the folder renamed into place, ``latest`` switched. A crash
+    """Step 3, rank 0: the manifest (durable), the folder renamed into place, ``latest`` switched. A crash
     at any moment leaves a loadable checkpoint (``atomic.py``); a failure (a full disk, a file-size
     limit) undoes what was done, so that the error means "this step was not saved" on every rank."""
-    with on_every_rank(comm):
+    with checks.on_every_rank(comm):
         if comm.rank == 0:
             previous = atomic.latest_or_none(root)
             doing, path = "writing the manifest", tmp / atomic.MANIFEST

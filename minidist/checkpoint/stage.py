@@ -33,8 +33,8 @@ import numpy as np
 from minidist import backend
 from minidist import random as md_random
 from minidist.checkpoint import optim_state
+from minidist.checkpoint.checks import any_failure
 from minidist.checkpoint.collect import collect, writer_items
-from minidist.checkpoint.errors import any_failure
 from minidist.checkpoint.layout import Layout, assign_writers
 
 

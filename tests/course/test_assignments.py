@@ -317,7 +317,7 @@ MUTANTS = [
      "switched before the new folder was complete", None),
     ("A6", "A6.2", "minidist/checkpoint/atomic.py", 'write_durable(tmp, (name + "\\n").encode())',
      'tmp.write_text(name + "\\n")', "not fsynced", None),
-    ("A6", "A6.3", "minidist/checkpoint/format.py",
+    ("A6", "A6.3", "minidist/checkpoint/file_checks.py",
      "            if digest.result() != sha256:\n                raise CheckpointError(\n"
      '                    "shard file corrupt: its sha256 checksum differs from the manifest", path\n'
      "                )\n            # END SOLUTION",

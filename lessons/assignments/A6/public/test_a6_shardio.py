@@ -6,7 +6,7 @@ import numpy as np
 
 
 def write(tmp_path, seed: int = 0):
-    from minidist.checkpoint.format import write_shard
+    from minidist.checkpoint.atomic import write_shard
 
     rng = np.random.default_rng(seed)
     arrays = {"model/0.weight": rng.standard_normal((5, 3)), "model/0.bias": rng.standard_normal(5)}
@@ -17,7 +17,7 @@ def write(tmp_path, seed: int = 0):
 
 def expect_refusal(path, sha, nbytes, damage: str) -> None:
     from minidist.checkpoint.errors import CheckpointError
-    from minidist.checkpoint.format import read_shard
+    from minidist.checkpoint.file_checks import read_shard
 
     try:
         read_shard(path, sha, nbytes)
@@ -30,7 +30,7 @@ def expect_refusal(path, sha, nbytes, damage: str) -> None:
 
 
 def test_intact_and_corrupt_shards(tmp_path):
-    from minidist.checkpoint.format import read_shard
+    from minidist.checkpoint.file_checks import read_shard
 
     path, sha, nbytes, arrays = write(tmp_path)
     got = read_shard(path, sha, nbytes)
@@ -55,7 +55,7 @@ def test_truncated_and_extended_shards(tmp_path):
 def test_check_only_still_verifies(tmp_path):
     keep = False
     from minidist.checkpoint.errors import CheckpointError
-    from minidist.checkpoint.format import read_shard
+    from minidist.checkpoint.file_checks import read_shard
 
     path, sha, nbytes, _ = write(tmp_path, seed=2)
     if read_shard(path, sha, nbytes, keep=keep) != {}:

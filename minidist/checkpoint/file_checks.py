@@ -1,35 +1,45 @@
-"""Checking a manifest's structure before anything reads it: every field's type, and consistency.
+"""Checks of the files on disk: every field of ``manifest.json``, and each shard file against it.
 
 ``manifest.json`` is plain text that a person (or a failing disk) can change while it stays valid
 JSON: ``tensors`` turned into a list, an empty ``shards`` list, ``format_version`` written as the
 string ``"1"``, a shard's shape edited. Code that trusted the fields would then fail with an
 ``AttributeError`` or ``IndexError`` far from the cause, or, worse, hand MPI a buffer of the wrong
-size on one rank. So :func:`validate` checks every field that ``load``, ``save`` and the CLI read, and
-turns any problem into a ``CheckpointError`` naming the field; ``load_latest(fallback=True)`` then
-steps back to an older checkpoint as for any other damage.
+size on one rank. So :func:`check_manifest` checks every field that ``load``, ``save`` and the CLI read
+(``format.read_manifest`` calls it), and turns any problem into a ``CheckpointError`` naming the field;
+``load_latest(fallback=True)`` then steps back to an older checkpoint as for any other damage.
+
+A shard file is checked by its size and sha256 against the manifest's (:func:`read_shard`, the only
+way ``load`` reads one: the arrays are returned only once the checksum matched) and by the tensors it
+holds (:func:`verify_file`): a damaged file is an error, never a silently different model. When a
+manifest is built, :func:`check_pieces` makes sure the tp ranks' pieces are split.py's pieces.
 """
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
 
 from minidist import random as md_random
 from minidist.checkpoint.errors import CheckpointError
+from minidist.checkpoint.layout import piece_shape
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a plain name in the folder: no '/', no '..'
-_SAFETENSORS_KINDS = "biuf"  # the dtypes format.write_shard can store
+_SAFETENSORS_KINDS = "biuf"  # the dtypes atomic.write_shard can store
 
 
 def _is_int(value: Any, low: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def validate(manifest: Any, path: Path) -> None:
+def check_manifest(manifest: Any, path: Path) -> None:
     """Raise ``CheckpointError`` (naming ``path`` and the field) unless ``manifest`` is well formed.
 
     Checks the types of every field the checkpoint code reads, that shard shapes assemble to the
@@ -162,3 +172,115 @@ def _check_optimizer(header: Any, bad: Any) -> None:
         isinstance(c, dict) and all(_is_int(v) for v in c.values()) for c in scalars.values()
     ):
         raise bad("'optimizer'['scalars']", "must map parameter names to {counter: int >= 0}")
+
+
+def verify_file(folder: Path, name: str, manifest: dict[str, Any], keep: bool = False) -> dict[str, Any]:
+    """Check shard ``name``'s size and sha256 against the manifest; with ``keep``, return its arrays.
+
+    With ``keep`` the arrays are also checked against the manifest: every tensor the manifest places
+    in this file must be there with the recorded shape and dtype (a checksum cannot catch a manifest
+    edited to match, and the ranks that receive the file size their buffers from the manifest).
+
+    Raises ``CheckpointError`` naming the file if it is not listed, missing, truncated, malformed,
+    corrupt (checksum differs) or holds other shapes or dtypes than the manifest says.
+    """
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise CheckpointError("file is not listed in the manifest", folder / name)
+    arrays = read_shard(folder / name, expected["sha256"], expected["bytes"], keep=keep)
+    if keep:
+        for key, t in manifest["tensors"].items():
+            for s in t["shards"]:
+                if s["file"] != name:
+                    continue
+                a = arrays.get(key)
+                if a is None or list(a.shape) != s["shape"] or str(a.dtype) != t["dtype"]:
+                    found = "missing" if a is None else f"{list(a.shape)} {a.dtype}"
+                    raise CheckpointError(
+                        f"tensor {key!r} is {found} in the file but {s['shape']} {t['dtype']} in the "
+                        "manifest (the manifest was edited or belongs to another checkpoint)",
+                        folder / name,
+                    )
+    return arrays
+
+
+def read_shard(path: Path, sha256: str, nbytes: int, keep: bool = True) -> dict[str, np.ndarray]:
+    """Read a shard into fresh arrays, checking its size and sha256 (``keep=False``: only check).
+
+    The file is memory-mapped; a helper thread computes its sha256 while the ``safetensors`` library
+    decodes the tensors from the same pages (hashlib releases the GIL), so the check costs little extra
+    time. The arrays are returned only after the checksum matched. Raises ``CheckpointError`` naming
+    the file if it is missing, truncated or extended (size differs from ``nbytes``), corrupt (checksum
+    differs), or not a valid safetensors file.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointError("shard file missing", path) from None
+    # BEGIN SOLUTION A6.3: refuse a file whose size differs from the manifest's (truncated or extended)
+    if size != nbytes or size == 0:
+        raise CheckpointError(
+            f"shard file truncated or changed: {size} bytes, the manifest says {nbytes}", path
+        )
+    # END SOLUTION
+    arrays: dict[str, np.ndarray] = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            digest = pool.submit(lambda: hashlib.sha256(pages).hexdigest())
+            try:
+                if keep:
+                    with safetensors.safe_open(str(path), framework="numpy") as tensors:
+                        arrays = {key: tensors.get_tensor(key) for key in tensors.keys()}  # noqa: SIM118
+            except (safetensors.SafetensorError, ValueError, OSError) as err:
+                if digest.result() != sha256:  # a damaged file: say so rather than "invalid format"
+                    raise CheckpointError(
+                        "shard file corrupt: its sha256 checksum differs from the manifest", path
+                    ) from None
+                raise CheckpointError(
+                    f"shard file corrupt: not a valid safetensors file ({err})", path
+                ) from None
+            # BEGIN SOLUTION A6.3: return the arrays only if the file's sha256 matches the manifest's
+            if digest.result() != sha256:
+                raise CheckpointError(
+                    "shard file corrupt: its sha256 checksum differs from the manifest", path
+                )
+            # END SOLUTION
+    return arrays
+
+
+def check_pieces(key: str, t: dict[str, Any]) -> None:
+    """Raise ``CheckpointError`` unless the shards of tensor ``t``, being saved, are exactly split.py's
+    pieces of its ``global_shape`` (their sum along ``tp_dim``, ``format.build_manifest``): a layer that
+    cut its weight by another rule would be resharded wrongly."""
+    if t["tp_dim"] is None:
+        return
+    shapes, full = [s["shape"] for s in t["shards"]], t["global_shape"]
+    try:
+        expected = [
+            piece_shape(full, t["tp_dim"], len(shapes), i, t["tp_stride"]) for i in range(len(shapes))
+        ]
+    except ValueError as err:
+        expected = [str(err)]
+    if expected != shapes:
+        raise CheckpointError(
+            f"tensor {key!r}: the tp ranks' pieces {shapes} are not the pieces that "
+            f"minidist.parallel.tensor_parallel.split cuts from {full} along axis {t['tp_dim']} with "
+            f"tp_stride {t['tp_stride']} ({expected}); cut sharded parameters with split.py"
+        )
+
+
+def check_listed(folder: Path, manifest: dict[str, Any]) -> None:
+    """Raise ``CheckpointError`` if a shard of the manifest names a file it lists no checksum for."""
+    for s in (s for t in manifest["tensors"].values() for s in t["shards"]):
+        if s["file"] not in manifest["files"]:
+            raise CheckpointError(
+                f"the manifest refers to {s['file']!r} but lists no checksum for it", folder
+            )
+
+
+def check_found(key: str, pieces: list[Any], shards: list[dict[str, Any]], folder: Path) -> None:
+    """Raise ``CheckpointError`` unless each of ``pieces`` (tensor ``key`` as read from the file of the
+    shard record in ``shards`` at the same place, or None) is there with the recorded shape."""
+    for array, s in zip(pieces, shards):
+        if array is None or list(array.shape) != list(s["shape"]):
+            raise CheckpointError(f"tensor {key!r} missing or misshapen in the file", folder / s["file"])
