@@ -53,7 +53,7 @@ class EventLog:
             log.write(json.dumps(record) + "\n")
         self.events.append(record)
         stream = self.stream if self.stream is not None else sys.stderr
-        print(f"[minidist_tools.launch] {message}", file=stream, flush=True)
+        print(f"[minidist launch] {message}", file=stream, flush=True)
         return record
 
 

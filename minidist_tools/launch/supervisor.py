@@ -248,7 +248,7 @@ class _Supervisor:
             return
         found, skipped = checkpoints.newest_verified(self.ckpt)
         for folder, problem in skipped:
-            print(f"[minidist_tools.launch] skipping {folder}: {problem}", file=sys.stderr)
+            print(f"[minidist launch] skipping {folder}: {problem}", file=sys.stderr)
         where = f"step {found[0]} ({found[1]})" if found else "none verifies: restarting from scratch"
         self.events.write(
             "verify",
@@ -270,7 +270,7 @@ class _Supervisor:
         try:
             processes.kill_job(self.events.run_id, proc, grace=grace, namespaces=self.used)
         except LaunchError as error:
-            print(f"[minidist_tools.launch] {error}", file=sys.stderr)
+            print(f"[minidist launch] {error}", file=sys.stderr)
 
 
 def _failure(
