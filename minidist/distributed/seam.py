@@ -13,9 +13,9 @@ is installed. It is installed here, once, by ``import minidist.distributed`` (th
   ``WatchedCommunicator``, a subclass that wraps the same primitives.
 * :data:`on_init`: what ``init()`` runs once the world exists. Installed: the hook that makes an
   uncaught exception end every rank, and the liveness watchdog thread.
-* :func:`collective`: the decorator every public collective wears. Uninstalled, calling the
-  collective calls the function itself (through one small frame); installed, it calls the safety
-  net's wrapper around it (``safety/calls.py``: numbering, tags, checks, trace spans).
+* :func:`collective`: the decorator every public collective wears. Installed, it puts the safety
+  net's wrapper around the function (``safety/calls.py``: numbering, tags, checks, trace spans);
+  ``minidist.distributed`` installs before it loads ``collectives.py``, so that is what a call runs.
 
 Reading the mechanism, read past these lines: with the default settings they change no number, no
 message and no result, only what happens when something goes wrong.
@@ -46,7 +46,9 @@ def collective(name: str, *, same_shape: bool = True) -> Callable[[Callable[...,
     """
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        runs = [fn if _wrap is None else _wrap(fn, name, same_shape)]
+        if _wrap is not None:  # the usual case: minidist.distributed installs before it loads collectives.py
+            return _wrap(fn, name, same_shape)
+        runs = [fn]  # marked before the install: a call runs what the install puts here
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
