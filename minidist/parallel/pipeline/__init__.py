@@ -16,7 +16,7 @@ a GPT's tied token table, equal) -> ``inference.py`` (forward-only passes for
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
 from minidist.parallel.pipeline.executor import BlockingMessaging, StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
-from minidist.parallel.pipeline.interleaved import interleaved
+from minidist.parallel.pipeline.interleaved import interleaved, make_schedule
 from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
@@ -26,7 +26,6 @@ from minidist.parallel.pipeline.schedules import (
     Instruction,
     Schedule,
     gpipe,
-    make_schedule,
     one_f_one_b,
     peak_activations,
 )

@@ -61,8 +61,8 @@ from minidist.parallel.data_parallel.buckets import flatten, unflatten_into
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.groups import as_count, gather_ints, gather_step, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
+from minidist.parallel.pipeline.interleaved import make_schedule
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
-from minidist.parallel.pipeline.schedules import make_schedule
 from minidist.parallel.pipeline.tied import (
     find_tied,
     make_groups,

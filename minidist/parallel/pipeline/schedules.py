@@ -221,29 +221,10 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, m, tuple(stages))
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}  # the ones PipelineParallel executes
-
-
-def make_schedule(name: str, p: int, m: int, virtual_stages: int = 1) -> Schedule:
-    """The schedule called ``name`` for ``p`` stages and ``m`` microbatches: ``"gpipe"``, ``"1f1b"``, or
-    ``"interleaved"`` with ``virtual_stages`` model chunks per stage (``interleaved.py``).
-
-    Raises ``ValueError`` for an unknown name (the known ones are listed), ``p``/``m`` below 1, or
-    ``virtual_stages`` other than 1 for GPipe/1F1B; ``interleaved`` raises as documented there.
-    """
-    if name == "interleaved":
-        from minidist.parallel.pipeline.interleaved import interleaved  # it builds on this module
-
-        return interleaved(p, m, virtual_stages)
-    if name not in SCHEDULES:
-        raise ValueError(
-            f"unknown pipeline schedule {name!r}; choose one of {sorted([*SCHEDULES, 'interleaved'])}"
-        )
-    if virtual_stages != 1:
-        raise ValueError(
-            f"virtual_stages={virtual_stages!r} needs schedule='interleaved'; {name} has 1 chunk"
-        )
-    return SCHEDULES[name](p, m)
+SCHEDULES = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+}  # by name (make_schedule, in interleaved.py, adds the third)
 
 
 def peak_activations(schedule: Schedule) -> list[int]:
