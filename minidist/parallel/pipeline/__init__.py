@@ -14,9 +14,10 @@ a GPT's tied token table, equal) -> ``inference.py`` (forward-only passes for
 """
 
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
-from minidist.parallel.pipeline.executor import BlockingMessaging, StageExecutor, StepStats
+from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
 from minidist.parallel.pipeline.interleaved import interleaved, make_schedule
+from minidist.parallel.pipeline.messaging import BlockingMessaging
 from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (

@@ -11,11 +11,11 @@ from the schedule step by step, keyed by ``(microbatch i, chunk c)``:
   ``output.backward(grad)`` with the gradient received from the next virtual stage. Parameter gradients
   accumulate over the microbatches, so after the last backward they are the gradient of the mean loss.
 * a message step (``send_act``, ``recv_grad``, ..., an ``Exchange`` or a ``Batch``): handed to the
-  messaging strategy, which moves the arrays (header and tags: ``messages.py``) and hands back what
-  it receives (:meth:`StageExecutor.received`): :class:`BlockingMessaging` (GPipe, 1F1B: blocking
-  send/recv, an Exchange as one sendrecv) or ``BatchedMessaging`` (interleaved: a Batch of
-  non-blocking messages; ``batched_messaging.py``). With ``p = 1`` all chunks are on one rank and
-  activations and gradients are handed over in memory.
+  messaging strategy (``messaging.py``), which moves the arrays (header and tags: ``messages.py``) and
+  hands back what it receives (:meth:`StageExecutor.received`): ``BlockingMessaging`` (GPipe, 1F1B:
+  blocking send/recv, an Exchange as one sendrecv, ``messaging.py``) or ``BatchedMessaging``
+  (interleaved: a Batch of non-blocking messages; ``batched_messaging.py``). With ``p = 1`` all chunks
+  are on one rank and activations and gradients are handed over in memory.
 
 **A failing loss.** Only the last virtual stage calls ``loss_fn``, in the middle of the schedule, while
 the other ranks wait for its gradients. If ``loss_fn`` raises or returns something that is not a
@@ -45,6 +45,7 @@ from minidist.nn.module import Module
 from minidist.parallel.pipeline import messages
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
 from minidist.parallel.pipeline.failures import apply_loss, run_backward, run_chunk, stand_in_spec
+from minidist.parallel.pipeline.messaging import BlockingMessaging
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -52,10 +53,8 @@ from minidist.parallel.pipeline.schedules import (
     RECV_GRAD,
     SEND_ACT,
     SEND_GRAD,
-    Exchange,
     Instruction,
     Schedule,
-    Step,
     parts,
 )
 
@@ -84,8 +83,8 @@ class StageExecutor:
 
     ``chunks[k]`` is virtual stage ``k * p + rank``; ``len(chunks)`` must be ``schedule.virtual_stages``.
     ``messaging``: a strategy class, called once with this executor; its ``start_step()`` runs first in
-    each step, its ``run(step)`` for each message step. Default: :class:`BatchedMessaging` for the
-    interleaved schedule, :class:`BlockingMessaging` for the others.
+    each step, its ``run(step)`` for each message step. Default: ``BatchedMessaging`` for the
+    interleaved schedule, ``BlockingMessaging`` for the others (``messaging.py``).
     Raises ``ValueError`` if the chunks or the group size do not fit the schedule.
     """
 
@@ -258,78 +257,6 @@ class StageExecutor:
             self._inputs[key] = Tensor(data, requires_grad=True)
         else:
             self._grads[key] = data
-
-
-class BlockingMessaging:
-    """GPipe and 1F1B: each message is one blocking ``send`` or ``recv``, an ``Exchange`` one ``sendrecv``.
-
-    Blocking calls cannot deadlock here because of the order the schedule fixes (``schedules.py``,
-    rules 1 and 2): per direction both neighbours agree on the order, and where two neighbours would
-    send to each other at the same moment the schedule has an ``Exchange``, whose two halves progress
-    together in one ``MPI_Sendrecv``. The first activation of a step is preceded by its header
-    (``messages.py``); both schedules begin every stage's traffic with a plain ``recv_act 0`` /
-    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction (a program that
-    does not is a ``ValueError`` when the executor is built).
-    """
-
-    def __init__(self, executor: StageExecutor) -> None:
-        self.ex, self.group = executor, executor.group
-        # The header travels alone, just before the step's first activation: neither end of that first
-        # activation may be half of an Exchange. Checked once per program here, not per message.
-        for kind in (SEND_ACT, RECV_ACT):
-            first = next((st for st in executor.program if any(ins.kind == kind for ins in parts(st))), None)
-            if isinstance(first, Exchange):
-                raise ValueError(
-                    f"schedule bug: the first activation of a step travels in an Exchange ({first})"
-                )
-
-    def start_step(self) -> None:
-        """Forget the last step's activation shape: the batch size may have changed."""
-        self._header_sent = False
-        self._act_shape: tuple[tuple[int, ...], Any] | None = None
-
-    def run(self, step: Step) -> None:
-        """Move the message(s) of ``step``: a send, a receive, or an ``Exchange``."""
-        # BEGIN SOLUTION A5.2: a blocking send or receive, or an Exchange as ONE sendrecv
-        if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
-            array, buffer = self._outgoing(step.send), self._incoming(step.recv)
-            peer = self.ex.peer(step.send)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.sendrecv(
-                    array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv)
-                )
-            self.ex.received(step.recv, buffer)
-        elif step.kind in (SEND_ACT, SEND_GRAD):
-            array = self._outgoing(step)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.send(array, self.ex.peer(step), tag=_tag(step))
-        else:
-            buffer = self._incoming(step)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.recv(buffer, self.ex.peer(step), tag=_tag(step))
-            self.ex.received(step, buffer)
-        # END SOLUTION
-
-    def _outgoing(self, ins: Instruction) -> Any:
-        """The array a send instruction sends (sending the header first for the step's first activation)."""
-        array = self.ex.outgoing(ins)
-        if ins.kind == SEND_ACT and not self._header_sent:
-            self.group.send(messages.encode_header(array), self.ex.peer(ins), tag=messages.TAG_HEADER)
-            self._header_sent = True
-        return array
-
-    def _incoming(self, ins: Instruction) -> Any:
-        """A fresh buffer for a receive instruction (receiving the header first if the shape is unknown)."""
-        if ins.kind == RECV_ACT:
-            if self._act_shape is None:
-                header = self.group.recv(messages.header_buffer(), self.ex.peer(ins), tag=messages.TAG_HEADER)
-                self._act_shape = messages.decode_header(header)
-            return backend.xp().empty(*self._act_shape)
-        return backend.xp().empty(*self.ex.grad_buffer_spec(ins))
-
-
-def _tag(ins: Instruction) -> int:
-    return messages.TAG_ACT if ins.kind in (SEND_ACT, RECV_ACT) else messages.TAG_GRAD
 
 
 def _name(kind: str, i: int, c: int) -> str:
