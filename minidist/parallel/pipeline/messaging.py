@@ -23,15 +23,8 @@ from typing import Any, Protocol
 from minidist import backend, trace
 from minidist.distributed import Communicator
 from minidist.parallel.pipeline import messages
-from minidist.parallel.pipeline.schedules import (
-    RECV_ACT,
-    SEND_ACT,
-    SEND_GRAD,
-    Exchange,
-    Instruction,
-    Step,
-    parts,
-)
+from minidist.parallel.pipeline.checks import check_first_activation
+from minidist.parallel.pipeline.schedules import RECV_ACT, SEND_ACT, SEND_GRAD, Exchange, Instruction, Step
 
 
 class Executor(Protocol):
@@ -72,13 +65,8 @@ class BlockingMessaging:
     def __init__(self, executor: Executor) -> None:
         self.ex, self.group = executor, executor.group
         # The header travels alone, just before the step's first activation: neither end of that first
-        # activation may be half of an Exchange. Checked once per program here, not per message.
-        for kind in (SEND_ACT, RECV_ACT):
-            first = next((st for st in executor.program if any(ins.kind == kind for ins in parts(st))), None)
-            if isinstance(first, Exchange):
-                raise ValueError(
-                    f"schedule bug: the first activation of a step travels in an Exchange ({first})"
-                )
+        # activation may be half of an Exchange (checked once per program, not per message).
+        check_first_activation(executor.program)
 
     def start_step(self) -> None:
         """Forget the last step's activation shape: the batch size may have changed."""
