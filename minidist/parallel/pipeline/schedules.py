@@ -18,9 +18,10 @@ Both have, with forward time ``t_f`` and backward time ``t_b`` per microbatch an
 ``(p - 1) / (m + p - 1)`` (Narayanan et al. 2021, §2.2.1). ``simulate`` recomputes it from the
 instruction lists, and the tests check that it does.
 
-**Deadlock freedom.** The executor uses *blocking* send and receive. MPI may complete a blocking send
-only once the receiver has posted the matching receive (rendezvous; MPICH does so for large messages), so
-we must assume that worst case. Two rules make every schedule here safe under it:
+**Deadlock freedom.** The executor's messages (``messaging.py``) are *blocking* sends and receives.
+MPI may complete a blocking send only once the receiver has posted the matching receive (rendezvous;
+MPICH does so for large messages), so we must assume that worst case. Two rules make every schedule
+here safe under it:
 
 1. Per direction, the order agrees: stage s sends activations in the same microbatch order as stage
    s+1 receives them, and stage s+1 sends gradients in the order stage s receives them. (MPI also
