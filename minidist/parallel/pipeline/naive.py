@@ -5,7 +5,7 @@ The model is cut into ``p`` stages of consecutive layers, one per rank of the pi
 forward, then every backward: stage s receives its input from stage s-1 (stage 0: the data), runs its
 layers, keeps the output with its graph and sends it to stage s+1; then it receives the gradient of
 that output from s+1 (the last stage: ``d(loss_i / m)``), runs backward and sends its input's gradient
-to s-1. Parameter gradients accumulate over the microbatches: that of the mean loss over the batch.
+to s-1. Parameter gradients add up over the microbatches to the gradient of the batch's mean loss.
 
 **Why it is slow.** With ``t_f``, ``t_b`` the forward and backward time of a microbatch on a stage, a
 step lasts ``(m + p - 1)(t_f + t_b)``, of which a stage computes ``m (t_f + t_b)``: it idles for the
