@@ -181,7 +181,8 @@ def first_failure(
     error: Exception | None, error_at: tuple[int, int], group: Communicator
 ) -> Exception | None:
     """Collective over ``group``: ``error`` if this rank's failure (at ``error_at``) came first in the data
-    flow of the step (smallest microbatch, then virtual stage), else None."""
+    flow of the step (smallest microbatch, then virtual stage), else None: later ones may only follow
+    from the zeros sent after it."""
     where = dist.all_gather(np.array(error_at, np.int64), group=group).reshape(-1, 2)
     first = min(range(len(where)), key=lambda r: tuple(where[r]))
     return error if first == group.rank else None
