@@ -13,10 +13,12 @@
 # stage s (one rank) holds a run of consecutive layers, sends its activations to stage s+1 and receives
 # gradients back. One batch would keep only one stage busy at a time, so it is cut into `m`
 # *microbatches* that follow each other down the pipe. The code is `minidist/parallel/pipeline/`:
-# `schedules.py` (what each stage does, as plain data) → `simulate.py` (run it on paper) → `gantt.py`
-# (draw it) → `executor.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
+# `naive.py` (the whole idea in one function, read first) → `schedules.py` (what each stage does, as
+# plain data) → `simulate.py` (run it on paper) → `gantt.py` (draw it) → `executor.py` and
+# `messaging.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
 
 # %%
+import inspect
 import json
 import os
 import subprocess
@@ -29,6 +31,7 @@ import matplotlib.pyplot as plt
 from minidist.parallel.pipeline import (
     draw_gantt,
     gpipe,
+    naive_gpipe_step,
     one_f_one_b,
     peak_activations,
     simulate,
@@ -39,7 +42,36 @@ from minidist_course.notebook import checks, mpiexec_path
 from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]
-# ## 1. A schedule is a list of instructions
+# ## 1. The simplest pipeline: a naive GPipe step
+#
+# First the whole idea in one function, `naive_gpipe_step` (`minidist/parallel/pipeline/naive.py`,
+# the first file to read in the folder). Every rank holds one stage. For each microbatch in turn, a
+# stage receives its input from the previous stage (stage 0 takes the data), runs its layers, keeps
+# the output with its autograd graph and sends the output on; then, for each microbatch, it receives
+# the gradient of that output from the next stage (the last stage starts from the loss), runs backward
+# and sends its input's gradient back. Nothing but blocking `send` and `recv`:
+
+# %%
+print(inspect.getsource(naive_gpipe_step))
+
+# %% [markdown]
+# It is correct: `scripts/naive_gpipe.py` trains the same model with it and with minidist's
+# `PipelineParallel`, whose GPipe and 1F1B schedules give the same numbers bit for bit (the tests use
+# the naive step as their reference).
+
+# %%
+mpiexec, python = mpiexec_path(), sys.executable
+# !OMP_NUM_THREADS=1 {mpiexec} -n 2 {python} scripts/naive_gpipe.py
+
+# %% [markdown]
+# But it is slow, in two ways the rest of this lesson measures. While stage 0 runs its forwards, stage 1
+# has nothing to do, and while stage 1 runs its last backwards stage 0 waits: the time a stage idles is
+# the **bubble** (section 4). And every stage keeps the graphs of all `m` microbatches until their
+# backwards, which costs activation memory (section 6). The order of the steps is fixed in the code, so
+# trying another order means writing another function; minidist instead writes the order down as
+# data: a *schedule*.
+#
+# ## 2. A schedule is a list of instructions
 #
 # `F3` = forward of microbatch 3, `B3` = its backward, `sA`/`rA` = send/receive activations (to and
 # from the next/previous stage), `sG`/`rG` = the same for gradients. `sA2+rG0` is one `sendrecv`: two
@@ -64,7 +96,7 @@ print()
 print(text_grid(one_f_one_b(3, 4), formula=False))
 
 # %% [markdown]
-# ## 2. Gantt charts
+# ## 3. Gantt charts
 #
 # The same with 4 stages and 8 microbatches, drawn with `draw_gantt` (blue: forward, orange: backward).
 
@@ -79,14 +111,14 @@ plt.show()
 # Both steps take the same time: the white triangles at the start (the pipe filling) and at the end
 # (draining) are as large in both. What differs is the *order* in between.
 #
-# ## 3. Your turn: the bubble fraction
+# ## 4. Your turn: the bubble fraction
 #
 # Give every stage the same forward time `t_f` and backward time `t_b` per microbatch, and measure
 # time in *slots* of `t_f + t_b`. Derive, for p stages and m microbatches:
 #
 # 1. how many slots one stage spends computing in a step;
 # 2. how many slots the whole step lasts: when can the last microbatch enter stage 0, and what must it
-#    still do after that? (Check your count on the text grids of section 1, p = 3, m = 4.)
+#    still do after that? (Check your count on the text grids of section 2, p = 3, m = 4.)
 #
 # Then write `bubble_fraction(p, m)`: the share of the *step* a stage is idle.
 
@@ -129,7 +161,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 4. Measure it on real ranks
+# ## 5. Measure it on real ranks
 #
 # `scripts/pipeline_trace.py` trains one step of a 4-block MLP cut into p = 2 stages with
 # `PipelineParallel`, with `minidist.trace` on: the executor records one span per forward and backward.
@@ -218,14 +250,14 @@ plt.show()
 # m cannot grow for free. On GPUs a microbatch's compute is long compared with a message and the
 # formula is a good guide, which is why it is the one used to choose m.
 #
-# ## 5. Activation memory: where 1F1B wins
+# ## 6. Activation memory: where 1F1B wins
 #
 # A stage must keep a microbatch's activations (its autograd graph) from that microbatch's forward to
 # its backward. GPipe runs all `m` forwards first, so every stage holds `m` microbatches at the turn.
 # 1F1B starts backwards as soon as the first microbatch comes back, and holds far fewer.
 #
 # **Your turn.** Write `peak_activations_1f1b(p, m, s)`: the most microbatches stage s of a 1F1B
-# schedule holds at once. (Read the warm-up rule in section 1 — and mind `m < p`.)
+# schedule holds at once. (Read the warm-up rule in section 2 — and mind `m < p`.)
 
 
 # %% [exercise peak]
@@ -261,7 +293,7 @@ for key in [("gpipe", 4), ("1f1b", 4)]:
 # rank several smaller chunks of the model and shrinks the bubble further, for more messages:
 # `schedule="interleaved"` in `PipelineParallel`.)
 #
-# ## 6. `PipelineParallel` in your own code
+# ## 7. `PipelineParallel` in your own code
 #
 # ```python
 # pipe = PipelineParallel(model, group=world, microbatches=4, schedule="1f1b")  # this rank's stage
@@ -278,6 +310,7 @@ for key in [("gpipe", 4), ("1f1b", 4)]:
 # whole batch: p stages train the same model as one process
 # (`tests/parallel/pipeline/test_pipeline_equivalence.py`).
 # ## Summary
+# - The naive GPipe step is the whole idea: blocking sends of activations forward, of gradients back.
 # - A schedule is data: per stage, an ordered list of forwards, backwards, sends and receives.
 # - Bubble fraction `(p-1)/(m+p-1)` for both GPipe and 1F1B: use `m` several times `p`.
 # - 1F1B holds at most `p - s` microbatches on stage s instead of `m`: same bubble, far less memory.

@@ -305,7 +305,7 @@ MUTANTS = [
      "deadlocks", 5),
     ("A5", "A5.1", "minidist/parallel/pipeline/schedules.py", "warmup = min(p - s - 1, m)",
      "warmup = m if s < p - 1 else 0", "1F1B holds at most", None),  # GPipe's memory
-    ("A5", "A5.2", "minidist/parallel/pipeline/executor.py",  # a real deadlock over MPI: cut by the timeout
+    ("A5", "A5.2", "minidist/parallel/pipeline/messaging.py",  # a real deadlock over MPI: cut by the timeout
      "recvtag=_tag(step.recv)", "recvtag=_tag(step.send)", "hang", 5),
     ("A6", "A6.1", "minidist/checkpoint/layout.py",
      "return full[shard_index(shape, tp_dim, tp, tp_rank, stride)]",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minidist.distributed.reduce_ops import finish
-from minidist.parallel.pipeline.failures import stand_in_spec
+from minidist.parallel.pipeline.checks import stand_in_spec
 from minidist.parallel.pipeline.messages import DTYPES, encode_header
 
 FLOATS = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16]

@@ -1,22 +1,28 @@
 """Pipeline parallelism: a ``Sequential`` cut into stages that microbatches flow through.
 
-Reading order: ``partition.py`` (cutting the model into stages) -> ``schedules.py`` (GPipe and 1F1B as
-plain lists of instructions per stage, and why they cannot deadlock) -> ``simulate.py`` (running a
-schedule on paper: timeline, bubble, deadlock check) -> ``interleaved.py`` (v model chunks per stage)
--> ``gantt.py`` (text grid and matplotlib chart) -> ``messages.py`` (what stages send each other: a
-shape header, then activations and gradients, on known tags) -> ``executor.py`` (``StageExecutor``:
-one rank's instructions for any schedule; GPipe/1F1B messages as blocking send/recv) ->
-``batched_messaging.py`` (the interleaved schedule's messages, as non-blocking batches) ->
-``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data parallelism over a
-dp group; ``groups.py`` resolves its groups, ``tied.py`` keeps a weight used on two stages, such as
-a GPT's tied token table, equal) -> ``inference.py`` (forward-only passes for
-``PipelineParallel.predict``).
+Reading order: ``naive.py`` (one GPipe step with plain blocking sends and receives: the whole idea on
+a page, and why it is slow) -> ``schedules.py`` (GPipe and 1F1B as plain lists of instructions per
+stage, and why they cannot deadlock) -> ``simulate.py`` (running a schedule on paper: timeline, bubble,
+deadlock check) -> ``gantt.py`` (text grid and matplotlib chart) -> ``executor.py``
+(``StageExecutor``: one rank's instructions for any schedule) -> ``messages.py`` (what stages send
+each other: a shape header, then activations and gradients, on known tags) -> ``messaging.py`` (how
+they travel: GPipe's and 1F1B's blocking send/recv) -> ``partition.py`` (cutting the model into
+stages) -> ``pipeline_parallel.py`` (``PipelineParallel``: the user-facing wrapper, with data
+parallelism over a dp group; ``groups.py`` resolves its groups, ``tied.py`` keeps a weight used on
+two stages, such as a GPT's tied token table, equal) -> ``inference.py`` (forward-only passes for
+``PipelineParallel.predict``) -> ``interleaved.py`` (v model chunks per stage; ``make_schedule``
+picks any schedule by name) -> ``batched_messaging.py`` (the interleaved schedule's messages, as
+non-blocking batches). Checks last: ``checks.py`` (wrong arguments, and user code that fails
+mid-schedule: the stand-ins that let every rank finish the step) and ``agreement.py`` (the small
+exchange that begins every step, so that the ranks agree on the call).
 """
 
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
-from minidist.parallel.pipeline.executor import BlockingMessaging, StageExecutor, StepStats
+from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
-from minidist.parallel.pipeline.interleaved import interleaved
+from minidist.parallel.pipeline.interleaved import interleaved, make_schedule
+from minidist.parallel.pipeline.messaging import BlockingMessaging
+from minidist.parallel.pipeline.naive import naive_gpipe_step
 from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
@@ -26,7 +32,6 @@ from minidist.parallel.pipeline.schedules import (
     Instruction,
     Schedule,
     gpipe,
-    make_schedule,
     one_f_one_b,
     peak_activations,
 )
@@ -52,6 +57,7 @@ __all__ = [
     "gpipe",
     "interleaved",
     "make_schedule",
+    "naive_gpipe_step",
     "one_f_one_b",
     "partition",
     "peak_activations",

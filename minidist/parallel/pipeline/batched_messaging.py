@@ -23,7 +23,7 @@ Arrays travel through host memory (``backend.to_numpy``; a no-op on the CPU back
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,16 +38,14 @@ from minidist.parallel.pipeline.messages import (
     encode_header,
     header_buffer,
 )
+from minidist.parallel.pipeline.messaging import Executor
 from minidist.parallel.pipeline.schedules import RECV_GRAD, SEND_ACT, SEND_GRAD, Instruction, Step, parts
-
-if TYPE_CHECKING:
-    from minidist.parallel.pipeline.executor import StageExecutor
 
 
 class BatchedMessaging:
-    """Moves each message step of a :class:`StageExecutor` as one non-blocking batch (module docstring)."""
+    """Moves each message step of a ``StageExecutor`` as one non-blocking batch (module docstring)."""
 
-    def __init__(self, executor: StageExecutor) -> None:
+    def __init__(self, executor: Executor) -> None:
         self.ex, self.group = executor, executor.group
         self.boundaries = max(executor.last, 1)  # p v - 1 chunk boundaries (at least 1 for the tag)
 

@@ -11,20 +11,20 @@ from the schedule step by step, keyed by ``(microbatch i, chunk c)``:
   ``output.backward(grad)`` with the gradient received from the next virtual stage. Parameter gradients
   accumulate over the microbatches, so after the last backward they are the gradient of the mean loss.
 * a message step (``send_act``, ``recv_grad``, ..., an ``Exchange`` or a ``Batch``): handed to the
-  messaging strategy, which moves the arrays (header and tags: ``messages.py``) and hands back what
-  it receives (:meth:`StageExecutor.received`): :class:`BlockingMessaging` (GPipe, 1F1B: blocking
-  send/recv, an Exchange as one sendrecv) or ``BatchedMessaging`` (interleaved: a Batch of
-  non-blocking messages; ``batched_messaging.py``). With ``p = 1`` all chunks are on one rank and
-  activations and gradients are handed over in memory.
+  messaging strategy (``messaging.py``), which moves the arrays (header and tags: ``messages.py``) and
+  hands back what it receives (:meth:`StageExecutor.received`): ``BlockingMessaging`` (GPipe, 1F1B:
+  blocking send/recv, an Exchange as one sendrecv, ``messaging.py``) or ``BatchedMessaging``
+  (interleaved: a Batch of non-blocking messages; ``batched_messaging.py``). With ``p = 1`` all chunks
+  are on one rank and activations and gradients are handed over in memory.
 
-**A failing loss.** Only the last virtual stage calls ``loss_fn``, in the middle of the schedule, while
-the other ranks wait for its gradients. If ``loss_fn`` raises or returns something that is not a
-one-element Tensor, the rank keeps the error in ``error`` and plays the rest of its program without
-computing losses (sending zero gradients), so every rank finishes the step; ``PipelineParallel`` then
-reports the error on every rank (the step's gradients are incomplete and must be discarded). The
-same holds for a chunk whose forward or backward raises, and for a microbatch whose activation leaves a stage
-with another shape or dtype than the step's first one did (:meth:`StageExecutor.outgoing`): the
-error names the stage, the microbatch and the shapes (``failures.py``).
+**User code that fails.** Only the last virtual stage calls ``loss_fn``, in the middle of the schedule,
+while the other ranks wait for its gradients; a chunk's forward or backward may raise too, and a
+microbatch's activation may leave a stage with another shape or dtype than the step's first one did.
+The rank must not stop there, or its neighbours would wait forever: it keeps the error in ``error``
+and plays the rest of its program with stand-ins (zeros to send on, no loss), so every rank finishes
+the step; ``PipelineParallel`` then reports the error on every rank (the step's gradients are
+incomplete and must be discarded). That safety net is ``checks.SafetyNet`` (``self.net``): the
+computation below calls it where user code runs.
 
 **Bookkeeping.** ``stats``: the last step's busy (forward + backward) time and the most microbatches
 whose activations this rank held at once. With ``minidist.trace`` on, each computation and message
@@ -42,9 +42,9 @@ from minidist import backend, trace
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
-from minidist.parallel.pipeline import messages
 from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
-from minidist.parallel.pipeline.failures import apply_loss, run_backward, run_chunk, stand_in_spec
+from minidist.parallel.pipeline.checks import SafetyNet, check_program
+from minidist.parallel.pipeline.messaging import BlockingMessaging
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -52,11 +52,8 @@ from minidist.parallel.pipeline.schedules import (
     RECV_GRAD,
     SEND_ACT,
     SEND_GRAD,
-    Exchange,
     Instruction,
     Schedule,
-    Step,
-    parts,
 )
 
 
@@ -84,9 +81,10 @@ class StageExecutor:
 
     ``chunks[k]`` is virtual stage ``k * p + rank``; ``len(chunks)`` must be ``schedule.virtual_stages``.
     ``messaging``: a strategy class, called once with this executor; its ``start_step()`` runs first in
-    each step, its ``run(step)`` for each message step. Default: :class:`BatchedMessaging` for the
-    interleaved schedule, :class:`BlockingMessaging` for the others.
-    Raises ``ValueError`` if the chunks or the group size do not fit the schedule.
+    each step, its ``run(step)`` for each message step. Default: ``BatchedMessaging`` for the
+    interleaved schedule, ``BlockingMessaging`` for the others (``messaging.py``).
+    Raises ``ValueError`` if the chunks or the group size do not fit the schedule, or a message of this
+    rank's program has no peer (``checks.check_program``).
     """
 
     def __init__(
@@ -95,26 +93,27 @@ class StageExecutor:
         self.chunks, self.group, self.schedule = tuple(chunks), group, schedule
         self.stage, self.p = group.rank, group.size
         self.v, self.m = schedule.virtual_stages, schedule.num_microbatches
-        if len(self.chunks) != self.v or schedule.num_stages != self.p:
-            raise ValueError(
-                f"rank {self.stage} holds {len(self.chunks)} chunks of a {self.p}-rank group, but the "
-                f"schedule is for {schedule.num_stages} stages x {self.v} chunks"
-            )
+        # Every message goes to or comes from a neighbour rank (with chunks, virtual stage g + 1 is on
+        # rank (s + 1) % p). Checked once, so that :meth:`peer` need not check.
+        check_program(schedule, self.stage, self.p, len(self.chunks))
         self.program = schedule.stages[self.stage]
         self.last = self.p * self.v - 1  # the last virtual stage (on rank p - 1)
-        # Every message goes to or comes from a neighbour rank (with chunks, virtual stage g + 1 is on
-        # rank (s + 1) % p). Check once that each of the program's messages has a peer, so that
-        # :meth:`peer` need not check (and a schedule bug is a ValueError here, not a hang later).
-        for step in self.program:
-            if not isinstance(step, Instruction) or step.kind not in (FORWARD, BACKWARD):
-                for ins in parts(step):
-                    schedule.peer(self.stage, ins)  # raises ValueError if there is no such (virtual) stage
         self.next_rank, self.prev_rank = (self.stage + 1) % self.p, (self.stage - 1) % self.p
         if messaging is None:
             messaging = BatchedMessaging if schedule.name == "interleaved" else BlockingMessaging
         self.messaging = messaging(self)
         self.stats = StepStats()
-        self.error: Exception | None = None  # the last step's first failure here (module docstring)
+        self.net = SafetyNet(self.stage, self.p, self.v)  # failures of user code (module docstring)
+
+    @property
+    def error(self) -> Exception | None:
+        """The last step's first failure on this rank, or None (module docstring)."""
+        return self.net.error
+
+    @property
+    def error_at(self) -> tuple[int, int]:
+        """Where ``error`` happened: (microbatch, virtual stage); ``(m, p v)`` if nowhere."""
+        return self.net.error_at
 
     def run(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None, loss_fn: Callable) -> float:
         """Run one step; return the sum over microbatches of ``loss_i / m`` (rank p-1) or nan (others).
@@ -122,14 +121,13 @@ class StageExecutor:
         ``inputs`` (rank 0) and ``targets`` (rank p-1) hold one entry per microbatch. If a chunk's
         forward raises, ``loss_fn`` fails or does not return a one-element Tensor, or an activation to
         send changes shape from one microbatch to the next, the step still runs to the end; ``error``
-        then holds the first such failure here (``failures.py``), ``error_at`` its (microbatch,
+        then holds the first such failure here (``checks.py``), ``error_at`` its (microbatch,
         virtual stage), and the returned loss is nan.
         """
-        self.error, self.error_at = None, (self.m, self.last + 1)  # (microbatch, virtual stage)
+        self.net.start_step(self.m)
         self._inputs: dict[tuple[int, int], Tensor] = {}  # (microbatch, chunk) -> received activation
         self._outputs: dict[tuple[int, int], Tensor] = {}  # -> output (the loss on the last chunk)
         self._grads: dict[tuple[int, int], Any] = {}  # -> gradient received for the output
-        self._sent: dict[int, tuple[Any, ...]] = {}  # boundary -> (shape, dtype, microbatch) first sent
         self._data, self._targets, self._loss_fn = inputs, targets, loss_fn
         self.stats, self._live, self._loss = StepStats(), 0, 0.0
         self.messaging.start_step()
@@ -147,20 +145,12 @@ class StageExecutor:
     def _forward(self, i: int, c: int) -> None:
         g = c * self.p + self.stage
         x = self._data[i] if g == 0 else self._inputs[(i, c)]
-        start, out = time.perf_counter(), None
-        if not (g == self.last and self.error):  # after a failure the last chunk computes no loss
-            out, error = run_chunk(self.chunks[c], x, self.stage, c, g, i, self.v)
-            if error is not None:
-                self._fail(error, i, g)
-        if g == self.last and self.error is None:
-            out, error = apply_loss(self._loss_fn, out, self._targets[i], i)
-            if error is not None:
-                self._fail(error, i, g)
-        elif out is None and g < self.last:  # the chunk failed: the next one still needs an input
-            known = self._sent.get(g)
-            out = Tensor(backend.xp().zeros(*(known[:2] if known else stand_in_spec(x))))
+        start = time.perf_counter()
+        out = self.net.output(self.chunks[c], x, i, c)  # chunk(x); a stand-in if it raises
+        if g == self.last:  # the last virtual stage turns its output into the microbatch's loss
+            out = self.net.loss(self._loss_fn, out, self._targets[i], i)  # None if anything failed
         self._busy(FORWARD, i, c, start)
-        self._outputs[(i, c)] = out
+        self._outputs[(i, c)] = out  # kept for the backward: its graph leads back to the input
         self._live += 1
         self.stats.peak_activations = max(self.stats.peak_activations, self._live)
         if self.p == 1 and g < self.last:  # the next chunk is on this rank: hand over in memory
@@ -168,22 +158,20 @@ class StageExecutor:
 
     def _backward(self, i: int, c: int) -> None:
         g = c * self.p + self.stage
-        out, error = self._outputs.pop((i, c)), None
+        out = self._outputs.pop((i, c))
         start = time.perf_counter()
         if g == self.last:
-            if out is not None:  # None: loss_fn failed (self.error); the gradient sent back is zero
+            if out is not None:  # None: the loss failed (self.error); the gradient sent back is zero
                 # mean over microbatches of the per-microbatch mean = mean over the batch (equal sizes)
                 self._loss += out.item() / self.m
                 if out.requires_grad:  # backward from d(loss / m)/d(loss) = 1/m: the numbers of
                     # backpropagating ``out * (1 / m)`` from 1, bit for bit, with one op fewer per microbatch
                     seed = backend.xp().full(out.data.shape, 1.0 / self.m, dtype=out.data.dtype)
-                    error = run_backward(out, seed, self.stage, c, g, i, self.v)
+                    self.net.backward(out, seed, i, c)  # a failure is kept; the peers still get gradients
         else:
             grad = self._grads.pop((i, c))
             if out.requires_grad:  # a parameter-free first chunk has nothing to differentiate
-                error = run_backward(out, grad, self.stage, c, g, i, self.v)
-        if error is not None:  # kept like a forward failure: the peers still get (zero) gradients
-            self._fail(error, i, g)
+                self.net.backward(out, grad, i, c)
         self._busy(BACKWARD, i, c, start)
         self._live -= 1
         if self.p == 1 and g > 0:
@@ -193,7 +181,7 @@ class StageExecutor:
         """Add the computation that began at ``start`` (``time.perf_counter()``) to the busy time and,
         while ``minidist.trace`` is on, record it as a span. Recorded after the fact, not in a ``with
         trace.span`` block: entering even the do-nothing span of tracing off costs ~3,600 instructions
-        (a closure, three calls), and a step has 2 m of these blocks (issue 16)."""
+        (a closure, three calls), and a step has 2 m of these blocks."""
         end = time.perf_counter()
         self.stats.busy_s += end - start
         if trace.is_enabled():
@@ -219,31 +207,15 @@ class StageExecutor:
         of its input (``send_grad``; zeros if the input got none).
 
         The first activation sent across a boundary in a step fixes its shape and dtype (its header
-        sizes every receive buffer, ``messages.py``). A later microbatch's output of another shape would
-        arrive as a bare length error on the next rank alone, leaving this one waiting; instead it
-        becomes this rank's ``error`` (``messages.shape_changed``) and zeros of the agreed shape travel
-        in its place, so the step runs to its end and ``PipelineParallel`` raises it on every rank.
+        sizes every receive buffer, ``messages.py``); one of another shape later in the step becomes
+        this rank's ``error``, and zeros of the agreed shape travel in its place
+        (``checks.SafetyNet.same_shape``).
         """
         key = (ins.microbatch, ins.chunk)
         if ins.kind == SEND_GRAD:
             return backend.xp().ascontiguousarray(self._input_grad(*key))
-        array = self._outputs[key].data
-        b, spec = self.boundary(ins), (tuple(array.shape), array.dtype)
-        first = self._sent.setdefault(b, (*spec, ins.microbatch))
-        if spec != first[:2]:
-            self._fail(
-                messages.shape_changed(self.stage, ins, self.p, self.v, spec, first), ins.microbatch, b
-            )
-            array = backend.xp().zeros(*first[:2])
-            self._outputs[key] = Tensor(array)  # no graph: its backward is skipped, its gradient sized alike
-        return backend.xp().ascontiguousarray(array)
-
-    def _fail(self, error: Exception, i: int, where: int) -> None:
-        """Keep the step's first error, of microbatch ``i`` at virtual stage (or chunk) ``where``; the
-        step runs on (module docstring). ``error_at`` lets ``PipelineParallel`` report the failure
-        that came first in the data flow, not one that followed from the zeros sent after it."""
-        if self.error is None:
-            self.error, self.error_at = error, (i, where)
+        out = self._outputs[key] = self.net.same_shape(self._outputs[key], ins, self.boundary(ins))
+        return backend.xp().ascontiguousarray(out.data)
 
     def grad_buffer_spec(self, ins: Instruction) -> tuple[tuple[int, ...], Any]:
         """``(shape, dtype)`` of the gradient a ``recv_grad`` receives: those of the output it belongs to."""
@@ -258,78 +230,6 @@ class StageExecutor:
             self._inputs[key] = Tensor(data, requires_grad=True)
         else:
             self._grads[key] = data
-
-
-class BlockingMessaging:
-    """GPipe and 1F1B: each message is one blocking ``send`` or ``recv``, an ``Exchange`` one ``sendrecv``.
-
-    Blocking calls cannot deadlock here because of the order the schedule fixes (``schedules.py``,
-    rules 1 and 2): per direction both neighbours agree on the order, and where two neighbours would
-    send to each other at the same moment the schedule has an ``Exchange``, whose two halves progress
-    together in one ``MPI_Sendrecv``. The first activation of a step is preceded by its header
-    (``messages.py``); both schedules begin every stage's traffic with a plain ``recv_act 0`` /
-    ``send_act 0``, never an Exchange, so the header travels alone, in the same direction (a program that
-    does not is a ``ValueError`` when the executor is built).
-    """
-
-    def __init__(self, executor: StageExecutor) -> None:
-        self.ex, self.group = executor, executor.group
-        # The header travels alone, just before the step's first activation: neither end of that first
-        # activation may be half of an Exchange. Checked once per program here, not per message.
-        for kind in (SEND_ACT, RECV_ACT):
-            first = next((st for st in executor.program if any(ins.kind == kind for ins in parts(st))), None)
-            if isinstance(first, Exchange):
-                raise ValueError(
-                    f"schedule bug: the first activation of a step travels in an Exchange ({first})"
-                )
-
-    def start_step(self) -> None:
-        """Forget the last step's activation shape: the batch size may have changed."""
-        self._header_sent = False
-        self._act_shape: tuple[tuple[int, ...], Any] | None = None
-
-    def run(self, step: Step) -> None:
-        """Move the message(s) of ``step``: a send, a receive, or an ``Exchange``."""
-        # BEGIN SOLUTION A5.2: a blocking send or receive, or an Exchange as ONE sendrecv
-        if isinstance(step, Exchange):  # both halves progress together: no deadlock (schedules.py)
-            array, buffer = self._outgoing(step.send), self._incoming(step.recv)
-            peer = self.ex.peer(step.send)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.sendrecv(
-                    array, peer, buffer, peer, sendtag=_tag(step.send), recvtag=_tag(step.recv)
-                )
-            self.ex.received(step.recv, buffer)
-        elif step.kind in (SEND_ACT, SEND_GRAD):
-            array = self._outgoing(step)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.send(array, self.ex.peer(step), tag=_tag(step))
-        else:
-            buffer = self._incoming(step)
-            with trace.span(step.__str__, trace.WAIT):
-                self.group.recv(buffer, self.ex.peer(step), tag=_tag(step))
-            self.ex.received(step, buffer)
-        # END SOLUTION
-
-    def _outgoing(self, ins: Instruction) -> Any:
-        """The array a send instruction sends (sending the header first for the step's first activation)."""
-        array = self.ex.outgoing(ins)
-        if ins.kind == SEND_ACT and not self._header_sent:
-            self.group.send(messages.encode_header(array), self.ex.peer(ins), tag=messages.TAG_HEADER)
-            self._header_sent = True
-        return array
-
-    def _incoming(self, ins: Instruction) -> Any:
-        """A fresh buffer for a receive instruction (receiving the header first if the shape is unknown)."""
-        if ins.kind == RECV_ACT:
-            if self._act_shape is None:
-                header = self.group.recv(messages.header_buffer(), self.ex.peer(ins), tag=messages.TAG_HEADER)
-                self._act_shape = messages.decode_header(header)
-            return backend.xp().empty(*self._act_shape)
-        return backend.xp().empty(*self.ex.grad_buffer_spec(ins))
-
-
-def _tag(ins: Instruction) -> int:
-    return messages.TAG_ACT if ins.kind in (SEND_ACT, RECV_ACT) else messages.TAG_GRAD
 
 
 def _name(kind: str, i: int, c: int) -> str:

@@ -26,8 +26,8 @@ from minidist import autograd, backend
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.failures import run_chunk, stand_in_spec
-from minidist.parallel.pipeline.groups import gather_step
+from minidist.parallel.pipeline.agreement import gather_step
+from minidist.parallel.pipeline.checks import run_chunk, stand_in_spec
 from minidist.parallel.pipeline.messages import (
     TAG_PREDICT,
     TAG_PREDICT_HEADER,
@@ -49,9 +49,9 @@ def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> 
     Returns the last chunk's output as a backend array, shape ``(B, ...)``, on every rank of ``group``.
     Runs under ``no_grad``, with the chunks in eval mode (restored afterwards). Raises ``ValueError`` on
     every rank if rank 0 has no inputs, or if some ranks called ``train_step`` instead
-    (``groups.gather_step``). If a chunk raises (e.g. its input does not fit its first layer), it sends
+    (``agreement.gather_step``). If a chunk raises (e.g. its input does not fit its first layer), it sends
     zeros on instead and every rank raises the first failure along the chain, naming the stage and
-    the input's shape (``failures.run_chunk``: a ``ValueError``/``TypeError``, else ``RuntimeError``).
+    the input's shape (``checks.run_chunk``: a ``ValueError``/``TypeError``, else ``RuntimeError``).
     """
     p, rank = group.size, group.rank
     has_inputs, mismatch = gather_step(group, "predict", [inputs is not None])

@@ -26,6 +26,9 @@ this never deadlocks under rendezvous semantics, for every ``(p, m, v)`` the tes
 
 ``m`` must be a multiple of ``p``, as in Megatron-LM: the microbatch groups would otherwise be
 incomplete, and the last chunk's forward of a microbatch could be needed before it exists.
+
+``make_schedule`` (the end of this file) picks any of the three schedules by name; it lives here, the
+module that knows them all, so that ``schedules.py`` need not import this one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from minidist.parallel.pipeline.schedules import (
     FORWARD,
     RECV_ACT,
     RECV_GRAD,
+    SCHEDULES,
     SEND_ACT,
     SEND_GRAD,
     Batch,
@@ -118,3 +122,23 @@ def _program(s: int, p: int, m: int, v: int) -> list[Step]:
     if messages:
         prog.append(Batch(tuple(messages)))
     return prog
+
+
+def make_schedule(name: str, p: int, m: int, virtual_stages: int = 1) -> Schedule:
+    """The schedule called ``name`` for ``p`` stages and ``m`` microbatches: ``"gpipe"``, ``"1f1b"``
+    (``schedules.py``), or ``"interleaved"`` with ``virtual_stages`` model chunks per stage (above).
+
+    Raises ``ValueError`` for an unknown name (the known ones are listed), ``p``/``m`` below 1, or
+    ``virtual_stages`` other than 1 for GPipe/1F1B; ``interleaved`` raises as documented there.
+    """
+    if name == "interleaved":
+        return interleaved(p, m, virtual_stages)
+    if name not in SCHEDULES:
+        raise ValueError(
+            f"unknown pipeline schedule {name!r}; choose one of {sorted([*SCHEDULES, 'interleaved'])}"
+        )
+    if virtual_stages != 1:
+        raise ValueError(
+            f"virtual_stages={virtual_stages!r} needs schedule='interleaved'; {name} has 1 chunk"
+        )
+    return SCHEDULES[name](p, m)

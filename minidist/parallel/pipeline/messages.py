@@ -35,7 +35,7 @@ from minidist.distributed.checks import MAX_TAG
 
 DTYPES = ("float16", "float32", "float64")  # what a stage may send; the header stores the index
 # dtype -> its index, looked up by the dtype itself: str(dtype) is Python-level NumPy code, ~29,000
-# instructions (NumPy 1.26), and encode_header called it twice (issue 16)
+# instructions (NumPy 1.26), and encode_header called it twice
 _CODES = {np.dtype(name): code for code, name in enumerate(DTYPES)}
 MAX_DIMS = 8  # most axes an activation may have
 HEADER_SIZE = 2 + MAX_DIMS  # int64 elements: dtype code, ndim, the axes (zero-padded)
@@ -83,22 +83,6 @@ def decode_header(header: np.ndarray) -> tuple[tuple[int, ...], np.dtype]:
             f"dtype code 0..{len(DTYPES) - 1}, number of axes 0..{MAX_DIMS}, the axes)"
         )
     return shape, np.dtype(DTYPES[code])
-
-
-def shape_changed(stage: int, ins: Any, p: int, v: int, got: tuple, first: tuple) -> ValueError:
-    """The error for send ``ins`` of ``stage`` (of ``p`` ranks, ``v`` chunks each) whose activation has
-    ``got = (shape, dtype)`` where the step's first one across that boundary had ``first = (shape,
-    dtype, microbatch)``: it names the stage, both microbatches and both shapes."""
-    where = f"pipeline stage {stage}"
-    if v > 1:
-        where += f" (model chunk {ins.chunk}, virtual stage {ins.chunk * p + stage})"
-    return ValueError(
-        f"{where} produced an activation of shape {got[0]} ({got[1]}) for microbatch {ins.microbatch}, "
-        f"but of shape {first[0]} ({first[1]}) for microbatch {first[2]}: every microbatch must leave a "
-        "stage with the same shape and dtype (the next stage's receive buffers are sized from the "
-        "step's first activation); check the layers of this stage for an output shape that depends on "
-        "the data"
-    )
 
 
 def batched_tag(boundary: int, microbatch: int, kind: int, num_boundaries: int) -> int:

@@ -58,11 +58,13 @@ from minidist.distributed import Communicator
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.data_parallel.buckets import flatten, unflatten_into
+from minidist.parallel.pipeline.agreement import check_batch
+from minidist.parallel.pipeline.checks import check_arguments, check_chunks, first_failure
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
-from minidist.parallel.pipeline.groups import as_count, gather_ints, gather_step, resolve_groups
+from minidist.parallel.pipeline.groups import as_count, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
+from minidist.parallel.pipeline.interleaved import make_schedule
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
-from minidist.parallel.pipeline.schedules import make_schedule
 from minidist.parallel.pipeline.tied import (
     find_tied,
     make_groups,
@@ -71,8 +73,6 @@ from minidist.parallel.pipeline.tied import (
     sum_tied_gradients,
     untie,
 )
-
-_MISSING, _NOT_CALLABLE = 1, 2  # bit flags in train_step's agreement (_check_batch)
 
 
 class PipelineParallel:
@@ -93,9 +93,9 @@ class PipelineParallel:
     group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
     targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation),
     and with a dp group a second one over the dp group, so that every replica raises such an error
-    before its step and no gradient changes. (Issue 16 tried carrying the verdict in the all-reduce
-    that ends the step instead, one collective fewer; the other replicas then raised only after their
-    backward, leaving partial gradients behind: undone, as "nothing is lost" comes first.)
+    before its step and no gradient changes (``agreement.py``: carrying the verdict in the all-reduce
+    that ends the step instead saves one collective, but the other replicas then raise only after
+    their backward, leaving partial gradients behind; "nothing is lost" comes first).
     ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
     targets out of range, or layers that changed the batch size) or returns anything but a
     one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
@@ -106,7 +106,7 @@ class PipelineParallel:
     raises a ``ValueError`` naming the stage, the microbatch and both shapes; and when a stage's layers
     raise in forward (e.g. an output that does not fit the next stage's first layer): every rank raises
     that error's class (``RuntimeError`` for classes other than ``TypeError``/``ValueError``) naming the
-    stage, the microbatch and the input's shape (``failures.py``). Errors of the communication itself
+    stage, the microbatch and the input's shape (``checks.py``). Errors of the communication itself
     (``minidist.distributed``) still end the job through minidist's excepthook
     (``minidist/distributed/safety/watchdog.py``).
 
@@ -142,23 +142,10 @@ class PipelineParallel:
         microbatches = as_count(microbatches)  # NumPy integers are fine: from here on a Python int
         p, v = group.size, as_count(virtual_stages)
         error, bounds, plan, tied = None, [], None, []
-        try:
-            if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-                raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"virtual_stages (model chunks per rank) must be an integer >= 1, got {v!r}")
-            if v > 1 and schedule != "interleaved":
-                raise ValueError(
-                    f"virtual_stages={v} needs schedule='interleaved' (the only schedule that runs "
-                    f"several model chunks per rank); {schedule!r} runs one: pass virtual_stages=1"
-                )
+        try:  # every check below raises TypeError or ValueError (checks.py)
+            check_arguments(microbatches, v, schedule)
             plan = make_schedule(schedule, p, microbatches, v)  # unknown name, m % p for interleaved
-            if v > 1 and isinstance(model, Sequential) and len(model) < p * v:
-                raise ValueError(
-                    f"cannot split a model with {len(model)} layer(s) into p*v = {p * v} chunks ({p} "
-                    f"stages x {v} virtual stages): every chunk needs at least one layer; use fewer "
-                    "virtual stages or a model with more layers"
-                )
+            check_chunks(model, p, v)  # at least one layer per chunk
             bounds = partition(model, p * v, cuts)
             tied = find_tied(model, bounds, p)  # weights used on two ranks: a copy on the later one
         except (TypeError, ValueError) as e:
@@ -230,7 +217,7 @@ class PipelineParallel:
         anything but a one-element Tensor (class docstring: the step runs to its end first).
         """
         m, p, s = self.microbatches, self.num_stages, self.stage_index
-        batch, global_batch = self._check_batch(inputs, targets, loss_fn)
+        batch, global_batch = check_batch(self.group, self.dp_group, m, inputs, targets, loss_fn)
         error: Exception | None = None
         start = time.perf_counter()
         size = batch // m
@@ -249,7 +236,10 @@ class PipelineParallel:
         self.stats.step_s = time.perf_counter() - start
         if result[1]:
             try:  # the first failure in the data flow, to every rank of the pipeline group
-                dist.raise_if_any(self._first_failure(), self.group, label="pipeline group")
+                ex = self._executor
+                dist.raise_if_any(
+                    first_failure(ex.error, ex.error_at, self.group), self.group, label="pipeline group"
+                )
             except Exception as e:  # noqa: BLE001  (whatever it is, the dp group must learn of it)
                 error = e
         if self.dp_group is None or self.dp_group.size == 1:
@@ -281,65 +271,6 @@ class PipelineParallel:
         if inputs is not None:
             data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
         return forward_only(self.chunks, self.group, data)
-
-    def _check_batch(self, inputs: Any, targets: Any, loss_fn: Any) -> tuple[int, int]:
-        """(this replica's batch size, the global batch over the dp group), agreed with two small
-        exchanges (pp group, then dp group; ``groups.gather_ints``); the same error on every rank of both
-        groups."""
-        s, p, m = self.stage_index, self.num_stages, self.microbatches
-        n_in = -1 if inputs is None else len(inputs)
-        n_tg = -1 if targets is None else len(targets)
-        missing = (s == 0 and inputs is None) or (s == p - 1 and targets is None)
-        flags = (_MISSING if missing else 0) | (0 if callable(loss_fn) else _NOT_CALLABLE)
-        rows, mismatch = gather_step(self.group, "train_step", [n_in, n_tg, flags])
-        error: Exception | None = mismatch  # the ranks called different operations
-        # rows, per rank: [len(inputs), len(targets), flags]. Plain Python on a few ints: NumPy's calls on
-        # a 2 x 3 array cost ~6x more (issue 16).
-        sizes = sorted({n for row in rows for n in row[:2] if n >= 0})
-        not_callable = [r for r, row in enumerate(rows) if row[2] & _NOT_CALLABLE]
-        missing_data = [r for r, row in enumerate(rows) if row[2] & _MISSING]
-        if error is not None:
-            pass
-        elif not_callable:
-            error = TypeError(
-                f"train_step: loss_fn must be callable (loss_fn(output, targets) -> scalar Tensor), "
-                f"but ranks {not_callable} passed something else; pass e.g. nn.functional.cross_entropy"
-            )
-        elif missing_data:
-            error = ValueError(
-                f"train_step: ranks {missing_data} passed None where the first stage needs inputs / "
-                "the last stage needs targets; pass the batch on those ranks"
-            )
-        elif len(sizes) != 1:
-            error = ValueError(
-                f"train_step: inputs and targets must have the same batch size on every rank of "
-                f"the pipeline group, got (inputs, targets) per rank {[row[:2] for row in rows]} "
-                "(-1: None)"
-            )
-        elif sizes[0] % m != 0 or sizes[0] == 0:
-            error = ValueError(
-                f"train_step: batch size {sizes[0]} is not divisible by microbatches={m}; use a "
-                f"batch size that is a positive multiple of {m}, or another microbatch count"
-            )
-        batch = sizes[0] if error is None else 0
-        if self.dp_group is None or self.dp_group.size == 1:
-            if error is not None:
-                raise error
-            return batch, batch
-        # A replica whose pipeline group raises must not leave the other replicas waiting in the
-        # gradient all-reduce: share the verdicts (and the batch sizes, needed for the weights).
-        shares = gather_ints(self.dp_group, [int(error is not None), batch])  # per replica: [failed, B]
-        if any(failed for failed, _ in shares):
-            dist.raise_if_any(error, self.dp_group, label="data-parallel group")
-        return batch, sum(b for _, b in shares)
-
-    def _first_failure(self) -> Exception | None:
-        """This rank's error if it came first in the data flow of the step (smallest microbatch, then
-        virtual stage; ``failures.py``): later ones may only follow from the zeros sent after it."""
-        ex = self._executor
-        where = dist.all_gather(np.array(ex.error_at, np.int64), group=self.group).reshape(-1, 2)
-        first = min(range(len(where)), key=lambda r: tuple(where[r]))
-        return ex.error if first == self.group.rank else None
 
     def _combine_gradients_over_dp(self, weight: float) -> None:
         """One all-reduce(sum) per dtype of ``weight`` x this stage's flat gradients, after the backward."""

@@ -18,9 +18,10 @@ Both have, with forward time ``t_f`` and backward time ``t_b`` per microbatch an
 ``(p - 1) / (m + p - 1)`` (Narayanan et al. 2021, §2.2.1). ``simulate`` recomputes it from the
 instruction lists, and the tests check that it does.
 
-**Deadlock freedom.** The executor uses *blocking* send and receive. MPI may complete a blocking send
-only once the receiver has posted the matching receive (rendezvous; MPICH does so for large messages), so
-we must assume that worst case. Two rules make every schedule here safe under it:
+**Deadlock freedom.** The executor's messages (``messaging.py``) are *blocking* sends and receives.
+MPI may complete a blocking send only once the receiver has posted the matching receive (rendezvous;
+MPICH does so for large messages), so we must assume that worst case. Two rules make every schedule
+here safe under it:
 
 1. Per direction, the order agrees: stage s sends activations in the same microbatch order as stage
    s+1 receives them, and stage s+1 sends gradients in the order stage s receives them. (MPI also
@@ -221,29 +222,10 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, m, tuple(stages))
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}  # the ones PipelineParallel executes
-
-
-def make_schedule(name: str, p: int, m: int, virtual_stages: int = 1) -> Schedule:
-    """The schedule called ``name`` for ``p`` stages and ``m`` microbatches: ``"gpipe"``, ``"1f1b"``, or
-    ``"interleaved"`` with ``virtual_stages`` model chunks per stage (``interleaved.py``).
-
-    Raises ``ValueError`` for an unknown name (the known ones are listed), ``p``/``m`` below 1, or
-    ``virtual_stages`` other than 1 for GPipe/1F1B; ``interleaved`` raises as documented there.
-    """
-    if name == "interleaved":
-        from minidist.parallel.pipeline.interleaved import interleaved  # it builds on this module
-
-        return interleaved(p, m, virtual_stages)
-    if name not in SCHEDULES:
-        raise ValueError(
-            f"unknown pipeline schedule {name!r}; choose one of {sorted([*SCHEDULES, 'interleaved'])}"
-        )
-    if virtual_stages != 1:
-        raise ValueError(
-            f"virtual_stages={virtual_stages!r} needs schedule='interleaved'; {name} has 1 chunk"
-        )
-    return SCHEDULES[name](p, m)
+SCHEDULES = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+}  # by name (make_schedule, in interleaved.py, adds the third)
 
 
 def peak_activations(schedule: Schedule) -> list[int]:
