@@ -8,7 +8,8 @@ from a rank that called ``join()``). The all-reduce with ``op="avg"`` turns them
 group; multiplied by ``n`` they are counts that *every* rank receives identically, so every rank raises
 the same error with the same message, and none is left waiting.
 (These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
-per step; the options, checked once at construction, use ``minidist.distributed.agree`` instead.)
+per step; the options, checked once at construction by :func:`agreed_options`, the decorator of
+``DistributedDataParallel.__init__``, use ``minidist.distributed.agree`` instead.)
 
 A rank missing a gradient starts the remaining buckets anyway at the end of backward (its own gradient,
 or zeros if it has none), so all collectives complete before anyone raises. A rank with no batches left
@@ -19,7 +20,9 @@ same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,9 +30,34 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend
 from minidist.distributed import CollectiveMismatchError
+from minidist.nn.module import Module
 from minidist.parallel.comm_hooks.bucket import CommStats
 from minidist.parallel.comm_hooks.registration import CommHook
 from minidist.parallel.data_parallel.buckets import Bucket
+
+
+def agreed_options(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorate ``DistributedDataParallel.__init__`` so that its arguments are checked before its body.
+
+    ``TypeError`` (on this rank) if ``module`` is not a Module; then ``group`` None becomes the world and
+    the ranks agree on the options (:func:`agree_on_options`, collective), so a rank with a bad or
+    different option raises with all the others before anything is broadcast or allocated. The body
+    then runs with the same arguments, ``group`` resolved.
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(self: Module, *args: Any, **kwargs: Any) -> None:
+        call = signature.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        if not isinstance(a["module"], Module):
+            raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(a['module']).__name__}")
+        a["group"] = a["group"] if a["group"] is not None else dist.init()
+        agree_on_options(a["group"], a["bucket_cap_mb"], a["overlap"], a["small_bucket_bytes"])
+        init(*call.args, **call.kwargs)
+
+    return checked
 
 
 def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:
@@ -99,6 +127,15 @@ def uneven_batches_error(training: int, n: int) -> CollectiveMismatchError:
         "every rank the same number of batches (e.g. DistributedSampler with drop_last=True) and call "
         "join() on every rank after its last batch"
     )
+
+
+def check_flags(extra: Any, n: int, named: Sequence[tuple[str, Any]], find_unused_parameters: bool) -> None:
+    """After the last bucket's average over ``n`` ranks: nothing if every flag of ``extra`` is 1 (the
+    common case), else raise as :func:`check_after_backward` for the ``(name, parameter)`` pairs ``named``."""
+    if all_present(extra):
+        return
+    names = [name for name, _ in named]
+    check_after_backward(names, *read_counts(extra, n), n, find_unused_parameters)
 
 
 def check_after_backward(
