@@ -1,4 +1,8 @@
-"""DDP's bookkeeping: the numbers that travel with the last gradient bucket, and the errors they raise.
+"""DDP's checks: its options, agreed before it is built, and the bookkeeping that travels with the gradients.
+
+First, :func:`agreed_options`, the decorator of ``DistributedDataParallel.__init__`` (the one seam
+between DDP and its construction checks): the options decide which all-reduces a backward pass runs
+and in which order, so the ranks compare them before anything is broadcast or allocated.
 
 Two mistakes make the ranks of a data-parallel group disagree about which collectives to run, and so
 hang: a parameter that gets no gradient on some rank (its bucket never fills there), and a rank that
@@ -8,8 +12,7 @@ from a rank that called ``join()``). The all-reduce with ``op="avg"`` turns them
 group; multiplied by ``n`` they are counts that *every* rank receives identically, so every rank raises
 the same error with the same message, and none is left waiting.
 (These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
-per step; the options, checked once at construction by :func:`agreed_options`, the decorator of
-``DistributedDataParallel.__init__``, use ``minidist.distributed.agree`` instead.)
+per step; the options, checked once at construction, use ``minidist.distributed.agree`` instead.)
 
 A rank missing a gradient starts the remaining buckets anyway at the end of backward (its own gradient,
 or zeros if it has none), so all collectives complete before anyone raises. A rank with no batches left
