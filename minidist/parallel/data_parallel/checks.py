@@ -51,7 +51,10 @@ def agreed_options(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def checked(self: Module, *args: Any, **kwargs: Any) -> None:
-        call = signature.bind(self, *args, **kwargs)
+        try:
+            call = signature.bind(self, *args, **kwargs)
+        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
+            return init(self, *args, **kwargs)
         call.apply_defaults()
         a = call.arguments
         if not isinstance(a["module"], Module):

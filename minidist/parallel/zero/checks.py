@@ -43,7 +43,10 @@ def agreed_arguments(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        call = signature.bind(self, *args, **kwargs)
+        try:
+            call = signature.bind(self, *args, **kwargs)
+        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
+            return init(self, *args, **kwargs)
         call.apply_defaults()
         a = call.arguments
         a["group"] = a["group"] if a["group"] is not None else dist.init()

@@ -32,7 +32,10 @@ def agreed_arguments(check: Callable[..., dict[str, Any]]) -> Callable[[Callable
 
         @functools.wraps(body)
         def checked(owner: Any, *args: Any, **kwargs: Any) -> Any:
-            call = signature.bind(owner, *args, **kwargs)
+            try:
+                call = signature.bind(owner, *args, **kwargs)
+            except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
+                return body(owner, *args, **kwargs)
             call.apply_defaults()
             arguments = {name: value for name, value in call.arguments.items() if name != first}
             return body(owner, **check(**arguments))
