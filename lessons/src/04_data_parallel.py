@@ -73,6 +73,22 @@ error = max(np.max(np.abs(p.grad - r)) for p, r in zip(model.parameters(), refer
 print(f"rank {world.rank}: {len(mine)} samples, max |DP grad - single-process grad| = {error:.1e}")
 
 # %% [markdown]
+# The same two rules as a wrapper: `DataParallelNaive` (`minidist/parallel/data_parallel/naive.py`, a
+# page: read it). Wrapping broadcasts rank 0's parameters, so the replicas start identical even from
+# different seeds; a hook on every parameter all-reduces its gradient with `op="avg"` the moment
+# backward has finished it, so `loss.backward()` returns with averaged gradients and the training loop
+# stays the one-process loop.
+
+# %%
+# %%px
+from minidist.parallel.data_parallel import DataParallelNaive
+
+naive = DataParallelNaive(make_model())  # collective: every rank wraps its model together
+grads = grads_of(naive, X[mine], Y[mine])  # the hooks average each gradient during backward
+error = max(np.max(np.abs(g - r)) for g, r in zip(grads, reference))
+print(f"rank {world.rank}: DataParallelNaive, max |grad - single-process grad| = {error:.1e}")
+
+# %% [markdown]
 # ## 2. When the batch does not split evenly
 #
 # With 31 samples on 2 ranks, the slices hold 16 and 15. Each rank's loss is a mean over *its*
@@ -115,8 +131,9 @@ checks.microbatch_weight(microbatch_weight)
 # %% [markdown]
 # ## 4. `DistributedDataParallel`: buckets and overlap
 #
-# The naive loop has two costs. It launches one collective per parameter (many small messages: alpha
-# dominates, lesson 03), and it waits until backward has finished before communicating at all.
+# The naive versions have two costs. They launch one collective per parameter (many small messages:
+# alpha dominates, lesson 03), and nothing computes while they communicate: the loop waits until
+# backward has finished before communicating at all, the wrapper stops backward for every all-reduce.
 # `DistributedDataParallel` (Li et al., "PyTorch Distributed", VLDB 2020, §3.2) fixes both:
 #
 # - **bucketing**: gradients are packed into buckets of about `bucket_cap_mb`, one all-reduce each;

@@ -77,7 +77,7 @@ class Bucket:
         index: the bucket's position in launch order.
         params: the parameters (``Tensor``s) whose gradients it carries, in buffer order.
         extra: number of additional elements at the end of the buffer, after the gradients (DDP puts
-            its per-step bookkeeping there, see ``data_parallel.py``), exposed as :attr:`extra`.
+            its per-step bookkeeping there, see ``ddp.py``), exposed as :attr:`extra`.
 
     The buffer ``flat`` has ``sum(p.size) + extra`` elements of the parameters' (common) dtype, on the
     parameters' device, allocated once and reused every step. What DDP needs of it every step is worked

@@ -1,4 +1,8 @@
-"""DDP's bookkeeping: the numbers that travel with the last gradient bucket, and the errors they raise.
+"""DDP's checks: its options, agreed before it is built, and the bookkeeping that travels with the gradients.
+
+First, :func:`agreed_options`, the decorator of ``DistributedDataParallel.__init__`` (the one seam
+between DDP and its construction checks): the options decide which all-reduces a backward pass runs
+and in which order, so the ranks compare them before anything is broadcast or allocated.
 
 Two mistakes make the ranks of a data-parallel group disagree about which collectives to run, and so
 hang: a parameter that gets no gradient on some rank (its bucket never fills there), and a rank that
@@ -19,7 +23,9 @@ same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,9 +33,37 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend
 from minidist.distributed import CollectiveMismatchError
+from minidist.nn.module import Module
 from minidist.parallel.comm_hooks.bucket import CommStats
 from minidist.parallel.comm_hooks.registration import CommHook
 from minidist.parallel.data_parallel.buckets import Bucket
+
+
+def agreed_options(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorate ``DistributedDataParallel.__init__`` so that its arguments are checked before its body.
+
+    ``TypeError`` (on this rank) if ``module`` is not a Module; then ``group`` None becomes the world and
+    the ranks agree on the options (:func:`agree_on_options`, collective), so a rank with a bad or
+    different option raises with all the others before anything is broadcast or allocated. The body
+    then runs with the same arguments, ``group`` resolved.
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(self: Module, *args: Any, **kwargs: Any) -> None:
+        try:
+            call = signature.bind(self, *args, **kwargs)
+        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
+            return init(self, *args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        if not isinstance(a["module"], Module):
+            raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(a['module']).__name__}")
+        a["group"] = a["group"] if a["group"] is not None else dist.init()
+        agree_on_options(a["group"], a["bucket_cap_mb"], a["overlap"], a["small_bucket_bytes"])
+        init(*call.args, **call.kwargs)
+
+    return checked
 
 
 def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:
@@ -99,6 +133,15 @@ def uneven_batches_error(training: int, n: int) -> CollectiveMismatchError:
         "every rank the same number of batches (e.g. DistributedSampler with drop_last=True) and call "
         "join() on every rank after its last batch"
     )
+
+
+def check_flags(extra: Any, n: int, named: Sequence[tuple[str, Any]], find_unused_parameters: bool) -> None:
+    """After the last bucket's average over ``n`` ranks: nothing if every flag of ``extra`` is 1 (the
+    common case), else raise as :func:`check_after_backward` for the ``(name, parameter)`` pairs ``named``."""
+    if all_present(extra):
+        return
+    names = [name for name, _ in named]
+    check_after_backward(names, *read_counts(extra, n), n, find_unused_parameters)
 
 
 def check_after_backward(

@@ -33,7 +33,7 @@ class Job:
         self.error: BaseException | None = None
         # Held from here until the job has finished; wait() blocks on it. A bare lock (any thread may
         # release it) does what threading.Event would, in two C calls instead of an Event's Condition
-        # and its ten Python calls: DDP makes a job per bucket per step (benchmarks/README.md, issue 16).
+        # and its ten Python calls: DDP makes a job per bucket per step (benchmarks/README.md).
         self._unfinished = threading.Lock()
         self._unfinished.acquire()
 

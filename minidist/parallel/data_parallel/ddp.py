@@ -1,14 +1,9 @@
-"""Data parallelism: every rank holds the whole model and a slice of each global batch.
+"""``DistributedDataParallel`` (DDP): the two rules of ``naive.py``, made fast.
 
-``DistributedDataParallel`` (DDP) keeps the replicas identical by two rules:
-
-1. They start identical: wrapping a model broadcasts rank 0's parameters to the group.
-2. They take identical steps: after backward every rank holds the *average* of all ranks'
-   gradients, so the (deterministic) optimizer makes the same update everywhere.
-
-If each rank's loss is the mean over its equal share of the global batch, the average of the
-ranks' gradients is exactly the gradient of the mean loss over the whole global batch, so N ranks
-train the same model as one process would (up to float rounding of the summation order).
+As ``DataParallelNaive``, DDP broadcasts rank 0's parameters when it wraps a model (the replicas start
+identical) and leaves every rank with the *average* of all ranks' gradients after backward (they take
+identical steps: with equal shares of the global batch, exactly the steps of one process on the whole
+batch, up to float rounding). What it adds is how the gradients travel, and the checks.
 
 **Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped into
 buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward has
@@ -25,16 +20,17 @@ gradient is complete, i.e. right after its layer's backward; one that accumulate
 end of backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case
 you are in).
 
-**Where each bucket runs** (``ddp_launch.py``): big buckets on the communication thread during
+**Where each bucket runs** (``launch.py``): big buckets on the communication thread during
 backward; the last bucket and every bucket under ``small_bucket_bytes`` on the calling thread at its end
 (the lean path: handing a small bucket to the thread costs more than its all-reduce), in an order that
 depends only on the bucket plan and the options. That file also says why a thread and not MPI's
 non-blocking requests.
 
-**Bookkeeping that travels with the gradients** (``ddp_checks.py``). A parameter without a gradient on
-some rank, or a rank that ran out of batches (and called :meth:`join`), would make the ranks disagree
-about which collectives to run, and hang. Flags carried in the last bucket tell every rank the same
-counts instead, so every rank raises the same error, at no extra message per step.
+**Checks** (``checks.py``, read last). ``__init__`` runs only once the ranks agree on the options
+(``@checks.agreed_options``): ranks with different ones would start different all-reduces and hang. A
+parameter without a gradient on some rank, or a rank that ran out of batches (and called :meth:`join`),
+would do the same; flags carried in the last bucket tell every rank the same counts instead, so every
+rank raises the same error, at no extra message per step.
 
 **Communication hooks** (``comm_hooks/``, PyTorch's ``register_comm_hook``). A registered hook replaces
 the bucket's all-reduce, wherever it runs (the thread or the lean path), and may compress: float16,
@@ -77,7 +73,7 @@ class DistributedDataParallel(Module):
             at the end of backward.
         small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
             thread at the end of backward instead of on the communication thread during it (the lean
-            path, ``ddp_launch.py``; 0: every bucket but the last overlaps). The default, 1 MiB, is about
+            path, ``launch.py``; 0: every bucket but the last overlaps). The default, 1 MiB, is about
             where an all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark
             machine.
 
@@ -100,6 +96,7 @@ class DistributedDataParallel(Module):
     take part at all and the other ranks wait for it.
     """
 
+    @checks.agreed_options  # first, collectively: a bad or differing option raises on every rank
     def __init__(
         self,
         module: Module,
@@ -110,13 +107,9 @@ class DistributedDataParallel(Module):
         small_bucket_bytes: int = 2**20,
     ) -> None:
         super().__init__()
-        if not isinstance(module, Module):
-            raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
-        self.group = group if group is not None else dist.init()
-        checks.agree_on_options(self.group, bucket_cap_mb, overlap, small_bucket_bytes)  # collective
+        self.group = group  # (the world if None was passed: checks.agreed_options resolved it)
         self.module = module
-        self.bucket_cap_mb = bucket_cap_mb
-        self.small_bucket_bytes = small_bucket_bytes
+        self.bucket_cap_mb, self.small_bucket_bytes = bucket_cap_mb, small_bucket_bytes
         self.find_unused_parameters = find_unused_parameters
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self._named]
@@ -139,10 +132,9 @@ class DistributedDataParallel(Module):
 
         # A private channel for gradient traffic (collective: every rank duplicates together), and the
         # thread that uses it. A group of one rank has nothing to communicate.
-        self._comm = (  # named as its group, for traces
-            self.group.dup(name=self.group.name) if self.group.size > 1 and params else None
-        )
-        # Which buckets the thread all-reduces during backward, and the order of all (ddp_launch.py).
+        communicates = self.group.size > 1 and bool(params)
+        self._comm = self.group.dup(name=self.group.name) if communicates else None  # (named for traces)
+        # Which buckets the thread all-reduces during backward, and the order of all (launch.py).
         self._launcher = Launcher(self._buckets, overlap, self._comm is not None, small_bucket_bytes)
         self.overlap = self._launcher.overlap  # False without MPI_THREAD_MULTIPLE (with a warning)
         self._order, self._last = self._launcher.order, self._launcher.order[-1]
@@ -155,7 +147,7 @@ class DistributedDataParallel(Module):
         self._sync_enabled = True
         # The state of one backward pass: made once here and changed in place, never assigned anew, because
         # DDP is a Module, whose __setattr__ (which registers parameters and submodules) costs ~4,000
-        # instructions per attribute (benchmarks/README.md, issue 16), and this runs every step.
+        # instructions per attribute (benchmarks/README.md), and this runs every step.
         self._pass = SimpleNamespace(number=None)  # autograd.backward_pass_count() of the running pass
         self._ready = [False] * len(params)  # which gradients this pass has finished
         self._bucket_sizes = [len(b.params) for b in self._buckets]
@@ -299,9 +291,7 @@ class DistributedDataParallel(Module):
                 while len(self._started) < len(self._buckets):
                     self._start_next_bucket()
                 self._launcher.finish(self._communicate)  # in self._order, the same on every rank
-            extra, n = self._buckets[-1].extra, self._comm.size
-            if not checks.all_present(extra):  # else there is nothing to report (the common case)
-                names, unused_ok = [name for name, _ in self._named], self.find_unused_parameters
-                checks.check_after_backward(names, *checks.read_counts(extra, n), n, unused_ok)
+            extra, n = self._buckets[-1].extra, self._comm.size  # the flags, averaged with the last bucket
+            checks.check_flags(extra, n, self._named, self.find_unused_parameters)
         finally:
             self._reset_pass()

@@ -5,12 +5,13 @@ communication) -> ``layers.py`` (``ColumnParallelLinear``, ``RowParallelLinear``
 (``ParallelMLP``: column then row, one all-reduce each way) -> ``vocab_parallel.py`` (the embedding
 split over the vocabulary) and ``vocab_parallel_loss.py`` (the cross-entropy of vocabulary-sharded
 logits, never gathered) -> ``random.py`` (the RNG tracker: dropout masks per rank on sharded
-activations, shared on replicated ones) -> ``sequence_parallel.py`` (the LayerNorm regions split along
-the sequence: all-gather / reduce-scatter instead of all-reduce; ``sequence_parallel_linear.py``: the
-column layer that keeps only its input's shard) -> ``cut.py`` (a full layer cut into this rank's piece)
--> ``transformer.py`` (the GPT block: heads split, MLP column then row, optionally sequence
-parallel). ``checks.py`` compares every layer's arguments across its group at construction, so a
-mismatch raises on every rank. The process grid these groups come from is
+activations, shared on replicated ones; and the generator a layer's ranks share when it is built) ->
+``sequence_parallel.py`` (the LayerNorm regions split along the sequence: all-gather / reduce-scatter
+instead of all-reduce; ``sequence_parallel_linear.py``: the column layer that keeps only its input's
+shard) -> ``cut.py`` (a full layer cut into this rank's piece) -> ``transformer.py`` (the GPT block:
+heads split, MLP column then row, optionally sequence parallel). Last, ``checks/``: every layer's
+arguments compared across its group before the layer's own code runs (the decorators of
+``checks/seam.py``), so a mismatch raises on every rank. The process grid these groups come from is
 ``minidist/parallel/mesh.py``; gradient clipping over shards is ``minidist/parallel/clip_grad.py``.
 """
 

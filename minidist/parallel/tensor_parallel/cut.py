@@ -3,19 +3,16 @@
 A parallel model in minidist starts as the very model one process builds: every rank builds the full
 layer from the same seed and keeps its piece (``ColumnParallelLinear.from_linear``,
 ``RowParallelLinear.from_linear``, the GPT blocks of ``transformer.py``, ``ParallelGPT``). Which piece
-is ``split.py``'s rule (even, uneven, strided); this file applies it to Parameters and checks, across
-the group, that a cut can be made.
+is ``split.py``'s rule (even, uneven, strided); this file applies it to Parameters. Whether a cut can be
+made is checked across the group before (``checks/layers.py``, ``cut``).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from minidist.distributed.comm import Communicator
-from minidist.nn.layers import Linear
 from minidist.nn.module import Module, Parameter
-from minidist.parallel.tensor_parallel.checks import agree, check_divisible, resolve_group
 from minidist.parallel.tensor_parallel.mappings import tag_shard
 from minidist.parallel.tensor_parallel.split import shard_index
 
@@ -29,45 +26,6 @@ def cut_parameter(full: Parameter, tp_dim: int | None, group: Communicator, stri
     shard = Parameter(full.data[where].copy())  # copy: contiguous, and independent of the full model
     shard.tp_dim, shard.tp_group, shard.tp_stride = tp_dim, group, stride
     return tag_shard(shard, group)
-
-
-def agree_to_cut(kind: str, linear: Linear, group: Any, stride: int, flags: dict[str, Any]) -> Communicator:
-    """Check (and agree across ``group``) the arguments of a ``from_linear`` of layer ``kind``; return the
-    group. Raises on every rank ``TypeError`` for a bad group or something else than an ``nn.Linear``,
-    ``ValueError`` if the split axis (out_features / stride for a column layer, in_features for a row
-    layer) is not divisible by the group size."""
-    group, error = resolve_group(kind, group)
-    shape: dict[str, Any] = {}
-    try:
-        if error is not None:
-            raise error
-        if not isinstance(linear, Linear):
-            raise TypeError(f"{kind}.from_linear: expects an nn.Linear, got {type(linear).__name__}")
-        shape = dict(in_features=linear.in_features, out_features=linear.out_features)
-        if (
-            isinstance(stride, bool)
-            or not isinstance(stride, int)
-            or stride < 1
-            or linear.out_features % stride
-        ):
-            raise ValueError(
-                f"{kind}.from_linear: stride={stride!r} must be a positive int dividing "
-                f"out_features={linear.out_features} into equal blocks"
-            )
-        if kind == "ColumnParallelLinear":
-            name = "out_features / stride" if stride > 1 else "out_features"
-            check_divisible(kind, name, linear.out_features // stride, group)
-        else:
-            check_divisible(kind, "in_features", linear.in_features, group)
-    except (TypeError, ValueError) as e:
-        error = e
-    agree(
-        group,
-        kind,
-        {**shape, "bias": getattr(linear, "bias", None) is not None, "stride": repr(stride), **flags},
-        error,
-    )
-    return group
 
 
 def replicate(module: Module, group: Communicator, sequence_parallel: bool = False) -> Module:

@@ -19,7 +19,7 @@ advances alike, tp=n and tp=1 start from the same model, and the next layer draw
 too. The price, one full weight per rank for a moment, is irrelevant at the sizes minidist trains.
 That needs the same generator state on every rank of the group, which a per-rank seed
 (``md.manual_seed(rank)``) breaks; so at construction the ranks adopt the group's first rank's state
-(``checks.share_generator``, one small all-gather), as DDP adopts rank 0's weights. The layer is then
+(``random.share_generator``, one small all-gather), as DDP adopts rank 0's weights. The layer is then
 the one the first rank's seed builds on one device, sharded and replicated parameters alike.
 
 Every sharded parameter gets ``tp_dim`` (0: out axis, 1: in axis) and ``tp_group``; a replicated
@@ -44,15 +44,8 @@ from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.layers import Linear, uniform
 from minidist.nn.module import Module, Parameter
-from minidist.parallel.tensor_parallel.checks import (
-    agree,
-    check_divisible,
-    describe_dtype,
-    flag,
-    positive_int,
-    resolve_group,
-)
-from minidist.parallel.tensor_parallel.cut import agree_to_cut, cut_parameter
+from minidist.parallel.tensor_parallel import checks
+from minidist.parallel.tensor_parallel.cut import cut_parameter
 from minidist.parallel.tensor_parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_tensor_parallel_region,
@@ -76,15 +69,6 @@ def shard_parameter(full: Parameter, tp_dim: int, group: Communicator) -> Parame
     # END SOLUTION
 
 
-def _check_last_axis(layer: Module, x: Tensor, expected: int, what: str) -> None:
-    if x.ndim == 0 or x.shape[-1] != expected:
-        raise ValueError(
-            f"{type(layer).__name__}({layer.in_features}, {layer.out_features}) on a group of "
-            f"{layer.group.size} got input of shape {x.shape}: it expects input of shape (..., {expected}), "
-            f"its last axis must be {expected} ({what})"
-        )
-
-
 class ColumnParallelLinear(Module):
     """y = x W^T + b with W (out, in) split on the out axis: this rank holds W_r (out/n, in), b_r (out/n,).
 
@@ -93,13 +77,13 @@ class ColumnParallelLinear(Module):
     (one all-gather forward). Backward all-reduces ``dL/dx`` (the f operator).
 
     Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
-    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank. The
+    construction (one small all-gather, ``checks/``), so a mismatch is reported by every rank. The
     ranks then adopt the first rank's generator state (a per-rank seed still builds one layer; module
     docstring).
 
     Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
     (NumPy integers are fine), a flag that is not a bool, or a ``group`` that is not a Communicator
-    (``checks.resolve_group``), ``ValueError`` for a size < 1, ``out_features`` not divisible by
+    (``checks/arguments.py``), ``ValueError`` for a size < 1, ``out_features`` not divisible by
     ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
     ``gather_output`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis is not
     ``in_features`` (or a scalar).
@@ -107,6 +91,7 @@ class ColumnParallelLinear(Module):
 
     sequence_parallel = False  # input (..., T / n, in): all-gather on the sequence axis instead of f
 
+    @checks.agreed_arguments(checks.linear("ColumnParallelLinear", split="out_features"))
     def __init__(
         self,
         in_features: int,
@@ -117,11 +102,7 @@ class ColumnParallelLinear(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        self.group, error = resolve_group("ColumnParallelLinear", group)
-        in_features, out_features, (bias, gather_output) = _agree_on_sizes(
-            "ColumnParallelLinear", self.group, error, in_features, out_features, "out_features",
-            dict(bias=bias, gather_output=gather_output), dtype,
-        )  # fmt: skip
+        self.group = group  # agreed, like every argument here (checks.linear); None became the world
         self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
         self.out_features_per_partition = out_features // self.group.size
         bound = 1.0 / math.sqrt(in_features)  # the full layer's fan-in, as nn.Linear
@@ -129,6 +110,7 @@ class ColumnParallelLinear(Module):
         self.bias = shard_parameter(uniform((out_features,), bound, dtype), 0, self.group) if bias else None
 
     @classmethod
+    @checks.agreed_arguments(checks.cut("ColumnParallelLinear"))
     def from_linear(
         cls,
         linear: Linear,
@@ -145,7 +127,6 @@ class ColumnParallelLinear(Module):
         small agreement). Raises on every rank ``TypeError`` for something else than an ``nn.Linear``
         or a bad group, ``ValueError`` if out_features / stride is not divisible by the group size.
         """
-        group = agree_to_cut("ColumnParallelLinear", linear, group, stride, {"sp": sequence_parallel})
         layer = cls.__new__(cls)
         Module.__init__(layer)
         layer.group, layer.gather_output, layer.sequence_parallel = group, False, sequence_parallel
@@ -155,8 +136,8 @@ class ColumnParallelLinear(Module):
         layer.bias = None if linear.bias is None else cut_parameter(linear.bias, 0, group, stride)
         return layer
 
+    @checks.checked_input  # x (..., in_features), else ValueError
     def forward(self, x: Tensor) -> Tensor:
-        _check_last_axis(self, x, self.in_features, "in_features")
         if self.sequence_parallel:  # the paper's g, fused: all-gather the positions, keep only the shard
             return all_gather_linear(x, self.weight, self.bias, self.group)
         # BEGIN SOLUTION A4.3: f, this rank's slice of the output features, gather if gather_output
@@ -182,13 +163,13 @@ class RowParallelLinear(Module):
     ``g(x_r W_r^T) + b``, one all-reduce forward, none backward.
 
     Collective: every rank of ``group`` must build it, with the same arguments; they are compared at
-    construction (one small all-gather, ``checks.py``), so a mismatch is reported by every rank. The
+    construction (one small all-gather, ``checks/``), so a mismatch is reported by every rank. The
     ranks then adopt the first rank's generator state (a per-rank seed still builds one layer; module
     docstring).
 
     Raises (at construction on every rank of ``group``): ``TypeError`` for a size that is not an int
     (NumPy integers are fine), a flag that is not a bool, or a ``group`` that is not a Communicator
-    (``checks.resolve_group``), ``ValueError`` for a size < 1, ``in_features`` not divisible by
+    (``checks/arguments.py``), ``ValueError`` for a size < 1, ``in_features`` not divisible by
     ``group.size``, or ranks that passed different ``in_features``, ``out_features``, ``bias``,
     ``input_is_parallel`` or ``dtype``. In ``forward``: ``ValueError`` for an input whose last axis
     has the wrong length (or a scalar).
@@ -196,6 +177,7 @@ class RowParallelLinear(Module):
 
     sequence_parallel = False  # output (..., T / n, out): reduce-scatter on the sequence axis instead of g
 
+    @checks.agreed_arguments(checks.linear("RowParallelLinear", split="in_features"))
     def __init__(
         self,
         in_features: int,
@@ -206,11 +188,7 @@ class RowParallelLinear(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        self.group, error = resolve_group("RowParallelLinear", group)
-        in_features, out_features, (bias, input_is_parallel) = _agree_on_sizes(
-            "RowParallelLinear", self.group, error, in_features, out_features, "in_features",
-            dict(bias=bias, input_is_parallel=input_is_parallel), dtype,
-        )  # fmt: skip
+        self.group = group  # agreed, like every argument here (checks.linear); None became the world
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
         self.in_features_per_partition = in_features // self.group.size
@@ -219,6 +197,7 @@ class RowParallelLinear(Module):
         self.bias = uniform((out_features,), bound, dtype) if bias else None  # replicated: tp_dim None
 
     @classmethod
+    @checks.agreed_arguments(checks.cut("RowParallelLinear"))
     def from_linear(
         cls, linear: Linear, group: Communicator | None = None, sequence_parallel: bool = False
     ) -> RowParallelLinear:
@@ -231,7 +210,6 @@ class RowParallelLinear(Module):
         ``group``. Raises on every rank ``TypeError`` for something else than an ``nn.Linear`` or a
         bad group, ``ValueError`` if in_features is not divisible by the group size.
         """
-        group = agree_to_cut("RowParallelLinear", linear, group, 1, {"sp": sequence_parallel})
         layer = cls.__new__(cls)
         Module.__init__(layer)
         layer.group, layer.input_is_parallel, layer.sequence_parallel = group, True, sequence_parallel
@@ -243,12 +221,10 @@ class RowParallelLinear(Module):
             layer.bias.sequence_parallel, layer.bias.tp_group = True, group
         return layer
 
+    @checks.checked_input  # x (..., in_features / n) or, not input_is_parallel, (..., in_features)
     def forward(self, x: Tensor) -> Tensor:
-        if self.input_is_parallel:
-            _check_last_axis(self, x, self.in_features_per_partition, "in_features / group size")
-        else:
-            _check_last_axis(self, x, self.in_features, "in_features")
-            x = scatter_to_tensor_parallel_region(x, self.group)
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_parallel_region(x, self.group)  # keep this rank's slice
         if self.sequence_parallel:  # the paper's g-bar: reduce-scatter the partials, then the bias once
             y = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), self.group)
             return y if self.bias is None else y + self.bias
@@ -264,32 +240,3 @@ class RowParallelLinear(Module):
             f"out_features={self.out_features}, bias={self.bias is not None}, "
             f"input_is_parallel={self.input_is_parallel}"
         )
-
-
-def _agree_on_sizes(
-    layer: str,
-    group: Communicator,
-    error: Exception | None,
-    in_features: Any,
-    out_features: Any,
-    split: str,
-    flags: dict[str, Any],
-    dtype: Any,
-) -> tuple[int, int, tuple[bool, ...]]:
-    """The sizes as ints and the flags as bools, after checking them here (``error``: one found
-    already) and comparing all arguments across ``group``; then the group shares one generator."""
-    sizes: tuple[Any, ...] = (in_features, out_features)
-    try:
-        if error is not None:
-            raise error
-        sizes = (
-            positive_int(layer, "in_features", in_features),
-            positive_int(layer, "out_features", out_features),
-        )
-        flags = {name: flag(layer, name, value) for name, value in flags.items()}
-        check_divisible(layer, split, sizes[1] if split == "out_features" else sizes[0], group)
-    except (TypeError, ValueError) as e:
-        error = e
-    arguments = {"in_features": sizes[0], "out_features": sizes[1], **flags, "dtype": describe_dtype(dtype)}
-    agree(group, layer, arguments, error)
-    return sizes[0], sizes[1], tuple(flags.values())

@@ -15,21 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.module import Module
-from minidist.parallel.tensor_parallel.checks import (
-    agree,
-    already_agreed,
-    check_divisible,
-    describe_dtype,
-    flag,
-    positive_int,
-    resolve_group,
-)
+from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel.random import get_rng_tracker
 
@@ -52,7 +42,7 @@ class ParallelMLP(Module):
     per tp rank (the RNG tracker's generator; seed it with ``model_parallel_manual_seed``).
 
     Collective: every rank of ``group`` must build it with the same arguments, compared at construction
-    in one small all-gather (``checks.py``); then the ranks adopt the first rank's generator state, so a
+    in one small all-gather (``checks/``); then the ranks adopt the first rank's generator state, so a
     per-rank seed still builds one block (``layers.py``). Raises, on every rank of ``group``:
     ``TypeError`` for a size that is not an int (NumPy integers are fine), a ``bias`` that is not a bool
     or a ``group`` that is not a Communicator; ``ValueError`` for a size < 1,
@@ -61,6 +51,7 @@ class ParallelMLP(Module):
     that passed different arguments.
     """
 
+    @checks.agreed_arguments(checks.mlp(ACTIVATIONS))
     def __init__(
         self,
         in_features: int,
@@ -73,30 +64,8 @@ class ParallelMLP(Module):
         dtype: Any = DEFAULT_DTYPE,
     ) -> None:
         super().__init__()
-        group, error = resolve_group("ParallelMLP", group)
-        out_features = in_features if out_features is None else out_features
-        sizes = (in_features, hidden_features, out_features)
-        try:
-            if error is not None:
-                raise error
-            names = ("in_features", "hidden_features", "out_features")
-            sizes = tuple(positive_int("ParallelMLP", n, v) for n, v in zip(names, sizes))
-            bias = flag("ParallelMLP", "bias", bias)
-            check_divisible("ParallelMLP", "hidden_features", sizes[1], group)
-            if activation not in ACTIVATIONS:
-                raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-            if not 0.0 <= dropout <= 1.0:
-                raise ValueError(f"dropout probability must be between 0 and 1, got {dropout}")
-        except (TypeError, ValueError) as e:
-            error = e
-        arguments = dict(zip(("in_features", "hidden_features", "out_features"), sizes))
-        # dropout as a float when it is a number: 0, 0.0 and np.float64(0.0) are the same probability
-        rate = float(dropout) if isinstance(dropout, (int, float, np.integer, np.floating)) else repr(dropout)
-        arguments.update(bias=bias, activation=repr(activation), dropout=rate)
-        agree(group, "ParallelMLP", {**arguments, "dtype": describe_dtype(dtype)}, error)
-        in_features, hidden_features, out_features = sizes
-        self.activation, self.dropout = activation, dropout
-        with already_agreed():  # one collective for the block, not one more per layer
+        self.activation, self.dropout = activation, dropout  # agreed with the sizes (checks.mlp)
+        with checks.already_agreed():  # one collective for the block, not one more per layer
             self.fc1 = ColumnParallelLinear(
                 in_features, hidden_features, bias, group, gather_output=False, dtype=dtype
             )

@@ -18,6 +18,10 @@ Dropout must behave differently on the two kinds of activations of a tensor-para
 Forking keeps the default generator untouched, so everything that draws from it (weight init, the
 replicated dropouts) still draws exactly what a single device would. Megatron seeds the tracked
 generator with ``seed + 2718 + tp_rank``; so does :func:`model_parallel_manual_seed`.
+
+That needs the same default generator on every rank of a tp group, which a per-rank seed breaks: so
+every tensor-parallel layer's construction ends its argument agreement (``checks/``) with
+:func:`share_generator`, and the ranks adopt the group's first rank's state.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 
 from minidist import random
 from minidist.distributed.comm import Communicator
+from minidist.distributed.safety import agreement
 from minidist.distributed.world import group_or_world
 from minidist.ops.dropout import set_sharded_stream
 
@@ -120,3 +125,27 @@ def model_parallel_manual_seed(seed: int, group: Communicator | None = None) -> 
     random.manual_seed(seed)
     _TRACKER.reset()
     _TRACKER.add(MODEL_PARALLEL_RNG, seed + TP_SEED_OFFSET + group_or_world(group).rank)
+
+
+def share_generator(group: Communicator) -> bool:
+    """Make minidist's default generator the same on every rank of ``group``: the first rank's.
+
+    Collective (one all-gather of the ~200-byte generator state, ``agreement.all_gather_json``). A
+    tensor-parallel layer is one layer: its shards must be slices of *one* full weight, its replicated
+    parameters (a row-parallel bias) equal on every rank, and the dropout masks of replicated
+    activations too. All of that is drawn from the default generator, so a per-rank seed
+    (``md.manual_seed(rank)``, a common data-parallel habit) would silently build a different layer on
+    each rank. As DDP broadcasts rank 0's weights, the layer adopts the group's first rank's generator
+    state before drawing: the model is then exactly the one that rank would build on one device, and
+    the ranks keep drawing alike afterwards. Ranks of *other* tp groups (other data-parallel
+    replicas) keep their own streams. Plain layers built *before* the first tensor-parallel layer
+    drew from the ranks' own generators and may still differ: seed alike within a tp group, or build
+    the tensor-parallel layers first. Returns True if this rank's state was replaced.
+    """
+    if group.size == 1:
+        return False
+    states = agreement.all_gather_json(random.get_rng_state(), group)
+    if all(state == states[0] for state in states):
+        return False
+    random.set_rng_state(states[0])
+    return True

@@ -35,23 +35,9 @@ from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.module import Module
 from minidist.parallel.context_parallel import ring_attention
-from minidist.parallel.tensor_parallel.checks import agree, already_agreed, describe_dtype, resolve_group
+from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.cut import replicate
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-
-
-def _agree_on_heads(layer: str, group: Any, n_embd: int, n_head: int, sp: bool, dtype: Any) -> Communicator:
-    """Check ``n_head`` % group size (``ValueError``) and agree on the sizes across the group; the group."""
-    group, error = resolve_group(layer, group)
-    if error is None and n_head % group.size:
-        divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
-        error = ValueError(
-            f"{layer}: n_head={n_head} is not divisible by the tensor-parallel size {group.size}: each "
-            f"rank computes n_head / tp whole attention heads; choose tp among {divisors}, or change n_head"
-        )
-    sizes = {"n_embd": n_embd, "n_head": n_head, "sequence_parallel": sp, "dtype": describe_dtype(dtype)}
-    agree(group, layer, sizes, error)
-    return group
 
 
 class ParallelCausalSelfAttention(Module):
@@ -69,15 +55,13 @@ class ParallelCausalSelfAttention(Module):
 
     context_parallel_group: Communicator | None = None
 
+    @checks.agreed_arguments(checks.attention)  # n_head divisible by the group size, agreed
     def __init__(self, attn: Any, group: Communicator | None = None, sequence_parallel: bool = False) -> None:
         super().__init__()
-        dtype = attn.c_attn.weight.dtype
-        name = "ParallelCausalSelfAttention"
-        group = _agree_on_heads(name, group, attn.n_embd, attn.n_head, sequence_parallel, dtype)
         self.group, self.sequence_parallel = group, sequence_parallel
         self.n_embd, self.n_head, self.dropout_p = attn.n_embd, attn.n_head, attn.dropout_p
         self.n_head_per_partition = attn.n_head // group.size
-        with already_agreed():
+        with checks.already_agreed():
             self.c_attn = ColumnParallelLinear.from_linear(attn.c_attn, group, 3, sequence_parallel)
             self.c_proj = RowParallelLinear.from_linear(attn.c_proj, group, sequence_parallel)
         self.resid_dropout = replicate(attn.resid_dropout, group)
@@ -137,17 +121,15 @@ class ParallelBlock(Module):
     the group size under sequence parallelism.
     """
 
+    @checks.agreed_arguments(checks.block)  # one agreement for the whole block
     def __init__(
         self, block: Any, group: Communicator | None = None, sequence_parallel: bool = False
     ) -> None:
         super().__init__()
-        attn = block.attn
-        dtype = attn.c_attn.weight.dtype
-        group = _agree_on_heads("ParallelBlock", group, attn.n_embd, attn.n_head, sequence_parallel, dtype)
         self.group, self.sequence_parallel = group, sequence_parallel
-        with already_agreed():  # one collective for the block, not one per layer
+        with checks.already_agreed():  # one collective for the block, not one per layer
             self.ln_1 = replicate(block.ln_1, group, sequence_parallel)
-            self.attn = ParallelCausalSelfAttention(attn, group, sequence_parallel)
+            self.attn = ParallelCausalSelfAttention(block.attn, group, sequence_parallel)
             self.ln_2 = replicate(block.ln_2, group, sequence_parallel)
             self.mlp = ParallelFeedForward(block.mlp, group, sequence_parallel)
 

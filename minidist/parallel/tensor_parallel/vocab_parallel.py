@@ -23,17 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-import minidist.distributed as dist
 from minidist import random
 from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.backend import array_module
 from minidist.distributed.comm import Communicator
-from minidist.distributed.safety.agreement import agree as agree_errors
 from minidist.nn.module import Module, Parameter
 from minidist.ops.embedding import Embedding
-from minidist.parallel.tensor_parallel.checks import agree, describe_dtype, positive_int, resolve_group
+from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.mappings import reduce_from_tensor_parallel_region, tag_shard
 from minidist.parallel.tensor_parallel.split import shard_bounds
 from minidist.parallel.tensor_parallel.vocab_parallel_loss import (  # the loss: its own file, same topic
@@ -86,8 +82,8 @@ class VocabParallelEmbedding(Module):
 
     Initialisation equals one process's: every rank draws the *full* table from minidist's generator
     exactly as ``nn.Embedding`` does (N(0, 1), the row ``padding_idx`` zeroed), after adopting the
-    group's first rank's generator state (``checks.agree``), and keeps its rows. So tp = p and tp = 1
-    start from the same table. :meth:`from_weight` cuts the piece from an existing full table instead.
+    group's first rank's generator state (``random.share_generator``), and keeps its rows. So tp = p and
+    tp = 1 start from the same table. :meth:`from_weight` cuts the piece from an existing full table instead.
 
     Collective: every rank of ``group`` must build it with the same arguments (compared at
     construction, one small all-gather) and call ``forward`` with the same ids (one small all-reduce
@@ -101,6 +97,7 @@ class VocabParallelEmbedding(Module):
     ``ValueError`` for ranks whose ids differ (detected by their sums: one more int64 in the range check).
     """
 
+    @checks.agreed_arguments(checks.embedding)  # sizes, padding_idx, the vocabulary split: agreed
     def __init__(
         self,
         num_embeddings: int,
@@ -110,27 +107,14 @@ class VocabParallelEmbedding(Module):
         padding_idx: int | None = None,
     ) -> None:
         super().__init__()
-        group, error = resolve_group("VocabParallelEmbedding", group)
-        sizes: tuple[Any, ...] = (num_embeddings, embedding_dim)
-        try:
-            if error is not None:
-                raise error
-            sizes = (
-                positive_int("VocabParallelEmbedding", "num_embeddings", num_embeddings),
-                positive_int("VocabParallelEmbedding", "embedding_dim", embedding_dim),
-            )
-            padding_idx = _check_vocab(sizes[0], group, padding_idx)
-        except (TypeError, ValueError) as e:
-            error = e
-        arguments = {"num_embeddings": sizes[0], "embedding_dim": sizes[1], "padding_idx": padding_idx}
-        agree(group, "VocabParallelEmbedding", {**arguments, "dtype": describe_dtype(dtype)}, error)
         # the full table, drawn as nn.Embedding draws it (same generator, same order)
-        values = random.generator().standard_normal(sizes).astype(dtype)
+        values = random.generator().standard_normal((num_embeddings, embedding_dim)).astype(dtype)
         if padding_idx is not None:
             values[padding_idx] = 0
         self._keep_rows(values, group, padding_idx)
 
     @classmethod
+    @checks.agreed_arguments(checks.table)  # the table's shape and padding_idx, agreed
     def from_weight(
         cls, weight: Any, group: Communicator | None = None, padding_idx: int | None = None
     ) -> VocabParallelEmbedding:
@@ -144,24 +128,7 @@ class VocabParallelEmbedding(Module):
         """
         layer = cls.__new__(cls)
         Module.__init__(layer)
-        group, error = resolve_group("VocabParallelEmbedding.from_weight", group)
-        full = weight.data if isinstance(weight, Tensor) else weight
-        full = full if hasattr(full, "shape") else np.asarray(full)  # a nested list: a host array
-        shape = tuple(int(n) for n in full.shape)
-        try:
-            if error is not None:
-                raise error
-            if len(shape) != 2 or min(shape) < 1:
-                raise ValueError(
-                    f"VocabParallelEmbedding.from_weight: weight must be 2-D (num_embeddings, embedding_dim) "
-                    f"with both sizes >= 1, got shape {shape}"
-                )
-            padding_idx = _check_vocab(shape[0], group, padding_idx)
-        except (TypeError, ValueError) as e:
-            error = e
-        arguments = {"shape": list(shape), "padding_idx": padding_idx, "dtype": describe_dtype(full.dtype)}
-        agree(group, "VocabParallelEmbedding.from_weight", arguments, error)
-        layer._keep_rows(full, group, padding_idx)
+        layer._keep_rows(weight, group, padding_idx)  # weight: the full table's array (checks.table)
         return layer
 
     def _keep_rows(self, full: Any, group: Communicator, padding_idx: int | None) -> None:
@@ -177,39 +144,9 @@ class VocabParallelEmbedding(Module):
         self.weight = tag_shard(weight, group)  # lookups are partial until reduce
         self.reduce = reduce_from_tensor_parallel_region
 
-    def forward(self, input: Any) -> Tensor:
+    @checks.agreed_ids  # ids: the input, integers in [0, V) on the table's device, alike on every rank
+    def forward(self, ids: Any) -> Tensor:
         xp = array_module(self.weight.data)
-        ids = xp.asarray(input.data if isinstance(input, Tensor) else input)  # on the table's device
-        error = None
-        if ids.dtype.kind not in "iu":
-            error = RuntimeError(
-                "VocabParallelEmbedding: expected integer token ids (Long or Int, as F.embedding), got "
-                f"{ids.dtype}; pass e.g. ids.astype(np.int64)"
-            )
-        low, high = (int(ids.min()), int(ids.max())) if ids.size and error is None else (0, -1)
-        total = int(ids.sum()) if ids.size and error is None else 0
-        if self.group.size > 1:  # the group's range, error flag and ids' sum: one all-reduce (max)
-            facts = np.array([high, -low, error is not None, total, -total], dtype=np.int64)
-            high, neg_low, failed, total, neg_total = dist.all_reduce(facts, op="max", group=self.group)
-            low, high = -int(neg_low), int(high)
-            if failed:  # a rank got ids that are not integers: every rank raises its error
-                agree_errors(None, error, self.group, label="tensor-parallel group")
-        elif error is not None:
-            raise error
-        else:
-            neg_total = -total
-        if low < 0 or high >= self.num_embeddings:
-            raise IndexError(
-                f"index out of range in self: VocabParallelEmbedding ids must lie in [0, "
-                f"{self.num_embeddings}) (num_embeddings), got values from {low} to {high} on the "
-                f"ranks of the tensor-parallel group"
-            )
-        if total != -neg_total:  # a cheap test that every rank has the same ids (another batch fails it)
-            raise ValueError(
-                f"VocabParallelEmbedding: the ranks of the tensor-parallel group passed different ids (their "
-                f"sums range from {-int(neg_total)} to {int(total)}); every rank of the group needs the same "
-                "ids: take the batch by dp/cp rank, not by tp rank"
-            )
         owned = (ids >= self.vocab_start) & (ids < self.vocab_end)
         local = xp.where(owned, ids - self.vocab_start, 0)  # foreign ids: row 0, zeroed by the op
         partial = VocabShardLookup.apply(
@@ -223,22 +160,3 @@ class VocabParallelEmbedding(Module):
             f"{self.num_embeddings}, {self.embedding_dim}{padding}, rows [{self.vocab_start}, "
             f"{self.vocab_end}) on rank {self.group.rank} of {self.group.size}"
         )
-
-
-def _check_vocab(vocab: int, group: Communicator, padding_idx: int | None) -> int | None:
-    """Raise ``ValueError`` if a rank of ``group`` would own no row or ``padding_idx`` is outside
-    [-V, V); return ``padding_idx`` as an int in [0, V) (or None)."""
-    if vocab < group.size:
-        raise ValueError(
-            f"VocabParallelEmbedding: num_embeddings={vocab} is smaller than the tensor-parallel group "
-            f"size {group.size}, so a rank would own no row; use a smaller tp or a larger vocabulary"
-        )
-    if padding_idx is None:
-        return None
-    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
-        raise TypeError(f"VocabParallelEmbedding: padding_idx must be an int or None, got {padding_idx!r}")
-    if not -vocab <= padding_idx < vocab:
-        raise ValueError(
-            f"VocabParallelEmbedding: padding_idx must be within num_embeddings ({vocab}), got {padding_idx}"
-        )
-    return int(padding_idx) % vocab

@@ -8,11 +8,17 @@ size and dtype (and spreads a rank's own error to all); then, with equal counts,
 compares the sizes one by one: each rank contributes ``v`` and ``-v`` under op="max", which yields
 the maximum and minus the minimum of ``v`` over the group. Max == min means all agree. Every rank
 gets the same answer, so every rank raises the same error and none is left waiting.
+
+All of it runs before ``ZeroRedundancyOptimizer.__init__``'s body, through one seam: the decorator
+:func:`agreed_arguments` (first in this file), which also fills in the user's parameter groups
+(:func:`fill_in_groups`) and hands the body the agreed values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -20,6 +26,43 @@ import numpy as np
 import minidist.distributed as dist
 from minidist.autograd import Tensor
 from minidist.optim.optimizer import Optimizer
+from minidist.parallel.zero.groups import group_summary
+from minidist.parallel.zero.layout import ShardLayout
+
+
+def agreed_arguments(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorate ``ZeroRedundancyOptimizer.__init__`` so that every argument is checked, on this rank and
+    across the group, before its body runs.
+
+    ``group`` None becomes the world. A bad ``stage``, optimizer class or parameter group on one rank
+    only must raise on every rank: those checks travel with the collective parameter check
+    (:func:`check_params`) instead of raising alone. The body then runs with ``group`` resolved and
+    ``params`` replaced by the user's groups, filled in (:func:`fill_in_groups`) and agreed.
+    """
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            call = signature.bind(self, *args, **kwargs)
+        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
+            return init(self, *args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        a["group"] = a["group"] if a["group"] is not None else dist.init()
+        argument_error, groups = None, []
+        try:
+            check_stage(a["stage"])
+            check_optimizer_class(a["optimizer_class"])
+            groups = fill_in_groups(a["params"], a["optimizer_class"], a["optimizer_kwargs"])
+        except (TypeError, ValueError) as e:
+            argument_error = e
+        flat = [p for g in groups for p in g["params"]]
+        check_params(flat, a["group"], argument_error, a["stage"], group_summary(groups))  # collective
+        a["params"] = groups
+        init(*call.args, **call.kwargs)
+
+    return checked
 
 
 def check_stage(stage: Any) -> None:
@@ -57,7 +100,7 @@ def check_params(
     Collective (one agreement, one small all-reduce). ``argument_error``: this rank's problem with the
     other arguments (a bad ``stage``, a bad parameter group), raised on every rank like the parameters'
     own. ``also_agree``: more JSON values the ranks must agree on (the parameter groups, see
-    ``zero_groups.group_summary``). Raises on every rank: ``TypeError`` if some rank passed a
+    ``groups.group_summary``). Raises on every rank: ``TypeError`` if some rank passed a
     non-tensor (or ``argument_error`` is one); ``ValueError`` for an empty list, mixed or non-float
     dtypes, or a count, total size, dtype, per-parameter size, ``stage`` or ``also_agree`` value that
     differs between ranks.
@@ -101,6 +144,41 @@ def check_params(
     return unique
 
 
+def fill_in_groups(
+    params: Iterable[Any], optimizer_class: type[Optimizer], optimizer_kwargs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The user's groups, ``"params"`` without duplicates and every hyperparameter filled in.
+
+    Building ``optimizer_class`` over the full parameters is how the groups get exactly the defaults
+    and checks of that class (our optimizers allocate no state before their first step, so this costs
+    nothing); only its ``param_groups`` are kept. Raises what ``optimizer_class`` raises (a
+    ``ValueError`` for a parameter in two groups, a group without ``"params"``, a bad value; a
+    ``TypeError`` for an unknown keyword), and ZeRO's own errors for the parameters
+    (:func:`local_problem`: not a tensor, empty, mixed or non-float dtypes).
+    """
+    if isinstance(params, Tensor):
+        raise TypeError(
+            "ZeroRedundancyOptimizer takes an iterable of tensors (model.parameters()), got one Tensor"
+        )
+    items = list(params)
+    grouped = bool(items) and all(isinstance(g, dict) for g in items)
+    # Materialise every group's "params" once: a generator would be used up by the first look.
+    groups = [_listed(g) for g in items] if grouped else [{"params": items}]
+    flat = [p for g in groups if isinstance(g, dict) for p in g.get("params", [])]
+    problem = local_problem(flat)
+    if problem is not None:
+        raise problem
+    filled = optimizer_class(groups, **optimizer_kwargs).param_groups
+    return [{**g, "params": list(g["params"])} for g in filled]
+
+
+def _listed(group: dict[str, Any]) -> dict[str, Any]:
+    if "params" not in group:
+        return group  # the optimizer's own check names the problem
+    ps = group["params"]
+    return {**group, "params": [ps] if isinstance(ps, Tensor) else list(ps)}
+
+
 def local_problem(params: list[Any]) -> Exception | None:
     """What is wrong with this rank's parameters on their own, as an exception to raise, or None."""
     for i, p in enumerate(params):
@@ -127,3 +205,13 @@ def _max_and_min(values: np.ndarray, group: dist.Communicator) -> tuple[np.ndarr
     both = np.concatenate([values, -values])
     dist.all_reduce(both, op="max", group=group)
     return both[: values.size], -both[values.size :]
+
+
+def check_chunk(averaged: Any, layout: ShardLayout) -> None:
+    """``RuntimeError`` unless the reduce-scatter's result ``averaged`` has as many elements as this rank
+    owns in ``layout``: ``dist.reduce_scatter`` and ``layout.py`` must cut the flat vector alike."""
+    if averaged.size != layout.shard_numel:  # dist and layout.py disagree on the chunk layout
+        raise RuntimeError(
+            f"reduce_scatter returned {averaged.size} elements, but this rank owns "
+            f"{layout.shard_numel} (elements {layout.start}:{layout.stop})"
+        )

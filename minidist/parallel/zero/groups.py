@@ -3,12 +3,13 @@
 As any optimizer, ``ZeroRedundancyOptimizer`` takes tensors (one group) or dicts, one group each,
 whose values override the constructor's: ``[{"params": matrices}, {"params": biases,
 "weight_decay": 0.0}]`` (GPT training decays only the weight matrices). The ZeRO paper (Rajbhandari et
-al. 2020) does not discuss groups: the flat-vector partition (``zero_layout.py``) ignores them, and a
+al. 2020) does not discuss groups: the flat-vector partition (``layout.py``) ignores them, and a
 segment simply belongs to the group of its parameter. So there are two lists of groups:
 
 * **outer**, ``zero.param_groups``: one dict per user group, ``"params"`` its *full* parameters,
-  every hyperparameter filled in as ``optimizer_class`` fills it in. These are the same on every
-  rank (checked at construction); schedulers, the user and checkpoints read and write them.
+  every hyperparameter filled in as ``optimizer_class`` fills it in (``checks.fill_in_groups``). These
+  are the same on every rank (checked at construction); schedulers, the user and checkpoints read and
+  write them.
 * **inner**, the wrapped optimizer's groups: one per outer group of which this rank owns at least one
   segment, holding the shard tensors of those segments. A group this rank owns nothing of is left out
   (an ``Optimizer`` group cannot be empty); a rank that owns nothing at all gets one group with one
@@ -22,48 +23,10 @@ segments in flat order, so the wrapped optimizer's parameter ``k`` is still segm
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from minidist.autograd import Tensor
-from minidist.optim.optimizer import Optimizer
-from minidist.parallel.zero.checks import local_problem
 from minidist.parallel.zero.layout import ShardLayout
-
-
-def fill_in_groups(
-    params: Iterable[Any], optimizer_class: type[Optimizer], optimizer_kwargs: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The user's groups, ``"params"`` without duplicates and every hyperparameter filled in.
-
-    Building ``optimizer_class`` over the full parameters is how the groups get exactly the defaults
-    and checks of that class (our optimizers allocate no state before their first step, so this costs
-    nothing); only its ``param_groups`` are kept. Raises what ``optimizer_class`` raises (a
-    ``ValueError`` for a parameter in two groups, a group without ``"params"``, a bad value; a
-    ``TypeError`` for an unknown keyword), and ZeRO's own errors for the parameters
-    (``zero_checks.local_problem``: not a tensor, empty, mixed or non-float dtypes).
-    """
-    if isinstance(params, Tensor):
-        raise TypeError(
-            "ZeroRedundancyOptimizer takes an iterable of tensors (model.parameters()), got one Tensor"
-        )
-    items = list(params)
-    grouped = bool(items) and all(isinstance(g, dict) for g in items)
-    # Materialise every group's "params" once: a generator would be used up by the first look.
-    groups = [_listed(g) for g in items] if grouped else [{"params": items}]
-    flat = [p for g in groups if isinstance(g, dict) for p in g.get("params", [])]
-    problem = local_problem(flat)
-    if problem is not None:
-        raise problem
-    filled = optimizer_class(groups, **optimizer_kwargs).param_groups
-    return [{**g, "params": list(g["params"])} for g in filled]
-
-
-def _listed(group: dict[str, Any]) -> dict[str, Any]:
-    if "params" not in group:
-        return group  # the optimizer's own check names the problem
-    ps = group["params"]
-    return {**group, "params": [ps] if isinstance(ps, Tensor) else list(ps)}
 
 
 def values_of(group: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Plain data parallelism keeps N identical copies of everything: parameters, gradients and optimizer
 state. ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC 2020, §5) removes the redundancy. Rank r of N owns 1/N of the flattened parameter vector
-(``zero_layout.py``) and alone keeps what is needed to update it:
+(``layout.py``) and alone keeps what is needed to update it:
 
 * stage 1 (P_os, §5.1): only the optimizer state of the owned elements;
 * stage 2 (P_os+g, §5.2): also only the (averaged) gradient of the owned elements.
@@ -19,21 +19,14 @@ One ``step()`` is three moves (``clip_grad_norm_`` between backward and step doe
 Reduce-scatter + all-gather move the same volume as one ring all-reduce, so stages 1 and 2 cost no more
 communication than plain data parallelism (§7).
 
-Memory per rank, for P parameters of b bytes and K bytes of optimizer state per parameter:
-
-    plain data parallel:  b P + b P + K P
-    stage 1:              b P + b P + K P / N
-    stage 2:              b P + (b + K) P / N
-
-where "P / N" means this rank's chunk, P // N or P // N + 1 elements. ``memory_report()`` measures it.
-The paper writes (2 + 2 + K) Psi for mixed precision: fp16 parameters and gradients, and K = 12 for
-Adam (fp32 master weights, momentum, variance). minidist trains in one dtype with no master copy, so
-in fp32 b = 4 and K = 8 for AdamW (exp_avg, exp_avg_sq) or 4 for SGD (momentum buffer).
+Memory per rank: stage 1 keeps 1/N of the optimizer state, stage 2 also 1/N of the gradients; the
+parameters stay whole (stage 3, ``fsdp/``, shards them too). ``memory.py`` gives the paper's formulas and
+``memory_report()`` measures them.
 
 Simplification: the reduce-scatter runs in ``step()`` (or ``clip_grad_norm_``), after backward, so
 every rank briefly holds all of its local gradients, as in stage 1, and stage 2 frees them only then.
 The paper's stage 2 reduces bucket by bucket *during* backward and frees each bucket at once, so the
-full gradient never exists; that needs the overlapped bucketing of ``data_parallel.py``.
+full gradient never exists; that needs the overlapped bucketing of ``data_parallel/ddp.py``.
 ``memory_report()`` shows what stays between steps. ``step()`` also allocates two transient buffers of
 P elements (the flat gradient it reduce-scatters and the all-gathered parameters), which a bucketed
 version would shrink to a bucket.
@@ -50,10 +43,11 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd import Tensor, bump_version
 from minidist.optim.optimizer import Optimizer, clear_grads
+from minidist.parallel.zero import checks
 from minidist.parallel.zero import groups as zero_groups
-from minidist.parallel.zero.checks import check_optimizer_class, check_params, check_stage
 from minidist.parallel.zero.clip import clip_shards_
-from minidist.parallel.zero.layout import ShardLayout, unique_nbytes
+from minidist.parallel.zero.layout import ShardLayout
+from minidist.parallel.zero.memory import memory_report
 
 
 class ZeroRedundancyOptimizer:
@@ -105,6 +99,7 @@ class ZeroRedundancyOptimizer:
             an argument ``optimizer_class`` does not take.
     """
 
+    @checks.agreed_arguments  # first, collectively: a bad or differing argument raises on every rank
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -113,21 +108,11 @@ class ZeroRedundancyOptimizer:
         stage: int = 1,
         **optimizer_kwargs: Any,
     ) -> None:
-        self.group = group if group is not None else dist.init()
-        # A bad stage or optimizer class on one rank only must raise on every rank: those checks travel
-        # with the collective parameter check instead of raising here, alone.
-        argument_error, groups = None, []
-        try:
-            check_stage(stage)
-            check_optimizer_class(optimizer_class)
-            groups = zero_groups.fill_in_groups(params, optimizer_class, optimizer_kwargs)
-        except (TypeError, ValueError) as e:
-            argument_error = e
-        self.stage = stage
-        flat = [p for g in groups for p in g["params"]]
-        summary = zero_groups.group_summary(groups)
-        self.params: list[Tensor] = check_params(flat, self.group, argument_error, stage, summary)
-        self.param_groups: list[dict[str, Any]] = groups  # see the class docstring
+        # Here ``params`` is the user's groups, filled in and agreed by checks.agreed_arguments, and
+        # ``group`` the communicator (the world for None).
+        self.group, self.stage = group, stage
+        self.param_groups: list[dict[str, Any]] = params  # see the class docstring
+        self.params: list[Tensor] = [p for g in params for p in g["params"]]  # flat order, each once
         self.layout = ShardLayout.build([p.size for p in self.params], self.group.size, self.group.rank)
         self._broadcast_parameters()
 
@@ -139,7 +124,7 @@ class ZeroRedundancyOptimizer:
         ]
         # A rank that owns nothing (P < N) still gets an optimizer, so state_dict() etc. work everywhere.
         empty = Tensor(xp.zeros(0, dtype=self.params[0].dtype), requires_grad=True)
-        inner, self._owner = zero_groups.shard_groups(groups, self.layout, self._shards, empty)
+        inner, self._owner = zero_groups.shard_groups(self.param_groups, self.layout, self._shards, empty)
         self.optimizer: Optimizer = optimizer_class(inner, **optimizer_kwargs)
         self._reduced = False  # whether clip_grad_norm_ already averaged this step's gradients
 
@@ -158,7 +143,7 @@ class ZeroRedundancyOptimizer:
     def clip_grad_norm_(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
     ) -> float:
-        """Average the gradients now and clip them by the global norm of the average (``zero_clip.py``).
+        """Average the gradients now and clip them by the global norm of the average (``clip.py``).
 
         Call it after the last ``backward()`` of a step, before ``step()``, as PyTorch's
         ``FullyShardedDataParallel.clip_grad_norm_`` (``minidist.nn.utils.clip_grad_norm_`` would see only
@@ -201,22 +186,9 @@ class ZeroRedundancyOptimizer:
         self._reduced = True
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes this rank holds now: ``{"parameters", "gradients", "optimizer_state", "total"}``.
-
-        Measured, not computed: every buffer behind the parameters, the gradients (``p.grad`` and the
-        shards' ``.grad``) and the arrays of the optimizer state is counted once (views are charged to
-        the array they view). Transient communication buffers inside ``step()`` are not included. Call
-        it after ``step()`` (before ``zero_grad()``) to compare with the formulas in the module docstring.
-        """
-        report = {
-            "parameters": unique_nbytes([p.data for p in self.params] + [s.data for s in self._shards]),
-            "gradients": unique_nbytes([p.grad for p in self.params] + [s.grad for s in self._shards]),
-            "optimizer_state": unique_nbytes(
-                [v for s in self.optimizer.state.values() for v in s.values() if hasattr(v, "nbytes")]
-            ),
-        }
-        report["total"] = sum(report.values())
-        return report
+        """Bytes this rank holds now: ``{"parameters", "gradients", "optimizer_state", "total"}``,
+        measured from the live buffers (``memory.py``, which gives the formulas to compare with)."""
+        return memory_report(self.params, self._shards, self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"optimizer": <the wrapped optimizer's state_dict of this rank's shard>, "layout": {...},
@@ -298,11 +270,7 @@ class ZeroRedundancyOptimizer:
                 flat[offset : offset + p.size] = p.grad.reshape(-1)
         averaged = dist.reduce_scatter(flat, op="avg", group=self.group)
         # END SOLUTION
-        if averaged.size != self.layout.shard_numel:  # dist and zero_layout disagree on the chunk layout
-            raise RuntimeError(
-                f"reduce_scatter returned {averaged.size} elements, but this rank owns "
-                f"{self.layout.shard_numel} (elements {self.layout.start}:{self.layout.stop})"
-            )
+        checks.check_chunk(averaged, self.layout)  # the chunk dist returned is the one this rank owns
         return averaged
 
     def _all_gather_parameters(self) -> None:

@@ -1,14 +1,9 @@
-"""Argument checks for the tensor-parallel layers, agreed over the tp group before anything can fail.
+"""The pieces every tensor-parallel check is made of: one argument on this rank, then the agreement.
 
-A tensor-parallel layer is *one* layer spread over the ranks of a group: every rank must build it with
-the same sizes and flags. A rank that builds ``RowParallelLinear(8, 4)`` while its peer builds
-``RowParallelLinear(12, 4)`` would otherwise compute a different output with no error, and a
-``gather_output`` on one rank only would fail much later in a collective with a message about
-array lengths. So each layer describes its arguments and compares them across the group at
-construction with the distributed layer's one agreement helper (``minidist/distributed/safety/agreement.py``);
-an argument that is bad on *any* rank is reported by *every* rank, so no rank is left waiting in the
-next collective. The same step makes the ranks' random generators agree (:func:`share_generator`), so
-that a per-rank seed cannot build a different layer on each rank.
+Each layer's check (``layers.py``, ``vocab.py`` beside this file) first looks at its own arguments on
+this rank with these helpers (a size, a flag, the group, the dtype written as text), catching the
+first ``TypeError`` or ``ValueError``, and then calls :func:`agree` with that error (or None) and the
+values every rank must share: one exchange that raises the same error on every rank.
 """
 
 from __future__ import annotations
@@ -21,10 +16,9 @@ from typing import Any
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import random
 from minidist.distributed.comm import Communicator
-from minidist.distributed.safety import agreement
 from minidist.distributed.world import group_or_world
+from minidist.parallel.tensor_parallel.random import share_generator
 
 _skip_depth = 0  # > 0 inside `already_agreed()`
 
@@ -104,7 +98,7 @@ def agree(group: Communicator, layer: str, arguments: dict[str, Any], error: Exc
     Collective (:func:`minidist.distributed.safety.agreement`): raises the failing rank's ``TypeError`` or
     ``ValueError`` prefixed with ``"rank R of the tensor-parallel group: "``, or a ``ValueError``
     naming each argument that differs and its value on every rank. Then the ranks adopt the group's
-    first rank's generator state (:func:`share_generator`), so that the layer they build next is one.
+    first rank's generator state (``random.share_generator``), so that the layer they build next is one.
     """
     if _skip_depth:
         if error is not None:
@@ -119,27 +113,3 @@ def agree(group: Communicator, layer: str, arguments: dict[str, Any], error: Exc
         fix="build the layer with the same arguments on every rank of the group",
     )
     share_generator(group)
-
-
-def share_generator(group: Communicator) -> bool:
-    """Make minidist's default generator the same on every rank of ``group``: the first rank's.
-
-    Collective (one all-gather of the ~200-byte generator state, ``agreement.all_gather_json``). A
-    tensor-parallel layer is one layer: its shards must be slices of *one* full weight, its replicated
-    parameters (a row-parallel bias) equal on every rank, and the dropout masks of replicated
-    activations too. All of that is drawn from the default generator, so a per-rank seed
-    (``md.manual_seed(rank)``, a common data-parallel habit) would silently build a different layer on
-    each rank. As DDP broadcasts rank 0's weights, the layer adopts the group's first rank's generator
-    state before drawing: the model is then exactly the one that rank would build on one device, and
-    the ranks keep drawing alike afterwards. Ranks of *other* tp groups (other data-parallel
-    replicas) keep their own streams. Plain layers built *before* the first tensor-parallel layer
-    drew from the ranks' own generators and may still differ: seed alike within a tp group, or build
-    the tensor-parallel layers first. Returns True if this rank's state was replaced.
-    """
-    if group.size == 1:
-        return False
-    states = agreement.all_gather_json(random.get_rng_state(), group)
-    if all(state == states[0] for state in states):
-        return False
-    random.set_rng_state(states[0])
-    return True
