@@ -40,6 +40,7 @@ import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim, trace  # noqa: E402
 from minidist.parallel import DistributedDataParallel, ZeroRedundancyOptimizer  # noqa: E402
+from minidist_tools import timeline  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 4, 256
 
@@ -183,10 +184,10 @@ def bench_minidist(world: dist.Communicator, args: argparse.Namespace) -> dict[s
     trace.disable()
     gathered = world.mpi.gather(trace.events(), root=0)
     if world.rank == 0:
-        fractions = [trace.overlap_fraction(events) for events in gathered]
+        fractions = [timeline.overlap_fraction(events) for events in gathered]
         results["overlap_mean"], results["overlap_min"] = float(np.mean(fractions)), min(fractions)
         if args.trace:
-            trace.save_chrome_trace(args.trace, gathered)
+            timeline.save_chrome_trace(args.trace, gathered)
     return results
 
 

@@ -32,6 +32,7 @@ from minidist.memory import counters
 from minidist.models import GPT, GPTConfig
 from minidist.models.gpt.transformer import Block
 from minidist.parallel import DistributedDataParallel, FullyShardedDataParallel
+from minidist_tools import timeline
 
 
 def build(kind: str, args: argparse.Namespace):
@@ -109,7 +110,7 @@ def main() -> None:
 
 
 def union(events: list[dict]) -> float:
-    return sum(end - start for start, end in trace.merge_intervals((e["start"], e["end"]) for e in events))
+    return sum(end - start for start, end in timeline.merge_intervals((e["start"], e["end"]) for e in events))
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ import numpy as np  # noqa: E402
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import nn, trace  # noqa: E402
-from minidist.parallel.pipeline import PipelineParallel, draw_gantt, peak_activations, simulate  # noqa: E402
-from minidist.parallel.pipeline.gantt import timeline_from_trace  # noqa: E402
+from minidist.parallel.pipeline import PipelineParallel, peak_activations, simulate  # noqa: E402
+from minidist_tools.gantt import draw_gantt, timeline_from_trace  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -62,6 +62,7 @@ from minidist.parallel import DistributedDataParallel, ProcessMesh, ZeroRedundan
 from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
+from minidist_tools import timeline  # noqa: E402
 from minidist_tools.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
 
@@ -347,11 +348,11 @@ def save_trace(args: argparse.Namespace, world: dist.Communicator, mesh: Process
     if not args.trace:
         return
     everyone = align(everyone, offsets)
-    trace.save_chrome_trace(args.trace, everyone)
+    timeline.save_chrome_trace(args.trace, everyone)
     if mesh.pp > 1:
         print(f"trace written to {args.trace}")
         return
-    hidden = [trace.overlap_fraction(events) for events in everyone]
+    hidden = [timeline.overlap_fraction(events) for events in everyone]
     print(
         f"trace written to {args.trace}; communication hidden behind backward: "
         f"{np.mean(hidden):.1%} (mean over ranks, min {min(hidden):.1%})"

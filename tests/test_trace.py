@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mpi_utils import run_mpi
 
 from minidist import trace
+from minidist_tools import timeline
 
 
 def ev(name, cat, start, end, tid=1, thread="MainThread"):
@@ -64,7 +65,7 @@ def test_chrome_trace_has_the_fields_perfetto_needs():
         ev("allreduce bucket 0", "comm", 0.1, 0.2, 222, "ddp"),
     ]
     rank1 = [ev("forward", "forward", 0.001, 0.25, tid=999)]
-    doc = json.loads(json.dumps(trace.to_chrome_trace([rank0, rank1])))  # JSON-serialisable
+    doc = json.loads(json.dumps(timeline.to_chrome_trace([rank0, rank1])))  # JSON-serialisable
     assert doc["displayTimeUnit"] == "ms"
     complete = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
@@ -88,7 +89,7 @@ def test_chrome_trace_has_the_fields_perfetto_needs():
 
 
 def test_save_chrome_trace_writes_json(tmp_path):
-    trace.save_chrome_trace(tmp_path / "t.json", [[ev("a", "b", 0, 1)]])
+    timeline.save_chrome_trace(tmp_path / "t.json", [[ev("a", "b", 0, 1)]])
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"][-1]["name"] == "a"
 
 
@@ -108,7 +109,7 @@ def test_save_chrome_trace_writes_json(tmp_path):
     ],
 )
 def test_overlap_fraction_on_hand_made_timelines(events, expected):
-    assert trace.overlap_fraction(events) == pytest.approx(expected)
+    assert timeline.overlap_fraction(events) == pytest.approx(expected)
 
 
 intervals = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)).map(sorted).map(tuple), max_size=6)
@@ -120,11 +121,11 @@ def cells(spans) -> set[int]:
 
 @given(a=intervals, b=intervals)
 def test_interval_arithmetic_matches_counting_unit_cells(a, b):
-    merged_a, merged_b = trace.merge_intervals(a), trace.merge_intervals(b)
+    merged_a, merged_b = timeline.merge_intervals(a), timeline.merge_intervals(b)
     assert cells(merged_a) == cells(a)
     assert all(x[1] < y[0] for x, y in zip(merged_a, merged_a[1:]))  # sorted, disjoint, not touching
-    assert trace.intersection_length(merged_a, merged_b) == len(cells(a) & cells(b))
-    assert cells(trace.subtract_intervals(merged_a, merged_b)) == cells(a) - cells(b)
+    assert timeline.intersection_length(merged_a, merged_b) == len(cells(a) & cells(b))
+    assert cells(timeline.subtract_intervals(merged_a, merged_b)) == cells(a) - cells(b)
 
 
 @pytest.mark.mpi
@@ -147,7 +148,7 @@ def test_ddp_run_gives_a_trace_with_every_bucket_in_order(tmp_path, overlap):
         as_spans = [
             {"name": e["name"], "cat": e["cat"], "start": e["ts"], "end": e["ts"] + e["dur"]} for e in mine
         ]
-        fraction = trace.overlap_fraction(as_spans)
+        fraction = timeline.overlap_fraction(as_spans)
         assert 0.0 <= fraction <= 1.0
         if not overlap:
             assert fraction == 0.0  # every all-reduce ran on the main thread, inside the wait
@@ -191,7 +192,7 @@ def test_span_args_are_kept_read_at_the_end_and_exported():
     assert sent["args"] == {"bytes": 4096} and "args" not in plain
     sent["args"]["bytes"] = 1  # events() hands out copies
     assert trace.events()[0]["args"] == {"bytes": 4096}
-    exported = [e for e in trace.to_chrome_trace([trace.events()])["traceEvents"] if e["ph"] == "X"]
+    exported = [e for e in timeline.to_chrome_trace([trace.events()])["traceEvents"] if e["ph"] == "X"]
     assert exported[0]["args"] == {"bytes": 4096} and "args" not in exported[1]
 
 

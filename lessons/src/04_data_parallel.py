@@ -21,8 +21,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from minidist import trace
 from minidist_course.notebook import checks, start_cluster, stop_cluster
+from minidist_tools import timeline
 
 rc = start_cluster(2)
 
@@ -146,6 +146,7 @@ checks.microbatch_weight(microbatch_weight)
 # %%px
 from minidist import optim, trace
 from minidist.parallel import DistributedDataParallel
+from minidist_tools import timeline
 
 md.manual_seed(0)
 layers = []
@@ -178,7 +179,7 @@ for _ in range(3):
     train_step()
 trace.disable()
 events = trace.events()
-hidden = trace.overlap_fraction(events)
+hidden = timeline.overlap_fraction(events)
 buckets = sum(e["name"].startswith("allreduce bucket") for e in events) // 3
 print(f"rank {world.rank}: {buckets} buckets per step, {hidden:.0%} of communication hidden behind backward")
 
@@ -217,7 +218,7 @@ ax.legend(
 plt.tight_layout()
 plt.show()
 path = Path(tempfile.gettempdir()) / "minidist_lesson04_trace.json"
-trace.save_chrome_trace(path, events_per_rank)
+timeline.save_chrome_trace(path, events_per_rank)
 print(f"Chrome trace: {path} ({len(json.loads(path.read_text())['traceEvents'])} events)")
 
 # %% [markdown]

@@ -14,8 +14,8 @@
 # gradients back. One batch would keep only one stage busy at a time, so it is cut into `m`
 # *microbatches* that follow each other down the pipe. The code is `minidist/parallel/pipeline/`:
 # `naive.py` (the whole idea in one function, read first) → `schedules.py` (what each stage does, as
-# plain data) → `simulate.py` (run it on paper) → `gantt.py` (draw it) → `executor.py` and
-# `messaging.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
+# plain data) → `simulate.py` (run it on paper, print it; `minidist_tools/gantt.py` draws it) →
+# `executor.py` and `messaging.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
 
 # %%
 import inspect
@@ -29,7 +29,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from minidist.parallel.pipeline import (
-    draw_gantt,
     gpipe,
     naive_gpipe_step,
     one_f_one_b,
@@ -37,8 +36,8 @@ from minidist.parallel.pipeline import (
     simulate,
     text_grid,
 )
-from minidist.parallel.pipeline.gantt import timeline_from_trace
 from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools.gantt import draw_gantt, timeline_from_trace
 from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]

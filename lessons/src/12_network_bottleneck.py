@@ -31,8 +31,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minidist import trace
 from minidist_course.notebook import checks, mpiexec_path
+from minidist_tools import timeline
 from minidist_tools.cluster import Cluster, cluster_available
 from minidist_tools.perfmodel import network as pn
 from minidist_tools.perfmodel import step as perfmodel
@@ -158,7 +158,7 @@ ax.legend(
 plt.tight_layout()
 plt.show()
 path = OUT / "step_trace.json"
-trace.save_chrome_trace(path, fast["ddp"][0]["events"])
+timeline.save_chrome_trace(path, fast["ddp"][0]["events"])
 print(f"open {path} in https://ui.perfetto.dev to zoom into single spans")
 
 # %% [markdown]

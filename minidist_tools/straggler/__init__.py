@@ -4,7 +4,7 @@
 * :func:`straggler_report` tabulates compute / comm / wait per step and per rank from every rank's spans;
 * :func:`step_breakdown` is the arithmetic behind both (:mod:`minidist_tools.straggler.breakdown`);
 * :func:`clock_offsets` and :func:`align` put every rank's spans on rank 0's clock (Cristian's
-  algorithm) for the report and for one merged Perfetto timeline (``trace.save_chrome_trace``);
+  algorithm) for the report and for one merged Perfetto timeline (``timeline.save_chrome_trace``);
 * :func:`injected_delay` reads ``MINIDIST_SLOW_RANK=RANK:SECONDS``, the examples' way to make a rank slow.
 """
 

@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from minidist import trace
-from minidist.trace import Event, Interval, intersection_length, merge_intervals, subtract_intervals
+from minidist.trace import Event
+from minidist_tools.timeline import Interval, intersection_length, merge_intervals, subtract_intervals
 
 BLOCKING = (trace.WAIT, trace.COMM, trace.COLLECTIVE)  # the training thread was not computing
 COMMUNICATING = (trace.COMM, trace.COLLECTIVE)  # spans that move (or wait for) data

@@ -32,9 +32,9 @@ import minidist.distributed as dist
 from minidist import trace
 from minidist.distributed.comm import Communicator
 from minidist.distributed.world import group_or_world
-from minidist.trace import merge_intervals
 from minidist_tools.straggler.breakdown import BLOCKING
 from minidist_tools.straggler.verdict import Straggler, find_stragglers
+from minidist_tools.timeline import merge_intervals
 
 
 class StragglerWarning(UserWarning):

@@ -1078,7 +1078,7 @@ def test_lesson_07_synthetic_stages_measure_the_theoretical_bubble(tmp_path):
     from mpi_utils import run_mpi
 
     from minidist.parallel.pipeline import one_f_one_b
-    from minidist.parallel.pipeline.gantt import timeline_from_trace
+    from minidist_tools.gantt import timeline_from_trace
 
     source = (LESSONS / "src" / "07_pipeline_parallel.py").read_text()
     tolerance = float(re.search(r"^TOLERANCE = ([0-9.]+)", source, re.M).group(1))

@@ -3,7 +3,7 @@
 Reading order: ``naive.py`` (one GPipe step with plain blocking sends and receives: the whole idea on
 a page, and why it is slow) -> ``schedules.py`` (GPipe and 1F1B as plain lists of instructions per
 stage, and why they cannot deadlock) -> ``simulate.py`` (running a schedule on paper: timeline, bubble,
-deadlock check) -> ``gantt.py`` (text grid and matplotlib chart) -> ``executor.py``
+deadlock check, a text grid; ``minidist_tools/gantt.py`` draws it) -> ``executor.py``
 (``StageExecutor``: one rank's instructions for any schedule) -> ``messages.py`` (what stages send
 each other: a shape header, then activations and gradients, on known tags) -> ``messaging.py`` (how
 they travel: GPipe's and 1F1B's blocking send/recv) -> ``partition.py`` (cutting the model into
@@ -17,16 +17,11 @@ mid-schedule: the stand-ins that let every rank finish the step) and ``agreement
 exchange that begins every step, so that the ranks agree on the call).
 """
 
-from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
-from minidist.parallel.pipeline.executor import StageExecutor, StepStats
-from minidist.parallel.pipeline.gantt import draw_gantt, text_grid
 from minidist.parallel.pipeline.interleaved import interleaved, make_schedule
-from minidist.parallel.pipeline.messaging import BlockingMessaging
 from minidist.parallel.pipeline.naive import naive_gpipe_step
-from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
+from minidist.parallel.pipeline.partition import balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
-    SCHEDULES,
     Batch,
     Exchange,
     Instruction,
@@ -35,25 +30,16 @@ from minidist.parallel.pipeline.schedules import (
     one_f_one_b,
     peak_activations,
 )
-from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, Timeline, simulate
+from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, simulate, text_grid
 
 __all__ = [
-    "SCHEDULES",
     "Batch",
-    "BatchedMessaging",
-    "BlockingMessaging",
     "Exchange",
     "Instruction",
-    "PipelineChunks",
     "PipelineParallel",
-    "PipelineStage",
     "Schedule",
     "ScheduleDeadlockError",
-    "StageExecutor",
-    "StepStats",
-    "Timeline",
     "balanced_cuts",
-    "draw_gantt",
     "gpipe",
     "interleaved",
     "make_schedule",

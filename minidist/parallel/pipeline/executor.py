@@ -233,5 +233,5 @@ class StageExecutor:
 
 
 def _name(kind: str, i: int, c: int) -> str:
-    """Trace span name: ``"forward 3"`` for chunk 0, ``"forward 3.1"`` for chunk 1 (``gantt.py``)."""
+    """Trace span name: ``"forward 3"`` for chunk 0, ``"forward 3.1"`` for chunk 1 (read by gantt.py)."""
     return f"{kind} {i}" + (f".{c}" if c else "")

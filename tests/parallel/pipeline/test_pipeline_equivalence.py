@@ -17,8 +17,8 @@ import strategies as S
 from mpi_utils import run_mpi  # noqa: E402
 
 from minidist.parallel.pipeline import make_schedule  # noqa: E402
-from minidist.parallel.pipeline.gantt import timeline_from_trace  # noqa: E402
 from minidist.parallel.pipeline.schedules import FORWARD, parts  # noqa: E402
+from minidist_tools.gantt import timeline_from_trace  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

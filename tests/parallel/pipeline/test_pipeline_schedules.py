@@ -14,7 +14,6 @@ from minidist.parallel.pipeline import (
     Instruction,
     Schedule,
     ScheduleDeadlockError,
-    draw_gantt,
     gpipe,
     make_schedule,
     one_f_one_b,
@@ -22,7 +21,6 @@ from minidist.parallel.pipeline import (
     simulate,
     text_grid,
 )
-from minidist.parallel.pipeline.gantt import timeline_from_trace
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -32,6 +30,7 @@ from minidist.parallel.pipeline.schedules import (
     SEND_GRAD,
     parts,
 )
+from minidist_tools.gantt import draw_gantt, timeline_from_trace
 
 
 def instructions(schedule: Schedule, stage: int) -> list[Instruction]:

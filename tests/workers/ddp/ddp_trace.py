@@ -1,7 +1,7 @@
 """MPI worker: a few traced DDP steps with one bucket per parameter; rank 0 saves the merged Chrome trace.
 
 argv: out_dir overlap(0|1)
-Writes out_dir/trace.json (trace.save_chrome_trace of every rank's events, gathered on rank 0).
+Writes out_dir/trace.json (timeline.save_chrome_trace of every rank's events, gathered on rank 0).
 """
 
 import sys
@@ -16,6 +16,7 @@ import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist import nn, optim, trace  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
+from minidist_tools import timeline
 
 
 class Mark(md.Function):
@@ -60,5 +61,5 @@ for _ in range(3):
 trace.disable()
 everyone = world.mpi.gather(trace.events(), root=0)
 if world.rank == 0:
-    trace.save_chrome_trace(out_dir / "trace.json", everyone)
+    timeline.save_chrome_trace(out_dir / "trace.json", everyone)
 np.save(out_dir / f"done_rank{world.rank}.npy", np.ones(1))
