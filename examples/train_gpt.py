@@ -88,6 +88,7 @@ from minidist.parallel import (
     clip_grad_norm_,
 )
 from minidist.parallel.comm_hooks import register_by_name
+from minidist_tools.report import exit_with_error
 
 
 def estimate_loss(gpt: GPT, splits: dict, eval_iters: int, autocast: md.autocast) -> dict[str, float]:
@@ -384,4 +385,4 @@ if __name__ == "__main__":
     except (ValueError, OSError, checkpoint.CheckpointError, memory.OutOfMemoryError) as error:
         # Bad input, a missing data file, no checkpoint that loads: one message (not a traceback per rank)
         # and exit code 2 on every rank.
-        dist.exit_with_error(error, code=2)
+        exit_with_error(error, code=2)

@@ -63,6 +63,7 @@ from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 from minidist_tools import timeline  # noqa: E402
+from minidist_tools.report import exit_with_error  # noqa: E402
 from minidist_tools.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
 
@@ -367,4 +368,4 @@ if __name__ == "__main__":
         # traceback, printed once ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only
         # some ranks raised it), exit code 2. (Any other error ends the job through dist's abort hook,
         # with a traceback.)
-        dist.exit_with_error(error, code=2)
+        exit_with_error(error, code=2)

@@ -3,7 +3,7 @@ reads top to bottom without them.
 
 Every check uses only the command line, the world size and the data set's length, which every rank
 has, so every rank raises the same ``ValueError``; train_mlp.py prints it once, as ``error on ranks
-0-7: ...`` (``dist.exit_with_error``, exit code 2, as argparse's own errors).
+0-7: ...`` (``minidist_tools.report.exit_with_error``, exit code 2, as argparse's own errors).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from minidist.models import GPT, GPTConfig
 from minidist.models.gpt.transformer import Block
 from minidist.nn import functional as F
 from minidist.parallel.fsdp import FullyShardedDataParallel
+from minidist_tools.report import exit_with_error
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("budget", help="the per-rank memory budget, e.g. 4MiB")
@@ -48,7 +49,7 @@ try:
             opt.zero_grad()
             losses.append(loss.item())
 except memory.OutOfMemoryError as error:
-    dist.exit_with_error(error, code=2)
+    exit_with_error(error, code=2)
 tables = world.mpi.gather(tracker.table(), root=0)
 if world.rank == 0:
     print("\n\n".join(tables))

@@ -36,7 +36,6 @@ from minidist.distributed.errors import (  # noqa: E402
 )
 from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any  # noqa: E402
 from minidist.distributed.safety.calls import collective_call  # noqa: E402
-from minidist.distributed.safety.report import exit_with_error  # noqa: E402
 from minidist.distributed.safety.watchdog import abort, timeout_seconds  # noqa: E402
 
 # dist.Communicator(raw_mpi_comm) wraps a communicator as init() and split() do: watched (seam.py).
@@ -69,7 +68,6 @@ __all__ = [
     "get_world_size",
     "init",
     "abort",
-    "exit_with_error",
     "agree",
     "all_gather_json",
     "raise_if_any",

@@ -30,7 +30,7 @@ class OutOfMemoryError(MemoryError):
 
 def describe_overflow(budget: int, current: dict[str, int], owners: dict[str, list[tuple[str, int]]]) -> str:
     """The message: ``owners`` maps a category to its largest (owner, bytes), largest first. It names no
-    rank: ``dist.exit_with_error`` adds the ranks that raised it."""
+    rank: ``minidist_tools.report.exit_with_error`` adds the ranks that raised it."""
     total = sum(current.values())
     lines = [
         f"out of memory: the tracked total {format_bytes(total)} ({total} bytes) exceeds the budget "

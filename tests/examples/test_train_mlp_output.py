@@ -15,7 +15,7 @@ import sys
 import pytest
 from mpi_utils import REPO, mpi_env, mpiexec_path, run_mpi
 
-from minidist.distributed.safety.report import describe, rank_ranges
+from minidist_tools.report import describe, rank_ranges
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 

@@ -9,8 +9,8 @@ compare each collective call, call site (``call_site.py``) included, before runn
 ``watchdog.py`` (``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the
 whole job) -> ``arrivals.py`` (which collective each rank entered last) -> ``traffic.py`` (the bytes
 and spans of each call, for the trace) -> ``agreement.py`` (how every layer above makes a mistake seen
-by one rank an error on all of them) -> ``report.py`` (``exit_with_error``: a script's fatal error
-printed once, naming the ranks that raised it).
+by one rank an error on all of them). How a script then ends on such an error, printing it once:
+``minidist_tools/report.py``.
 
 :func:`install` puts it around the mechanism, through ``seam.py``: every communicator becomes a
 ``WatchedCommunicator`` (``watched.py``), every public collective runs inside ``calls.py``'s wrapper,

@@ -124,7 +124,7 @@ def agree(
         if record["error"] is not None:
             agreed = _rebuild(record["error"], rank, label, kinds)
             # What this rank itself raised (None: it stops for another rank's error), so that a report
-            # at the end (report.exit_with_error) lists each rank under its own message.
+            # at the end (minidist_tools.report.exit_with_error) lists each rank under its own message.
             agreed.own_error = error  # type: ignore[attr-defined]
             raise agreed from error
     difference = describe_differences([r["values"] for r in records])

@@ -23,9 +23,7 @@ same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,31 +37,19 @@ from minidist.parallel.comm_hooks.registration import CommHook
 from minidist.parallel.data_parallel.buckets import Bucket
 
 
-def agreed_options(init: Callable[..., None]) -> Callable[..., None]:
-    """Decorate ``DistributedDataParallel.__init__`` so that its arguments are checked before its body.
+def options(module: Any, group: Any, **rest: Any) -> dict[str, Any]:
+    """The check of ``DistributedDataParallel``'s arguments (``@agreed_arguments(checks.options)``).
 
     ``TypeError`` (on this rank) if ``module`` is not a Module; then ``group`` None becomes the world and
     the ranks agree on the options (:func:`agree_on_options`, collective), so a rank with a bad or
-    different option raises with all the others before anything is broadcast or allocated. The body
-    then runs with the same arguments, ``group`` resolved.
+    different option raises with all the others before anything is broadcast or allocated. Returns the
+    arguments, ``group`` resolved.
     """
-    signature = inspect.signature(init)
-
-    @functools.wraps(init)
-    def checked(self: Module, *args: Any, **kwargs: Any) -> None:
-        try:
-            call = signature.bind(self, *args, **kwargs)
-        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
-            return init(self, *args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
-        if not isinstance(a["module"], Module):
-            raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(a['module']).__name__}")
-        a["group"] = a["group"] if a["group"] is not None else dist.init()
-        agree_on_options(a["group"], a["bucket_cap_mb"], a["overlap"], a["small_bucket_bytes"])
-        init(*call.args, **call.kwargs)
-
-    return checked
+    if not isinstance(module, Module):
+        raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
+    group = group if group is not None else dist.init()
+    agree_on_options(group, rest["bucket_cap_mb"], rest["overlap"], rest["small_bucket_bytes"])
+    return {"module": module, "group": group, **rest}
 
 
 def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:

@@ -27,7 +27,8 @@ depends only on the bucket plan and the options. That file also says why a threa
 non-blocking requests.
 
 **Checks** (``checks.py``, read last). ``__init__`` runs only once the ranks agree on the options
-(``@checks.agreed_options``): ranks with different ones would start different all-reduces and hang. A
+(``@agreed_arguments(checks.options)``): ranks with different ones would start different all-reduces
+and hang. A
 parameter without a gradient on some rank, or a rank that ran out of batches (and called :meth:`join`),
 would do the same; flags carried in the last bucket tell every rank the same counts instead, so every
 rank raises the same error, at no extra message per step.
@@ -48,6 +49,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import autograd, trace
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.comm_hooks.bucket import CommStats
 from minidist.parallel.comm_hooks.registration import CommHook, register
 from minidist.parallel.data_parallel import checks
@@ -96,7 +98,7 @@ class DistributedDataParallel(Module):
     take part at all and the other ranks wait for it.
     """
 
-    @checks.agreed_options  # first, collectively: a bad or differing option raises on every rank
+    @agreed_arguments(checks.options)  # first, collectively: a bad or differing option raises on every rank
     def __init__(
         self,
         module: Module,
@@ -107,7 +109,7 @@ class DistributedDataParallel(Module):
         small_bucket_bytes: int = 2**20,
     ) -> None:
         super().__init__()
-        self.group = group  # (the world if None was passed: checks.agreed_options resolved it)
+        self.group = group  # (the world if None was passed: checks.options resolved it)
         self.module = module
         self.bucket_cap_mb, self.small_bucket_bytes = bucket_cap_mb, small_bucket_bytes
         self.find_unused_parameters = find_unused_parameters

@@ -44,6 +44,7 @@ from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.layers import Linear, uniform
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.cut import cut_parameter
 from minidist.parallel.tensor_parallel.mappings import (
@@ -91,7 +92,7 @@ class ColumnParallelLinear(Module):
 
     sequence_parallel = False  # input (..., T / n, in): all-gather on the sequence axis instead of f
 
-    @checks.agreed_arguments(checks.linear("ColumnParallelLinear", split="out_features"))
+    @agreed_arguments(checks.linear("ColumnParallelLinear", split="out_features"))
     def __init__(
         self,
         in_features: int,
@@ -110,7 +111,7 @@ class ColumnParallelLinear(Module):
         self.bias = shard_parameter(uniform((out_features,), bound, dtype), 0, self.group) if bias else None
 
     @classmethod
-    @checks.agreed_arguments(checks.cut("ColumnParallelLinear"))
+    @agreed_arguments(checks.cut("ColumnParallelLinear"))
     def from_linear(
         cls,
         linear: Linear,
@@ -177,7 +178,7 @@ class RowParallelLinear(Module):
 
     sequence_parallel = False  # output (..., T / n, out): reduce-scatter on the sequence axis instead of g
 
-    @checks.agreed_arguments(checks.linear("RowParallelLinear", split="in_features"))
+    @agreed_arguments(checks.linear("RowParallelLinear", split="in_features"))
     def __init__(
         self,
         in_features: int,
@@ -197,7 +198,7 @@ class RowParallelLinear(Module):
         self.bias = uniform((out_features,), bound, dtype) if bias else None  # replicated: tp_dim None
 
     @classmethod
-    @checks.agreed_arguments(checks.cut("RowParallelLinear"))
+    @agreed_arguments(checks.cut("RowParallelLinear"))
     def from_linear(
         cls, linear: Linear, group: Communicator | None = None, sequence_parallel: bool = False
     ) -> RowParallelLinear:

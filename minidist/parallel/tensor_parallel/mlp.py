@@ -19,6 +19,7 @@ from minidist.autograd import DEFAULT_DTYPE, Tensor
 from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.module import Module
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel.random import get_rng_tracker
@@ -51,7 +52,7 @@ class ParallelMLP(Module):
     that passed different arguments.
     """
 
-    @checks.agreed_arguments(checks.mlp(ACTIVATIONS))
+    @agreed_arguments(checks.mlp(ACTIVATIONS))
     def __init__(
         self,
         in_features: int,

@@ -34,6 +34,7 @@ from minidist.autograd import Tensor
 from minidist.distributed.comm import Communicator
 from minidist.nn import functional as F
 from minidist.nn.module import Module
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.context_parallel import ring_attention
 from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.cut import replicate
@@ -55,7 +56,7 @@ class ParallelCausalSelfAttention(Module):
 
     context_parallel_group: Communicator | None = None
 
-    @checks.agreed_arguments(checks.attention)  # n_head divisible by the group size, agreed
+    @agreed_arguments(checks.attention)  # n_head divisible by the group size, agreed
     def __init__(self, attn: Any, group: Communicator | None = None, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
@@ -121,7 +122,7 @@ class ParallelBlock(Module):
     the group size under sequence parallelism.
     """
 
-    @checks.agreed_arguments(checks.block)  # one agreement for the whole block
+    @agreed_arguments(checks.block)  # one agreement for the whole block
     def __init__(
         self, block: Any, group: Communicator | None = None, sequence_parallel: bool = False
     ) -> None:

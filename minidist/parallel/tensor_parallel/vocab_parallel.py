@@ -29,6 +29,7 @@ from minidist.backend import array_module
 from minidist.distributed.comm import Communicator
 from minidist.nn.module import Module, Parameter
 from minidist.ops.embedding import Embedding
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.tensor_parallel import checks
 from minidist.parallel.tensor_parallel.mappings import reduce_from_tensor_parallel_region, tag_shard
 from minidist.parallel.tensor_parallel.split import shard_bounds
@@ -97,7 +98,7 @@ class VocabParallelEmbedding(Module):
     ``ValueError`` for ranks whose ids differ (detected by their sums: one more int64 in the range check).
     """
 
-    @checks.agreed_arguments(checks.embedding)  # sizes, padding_idx, the vocabulary split: agreed
+    @agreed_arguments(checks.embedding)  # sizes, padding_idx, the vocabulary split: agreed
     def __init__(
         self,
         num_embeddings: int,
@@ -114,7 +115,7 @@ class VocabParallelEmbedding(Module):
         self._keep_rows(values, group, padding_idx)
 
     @classmethod
-    @checks.agreed_arguments(checks.table)  # the table's shape and padding_idx, agreed
+    @agreed_arguments(checks.table)  # the table's shape and padding_idx, agreed
     def from_weight(
         cls, weight: Any, group: Communicator | None = None, padding_idx: int | None = None
     ) -> VocabParallelEmbedding:

@@ -10,15 +10,13 @@ the maximum and minus the minimum of ``v`` over the group. Max == min means all 
 gets the same answer, so every rank raises the same error and none is left waiting.
 
 All of it runs before ``ZeroRedundancyOptimizer.__init__``'s body, through one seam: the decorator
-:func:`agreed_arguments` (first in this file), which also fills in the user's parameter groups
-(:func:`fill_in_groups`) and hands the body the agreed values.
+:func:`arguments` (first in this file, ``@agreed_arguments(checks.arguments)``), which also fills
+in the user's parameter groups (:func:`fill_in_groups`) and hands the body the agreed values.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,39 +28,26 @@ from minidist.parallel.zero.groups import group_summary
 from minidist.parallel.zero.layout import ShardLayout
 
 
-def agreed_arguments(init: Callable[..., None]) -> Callable[..., None]:
-    """Decorate ``ZeroRedundancyOptimizer.__init__`` so that every argument is checked, on this rank and
-    across the group, before its body runs.
+def arguments(params: Any, optimizer_class: Any, group: Any, stage: Any, optimizer_kwargs: dict) -> dict:
+    """The check of ``ZeroRedundancyOptimizer``'s arguments (``@agreed_arguments(checks.arguments)``).
 
     ``group`` None becomes the world. A bad ``stage``, optimizer class or parameter group on one rank
     only must raise on every rank: those checks travel with the collective parameter check
-    (:func:`check_params`) instead of raising alone. The body then runs with ``group`` resolved and
+    (:func:`check_params`) instead of raising alone. Returns the arguments with ``group`` resolved and
     ``params`` replaced by the user's groups, filled in (:func:`fill_in_groups`) and agreed.
     """
-    signature = inspect.signature(init)
-
-    @functools.wraps(init)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            call = signature.bind(self, *args, **kwargs)
-        except TypeError:  # arguments that do not fit the signature: Python's own error, from the body
-            return init(self, *args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
-        a["group"] = a["group"] if a["group"] is not None else dist.init()
-        argument_error, groups = None, []
-        try:
-            check_stage(a["stage"])
-            check_optimizer_class(a["optimizer_class"])
-            groups = fill_in_groups(a["params"], a["optimizer_class"], a["optimizer_kwargs"])
-        except (TypeError, ValueError) as e:
-            argument_error = e
-        flat = [p for g in groups for p in g["params"]]
-        check_params(flat, a["group"], argument_error, a["stage"], group_summary(groups))  # collective
-        a["params"] = groups
-        init(*call.args, **call.kwargs)
-
-    return checked
+    group = group if group is not None else dist.init()
+    argument_error, groups = None, []
+    try:
+        check_stage(stage)
+        check_optimizer_class(optimizer_class)
+        groups = fill_in_groups(params, optimizer_class, optimizer_kwargs)
+    except (TypeError, ValueError) as e:
+        argument_error = e
+    flat = [p for g in groups for p in g["params"]]
+    check_params(flat, group, argument_error, stage, group_summary(groups))  # collective
+    return {"params": groups, "optimizer_class": optimizer_class, "group": group, "stage": stage,
+            "optimizer_kwargs": optimizer_kwargs}  # fmt: skip
 
 
 def check_stage(stage: Any) -> None:

@@ -22,7 +22,7 @@ the two agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,22 +135,3 @@ class ShardLayout:
             "stop": self.stop,
             "segments": [[s.param_index, s.lo, s.hi] for s in self.segments],
         }
-
-
-def unique_nbytes(arrays: Sequence[Any]) -> int:
-    """Bytes of memory behind ``arrays``, counting each underlying buffer once.
-
-    A view (``a.reshape(-1)[lo:hi]``) is charged to the array that owns its memory, so a shard that is
-    a view into a parameter adds nothing. ``None`` entries are skipped. NumPy and CuPy both record the
-    owner in ``.base``.
-    """
-    owners: dict[int, int] = {}
-    for a in arrays:
-        if a is None:
-            continue
-        owner = a
-        # Stop at a base that is not an array (e.g. the bytes behind numpy.frombuffer).
-        while hasattr(getattr(owner, "base", None), "dtype"):
-            owner = owner.base
-        owners[id(owner)] = int(owner.nbytes)
-    return sum(owners.values())

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minidist.autograd import Tensor
+from minidist.memory.buffers import unique_nbytes
 from minidist.optim.optimizer import Optimizer
-from minidist.parallel.zero.layout import unique_nbytes
 
 
 def memory_report(params: Sequence[Tensor], shards: Sequence[Tensor], optimizer: Optimizer) -> dict[str, int]:

@@ -43,6 +43,7 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd import Tensor, bump_version
 from minidist.optim.optimizer import Optimizer, clear_grads
+from minidist.parallel.agreed import agreed_arguments
 from minidist.parallel.zero import checks
 from minidist.parallel.zero import groups as zero_groups
 from minidist.parallel.zero.clip import clip_shards_
@@ -99,7 +100,9 @@ class ZeroRedundancyOptimizer:
             an argument ``optimizer_class`` does not take.
     """
 
-    @checks.agreed_arguments  # first, collectively: a bad or differing argument raises on every rank
+    @agreed_arguments(
+        checks.arguments
+    )  # first, collectively: a bad or differing argument raises on every rank
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -108,7 +111,7 @@ class ZeroRedundancyOptimizer:
         stage: int = 1,
         **optimizer_kwargs: Any,
     ) -> None:
-        # Here ``params`` is the user's groups, filled in and agreed by checks.agreed_arguments, and
+        # Here ``params`` is the user's groups, filled in and agreed by checks.arguments, and
         # ``group`` the communicator (the world for None).
         self.group, self.stage = group, stage
         self.param_groups: list[dict[str, Any]] = params  # see the class docstring

@@ -20,9 +20,9 @@ from dist_worker_utils import run_worker, write_json
 import minidist.distributed as dist
 from minidist import nn, trace
 from minidist.memory import counters
+from minidist.memory.buffers import unique_nbytes
 from minidist.models.gpt.transformer import Block
 from minidist.parallel import FullyShardedDataParallel
-from minidist.parallel.zero.layout import unique_nbytes
 
 # name: (model, optimizer, wrap, prefetch, clip, micro-batches, param_dtype and reduce_dtype)
 CONFIGS = {

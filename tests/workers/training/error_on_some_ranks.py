@@ -1,4 +1,4 @@
-"""A script whose error only some ranks raise, ended as train_mlp.py ends: ``dist.exit_with_error``.
+"""A script whose error only some ranks raise, ended as train_mlp.py ends: ``exit_with_error``.
 
 Usage: error_on_some_ranks.py RANK [RANK ...]
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import minidist.distributed as dist
+from minidist_tools.report import exit_with_error
 
 if __name__ == "__main__":
     failing = {int(r) for r in sys.argv[1:]}
@@ -21,4 +22,4 @@ if __name__ == "__main__":
             raise ValueError(f"bad input on rank {world.rank}")
         dist.barrier()
     except ValueError as error:
-        dist.exit_with_error(error, code=2)
+        exit_with_error(error, code=2)

@@ -1,4 +1,4 @@
-"""Ending a script on an error: each message printed once, naming the ranks that raised it.
+"""Ending a training script on an error: each message printed once, naming the ranks that raised it.
 
 Why this exists. Under ``mpirun -n 8``, a script that prints its error and exits on every rank shows
 the same message eight times, and one that calls ``dist.abort`` on every rank adds eight "aborting"
