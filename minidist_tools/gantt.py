@@ -1,9 +1,15 @@
-"""Pictures of a pipeline step: a matplotlib Gantt chart of a timeline, simulated or measured.
+"""Pictures of a pipeline step: a text grid and a matplotlib Gantt chart, simulated or measured.
+
+    >>> print(text_grid(one_f_one_b(3, 4), backward_time=1))
+    stage 0 | F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3
+    stage 1 | .. F0 F1 .. B0 F2 B1 F3 B2 .. B3 ..
+    stage 2 | .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. ..
+    1f1b: p=3, m=4, bubble fraction 0.333 ((p-1)/(m+p-1) = 0.333)
 
 A *timeline* (``minidist.parallel.pipeline.simulate.Timeline``) lists each stage's forward and backward
-computations with start and end times. ``simulate`` makes one from a schedule (and ``text_grid`` prints
-it); :func:`timeline_from_trace` makes one from the spans the executor records into ``minidist.trace``
-on real ranks, so the same pictures and the same ``bubble_fraction`` serve theory and measurement.
+computations with start and end times. ``simulate`` makes one from a schedule; :func:`timeline_from_trace`
+makes one from the spans the executor records into ``minidist.trace`` on real ranks, so the same
+pictures and the same ``bubble_fraction`` serve theory and measurement.
 matplotlib is imported only inside :func:`draw_gantt` (it is an optional dependency: the ``bench``
 extra).
 """
@@ -16,6 +22,51 @@ from typing import Any
 
 from minidist.parallel.pipeline.schedules import BACKWARD, FORWARD, Schedule
 from minidist.parallel.pipeline.simulate import Slot, Timeline, simulate
+
+
+def _timeline(what: Schedule | Timeline, forward_time: float, backward_time: float) -> Timeline:
+    return simulate(what, forward_time, backward_time) if isinstance(what, Schedule) else what
+
+
+def text_grid(
+    what: Schedule | Timeline, forward_time: int = 1, backward_time: int = 2, formula: bool = True
+) -> str:
+    """One row per stage, one column per time unit: ``F3``/``B3`` = forward/backward of microbatch 3,
+    ``..`` = idle (the bubble). A schedule is simulated with the given integer times; a timeline must
+    have integer times. The last line gives the bubble fraction next to ``(p-1)/(m+p-1)`` (interleaved,
+    ``v`` chunks per stage: ``F3.1`` is chunk 1, and the bubble overhead is next to ``(p-1)/(v*m)``);
+    ``formula=False`` leaves the formula out (lesson 07 asks the student to derive it).
+    """
+    timeline = _timeline(what, forward_time, backward_time)
+    schedule = timeline.schedule
+    v = schedule.virtual_stages
+    width = len(str(schedule.num_microbatches - 1)) + 1 + (1 + len(str(v - 1)) if v > 1 else 0)
+    columns = round(timeline.total)
+    rows = []
+    for s, slots in enumerate(timeline.slots):
+        cells = ["." * width] * columns
+        for slot in slots:
+            name = f"{slot.microbatch}.{slot.chunk}" if v > 1 else str(slot.microbatch)  # F3.1: chunk 1
+            label = ("F" if slot.kind == FORWARD else "B") + name.ljust(width - 1)
+            for t in range(round(slot.start), round(slot.end)):
+                cells[t] = label
+        rows.append(f"stage {s} | " + " ".join(cells))
+    p, m = schedule.num_stages, schedule.num_microbatches
+    if not formula:
+        measure = "bubble overhead" if v > 1 else "bubble fraction"
+        value = timeline.bubble_overhead() if v > 1 else timeline.bubble_fraction()
+        rows.append(f"{schedule.name}: p={p}, m={m}{f', v={v}' if v > 1 else ''}, {measure} {value:.3f}")
+    elif v > 1:  # Narayanan et al. 2021, §2.2.2: the bubble relative to the ideal step
+        rows.append(
+            f"{schedule.name}: p={p}, m={m}, v={v}, bubble overhead {timeline.bubble_overhead():.3f} "
+            f"((p-1)/(v*m) = {(p - 1) / (v * m):.3f}; 1f1b: (p-1)/m = {(p - 1) / m:.3f})"
+        )
+    else:
+        rows.append(
+            f"{schedule.name}: p={p}, m={m}, bubble fraction {timeline.bubble_fraction():.3f} "
+            f"((p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})"
+        )
+    return "\n".join(rows)
 
 
 def timeline_from_trace(schedule: Schedule, events_per_rank: Sequence[Iterable[dict[str, Any]]]) -> Timeline:
@@ -67,7 +118,7 @@ def draw_gantt(
         import matplotlib.pyplot as plt
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError('draw_gantt needs matplotlib: pip install -e ".[bench]"') from error
-    timeline = simulate(what, forward_time, backward_time) if isinstance(what, Schedule) else what
+    timeline = _timeline(what, forward_time, backward_time)
     schedule = timeline.schedule
     fig = None
     if ax is None:

@@ -34,10 +34,9 @@ from minidist.parallel.pipeline import (
     one_f_one_b,
     peak_activations,
     simulate,
-    text_grid,
 )
 from minidist_course.notebook import checks, mpiexec_path
-from minidist_tools.gantt import draw_gantt, timeline_from_trace
+from minidist_tools.gantt import draw_gantt, text_grid, timeline_from_trace
 from minidist_tools.perfmodel import step as perfmodel
 
 # %% [markdown]

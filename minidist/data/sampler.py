@@ -271,8 +271,8 @@ class DistributedSampler:
         """This rank's indices of the epoch in runs of ``batch_size`` (int64 arrays; the last may be
         shorter): what ``DataLoader`` asks for, the same order as ``iter(self)``.
 
-        Each run is a slice of :meth:`indices`, handed out at once instead of index by index (issue 16:
-        one Python ``yield`` per sample cost 20-50 us per batch of 128), and ``position`` advances by
+        Each run is a slice of :meth:`indices`, handed out at once instead of index by index (one Python
+        ``yield`` per sample cost 20-50 us per batch of 128), and ``position`` advances by
         the run's length just before it is yielded, so inside the loader's loop it is still exactly
         the batches handed out so far, as ``__iter__`` leaves it; resuming works alike (a restored
         position is the start, any other new iteration starts the epoch over).

@@ -13,9 +13,9 @@ is installed. It is installed here, once, by ``import minidist.distributed`` (th
   ``WatchedCommunicator``, a subclass that wraps the same primitives.
 * :data:`on_init`: what ``init()`` runs once the world exists. Installed: the hook that makes an
   uncaught exception end every rank, and the liveness watchdog thread.
-* :func:`collective`: the decorator every public collective wears. Installed, it puts the safety
-  net's wrapper around the function (``safety/calls.py``: numbering, tags, checks, trace spans);
-  ``minidist.distributed`` installs before it loads ``collectives.py``, so that is what a call runs.
+* :func:`collective`: the decorator every public collective wears: it puts the safety net's wrapper
+  around the function (``safety/calls.py``: numbering, tags, checks, trace spans). The package
+  installs before it loads ``collectives.py``, so every public collective is wrapped.
 
 Reading the mechanism, read past these lines: with the default settings they change no number, no
 message and no result, only what happens when something goes wrong.
@@ -23,7 +23,6 @@ message and no result, only what happens when something goes wrong.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,31 +30,17 @@ from minidist.distributed.comm import Communicator
 
 communicator_class: type[Communicator] = Communicator
 on_init: list[Callable[[Communicator], None]] = []
-
-# Every collective marked by @collective: (the list whose one item a call runs, the plain function,
-# its name, whether every rank passes the same shape). A list, so that installing replaces what runs.
-_collectives: list[tuple[list[Callable[..., Any]], Callable[..., Any], str, bool]] = []
 _wrap: Callable[..., Callable[..., Any]] | None = None  # the safety net's wrapper, once installed
 
 
 def collective(name: str, *, same_shape: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a public collective called ``name`` (``"all_reduce"``), so the safety net can wrap it.
-
-    ``same_shape=False`` for a collective whose ranks may pass arrays of different shapes
-    (``all_gather``): then only the dtype must agree (``MINIDIST_DEBUG`` compares the calls).
-    """
+    """Mark a public collective called ``name`` (``"all_reduce"``): the safety net's wrapper around it,
+    once installed (a function marked before the install stays plain). ``same_shape=False`` for a
+    collective whose ranks may pass arrays of different shapes (``all_gather``): then only the dtype
+    must agree (``MINIDIST_DEBUG`` compares the calls)."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if _wrap is not None:  # the usual case: minidist.distributed installs before it loads collectives.py
-            return _wrap(fn, name, same_shape)
-        runs = [fn]  # marked before the install: a call runs what the install puts here
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return runs[0](*args, **kwargs)
-
-        _collectives.append((runs, fn, name, same_shape))
-        return call
+        return fn if _wrap is None else _wrap(fn, name, same_shape)
 
     return mark
 
@@ -66,9 +51,7 @@ def install(
     wrap: Callable[..., Callable[..., Any]],
 ) -> None:
     """Install the safety net: build every communicator as ``watched``, run ``started(world)`` at
-    ``init()``, and run every collective, marked now or later, as ``wrap(fn, name, same_shape)``."""
+    ``init()``, and wrap every collective marked from now on as ``wrap(fn, name, same_shape)``."""
     global communicator_class, _wrap
     communicator_class, _wrap = watched, wrap
     on_init.append(started)
-    for runs, fn, name, same_shape in _collectives:
-        runs[0] = wrap(fn, name, same_shape)

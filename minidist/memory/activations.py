@@ -19,6 +19,7 @@ per-layer count is compared with Korthikanti et al. 2022, §4, in ``minidist_too
 
 from __future__ import annotations
 
+import tracemalloc
 import weakref
 from typing import Any
 
@@ -104,3 +105,29 @@ def release(saved: list) -> None:
 def held() -> int:
     """Bytes of activations counted now (the buffers some recorded op still keeps)."""
     return sum(ref[1] for ref in _refs.values())
+
+
+# --- the bytes behind arrays, each buffer once (and NumPy's own count, the tracker's cross-check) ---
+
+
+def unique_nbytes(arrays: Any) -> int:
+    """Bytes behind ``arrays`` (``None`` skipped), each underlying buffer once (views charged to it)."""
+    owners = {}
+    for a in arrays:
+        if a is not None:
+            b = base_of(a)
+            owners[id(b)] = int(b.nbytes)
+    return sum(owners.values())
+
+
+def traced_numpy_bytes() -> int:
+    """Bytes of NumPy buffers alive now, as ``tracemalloc`` traced them (0 if it is not tracing).
+
+    NumPy reports each array buffer it allocates to tracemalloc in its own domain
+    (``numpy.lib.tracemalloc_domain``), independently of minidist: the cross-check of the tracker.
+    """
+    if not tracemalloc.is_tracing():
+        return 0
+    domain = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+    stats = tracemalloc.take_snapshot().filter_traces([domain]).statistics("filename")
+    return sum(s.size for s in stats)

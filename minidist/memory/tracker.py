@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from minidist.memory import activations, counters
-from minidist.memory.buffers import unique_nbytes
+from minidist.memory.activations import unique_nbytes
 from minidist.memory.errors import OutOfMemoryError, describe_overflow
 from minidist.memory.sizes import format_bytes, parse_size
 

@@ -129,7 +129,7 @@ def mixed_dtypes_error(query: Any, key: Any, value: Any) -> RuntimeError | None:
     """torch's error for query, key and value of different dtypes, or None when they agree (also used by
     ``ring_attention``'s checks, so both attentions say the same thing)."""
     # Cached by dtypes, never by the tensors: a cache keyed by them kept the last 16 calls' q, k, v and
-    # the graphs behind them alive (found by issue 21's memory tracker: a dropped graph was never freed).
+    # the graphs behind them alive (the memory tracker saw a dropped graph never freed).
     return _mixed_dtypes_error(query.dtype, key.dtype, value.dtype)
 
 

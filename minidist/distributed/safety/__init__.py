@@ -5,7 +5,7 @@ watch it. Reading order: ``tags.py`` (every message of a collective names its ca
 (on by default: a watchdog thread names a rank that left, a message of another call, a collective stuck
 for ``MINIDIST_WATCHDOG`` seconds, and ends the job; ``heartbeat.py`` pings a peer that may be
 unreachable, ``departures.py`` tells the others a rank left) -> ``debug.py`` (``MINIDIST_DEBUG=1``: ranks
-compare each collective call, call site (``call_site.py``) included, before running it) ->
+compare each collective call, call site included, before running it) ->
 ``watchdog.py`` (``MINIDIST_TIMEOUT=seconds``: waits with a deadline; an uncaught exception aborts the
 whole job) -> ``arrivals.py`` (which collective each rank entered last) -> ``traffic.py`` (the bytes
 and spans of each call, for the trace) -> ``agreement.py`` (how every layer above makes a mistake seen

@@ -20,8 +20,7 @@ from typing import Any, TypeVar
 from minidist import trace
 from minidist.distributed.comm import Communicator
 from minidist.distributed.safety import liveness
-from minidist.distributed.safety.call_site import call_site
-from minidist.distributed.safety.debug import checks_enabled, collective_scope, debug_enabled
+from minidist.distributed.safety.debug import call_site, checks_enabled, collective_scope, debug_enabled
 from minidist.distributed.safety.tags import identity
 from minidist.distributed.safety.traffic import collective_span
 from minidist.distributed.world import group_or_world

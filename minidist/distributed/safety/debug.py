@@ -9,8 +9,8 @@ In debug mode every collective first builds a *fingerprint* of the call on this 
 number on the communicator (the k-th collective called on it), its name, its arguments that must agree
 (``op``, ``src``/``dst``, the array's shape and dtype, and the algorithm when not ``"auto"``) and the
 identity of the group (its size and the world ranks of its members), and the *call site*: the file and
-line of the user's program that made the call (:func:`call_site`, the first frame outside minidist and
-the standard library)::
+line of the user's program that made the call (:func:`call_site`, the first frame outside minidist, its
+tools and course, and the standard library)::
 
     #17 all_reduce(op=sum, shape=(100,), float32) at train.py:42
 
@@ -55,6 +55,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
+import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -62,6 +64,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+import minidist
 from minidist.distributed import world
 from minidist.distributed.comm import Communicator
 from minidist.distributed.errors import CollectiveMismatchError, DistributedError
@@ -72,6 +75,31 @@ from minidist.distributed.safety.watchdog import CallInfo, abort_job, timeout_se
 DEBUG_ENV = "MINIDIST_DEBUG"
 FINGERPRINT_BYTES = 256  # fixed size, so the exchange is one MPI_Iallgather of bytes
 EXIT = "exit"  # the name of the pseudo-collective "the program ended"
+
+
+# Frames in these folders are not "the user's code": minidist itself and the tools and course beside
+# it (a straggler monitor's all-gather is the user's call of monitor.step()), and the standard library
+# (contextlib's `with`, threading's run() of DDP's communication thread).
+_FRAMEWORK = os.path.dirname(os.path.abspath(minidist.__file__))
+_NOT_USER = tuple(
+    os.path.join(folder, "")  # with a trailing separator: ".../minidist/" is not ".../minidist_x/"
+    for folder in (
+        _FRAMEWORK,
+        os.path.join(os.path.dirname(_FRAMEWORK), "minidist_tools"),
+        os.path.join(os.path.dirname(_FRAMEWORK), "minidist_course"),
+        sysconfig.get_paths()["stdlib"],
+    )
+)
+
+
+def call_site() -> str:
+    """``"train.py:42"``: the file (its last two path parts) and line of the first frame outside
+    minidist (and its tools and course) and the standard library: the user's line that made this call."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_NOT_USER):
+        frame = frame.f_back
+    parts = frame.f_code.co_filename.replace(os.sep, "/").split("/")
+    return f"{'/'.join(parts[-2:])}:{frame.f_lineno}"
 
 
 @functools.cache  # read once per process (at the first collective), as it is checked before every one

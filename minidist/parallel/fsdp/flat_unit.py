@@ -16,7 +16,7 @@ States of a unit, and what the original parameters' ``.data`` hold in each:
 ``param_dtype`` (e.g. bfloat16) is the dtype of the all-gather: the shards are rounded to it, sent,
 and cast back to the parameters' dtype on the communication thread, so the unit computes with
 bfloat16-rounded weights in the master dtype. (This branch's ops do not compute in bfloat16: autocast,
-issue 21's mixed precision, does that inside the ops; the halved all-gather bytes are FSDP's part.)
+mixed precision (``autocast``), does that inside the ops; the halved all-gather bytes are FSDP's part.)
 
 Gradients: after the unit's backward, each parameter's full ``.grad`` is copied into one flat buffer
 (in ``reduce_dtype``) and reduce-scattered with op="avg", and the full gradients are dropped; when

@@ -3,7 +3,7 @@
 Reading order: ``naive.py`` (one GPipe step with plain blocking sends and receives: the whole idea on
 a page, and why it is slow) -> ``schedules.py`` (GPipe and 1F1B as plain lists of instructions per
 stage, and why they cannot deadlock) -> ``simulate.py`` (running a schedule on paper: timeline, bubble,
-deadlock check, a text grid; ``minidist_tools/gantt.py`` draws it) -> ``executor.py``
+deadlock check; ``minidist_tools/gantt.py`` draws it) -> ``executor.py``
 (``StageExecutor``: one rank's instructions for any schedule) -> ``messages.py`` (what stages send
 each other: a shape header, then activations and gradients, on known tags) -> ``messaging.py`` (how
 they travel: GPipe's and 1F1B's blocking send/recv) -> ``partition.py`` (cutting the model into
@@ -30,7 +30,7 @@ from minidist.parallel.pipeline.schedules import (
     one_f_one_b,
     peak_activations,
 )
-from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, simulate, text_grid
+from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, simulate
 
 __all__ = [
     "Batch",
@@ -48,5 +48,4 @@ __all__ = [
     "partition",
     "peak_activations",
     "simulate",
-    "text_grid",
 ]

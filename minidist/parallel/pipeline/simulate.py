@@ -1,10 +1,4 @@
-"""Run a schedule on paper: a timeline with given forward/backward times, its bubble, and a picture in text.
-
-    >>> print(text_grid(one_f_one_b(3, 4), backward_time=1))
-    stage 0 | F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3
-    stage 1 | .. F0 F1 .. B0 F2 B1 F3 B2 .. B3 ..
-    stage 2 | .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. ..
-    1f1b: p=3, m=4, bubble fraction 0.333 ((p-1)/(m+p-1) = 0.333)
+"""Run a schedule on paper: a timeline with given forward/backward times, and its bubble.
 
 ``simulate`` executes every stage's program with the semantics of the MPI executor in the worst case:
 computation takes ``forward_time`` / ``backward_time``; a message takes no time but is a *rendezvous*
@@ -20,8 +14,8 @@ idle / ``T`` (GPipe and 1F1B: ``(p-1)/(m+p-1)``); ``bubble_overhead`` is idle / 
 Narayanan et al. 2021 (§2.2.1) use: ``(p-1)/m``, and for the interleaved schedule with ``v`` chunks per
 stage (each computation ``1/v`` as long) ``(p-1)/(v m)`` (§2.2.2). With interleaving, a message goes to
 the next or previous *virtual* stage, round the ranks (``Schedule.peer``), and must meet the same
-microbatch and chunk. (A matplotlib Gantt chart of the same timeline, simulated or measured on real
-ranks: ``minidist_tools/gantt.py``.)
+microbatch and chunk. (Pictures of a timeline, simulated or measured on real ranks, a text grid and
+a matplotlib Gantt chart: ``minidist_tools/gantt.py``.)
 """
 
 from __future__ import annotations
@@ -152,51 +146,3 @@ def _try_match(s, ins, schedule, pc, clock, pending, current_halves) -> bool:
             pending[s][ins] = pending[peer][other] = when
             return True
     return False
-
-
-# --- the timeline as text ---------------------------------------------------------------------------
-
-
-def _timeline(what: Schedule | Timeline, forward_time: float, backward_time: float) -> Timeline:
-    return simulate(what, forward_time, backward_time) if isinstance(what, Schedule) else what
-
-
-def text_grid(
-    what: Schedule | Timeline, forward_time: int = 1, backward_time: int = 2, formula: bool = True
-) -> str:
-    """One row per stage, one column per time unit: ``F3``/``B3`` = forward/backward of microbatch 3,
-    ``..`` = idle (the bubble). A schedule is simulated with the given integer times; a timeline must
-    have integer times. The last line gives the bubble fraction next to ``(p-1)/(m+p-1)`` (interleaved,
-    ``v`` chunks per stage: ``F3.1`` is chunk 1, and the bubble overhead is next to ``(p-1)/(v*m)``);
-    ``formula=False`` leaves the formula out (lesson 07 asks the student to derive it).
-    """
-    timeline = _timeline(what, forward_time, backward_time)
-    schedule = timeline.schedule
-    v = schedule.virtual_stages
-    width = len(str(schedule.num_microbatches - 1)) + 1 + (1 + len(str(v - 1)) if v > 1 else 0)
-    columns = round(timeline.total)
-    rows = []
-    for s, slots in enumerate(timeline.slots):
-        cells = ["." * width] * columns
-        for slot in slots:
-            name = f"{slot.microbatch}.{slot.chunk}" if v > 1 else str(slot.microbatch)  # F3.1: chunk 1
-            label = ("F" if slot.kind == FORWARD else "B") + name.ljust(width - 1)
-            for t in range(round(slot.start), round(slot.end)):
-                cells[t] = label
-        rows.append(f"stage {s} | " + " ".join(cells))
-    p, m = schedule.num_stages, schedule.num_microbatches
-    if not formula:
-        measure = "bubble overhead" if v > 1 else "bubble fraction"
-        value = timeline.bubble_overhead() if v > 1 else timeline.bubble_fraction()
-        rows.append(f"{schedule.name}: p={p}, m={m}{f', v={v}' if v > 1 else ''}, {measure} {value:.3f}")
-    elif v > 1:  # Narayanan et al. 2021, §2.2.2: the bubble relative to the ideal step
-        rows.append(
-            f"{schedule.name}: p={p}, m={m}, v={v}, bubble overhead {timeline.bubble_overhead():.3f} "
-            f"((p-1)/(v*m) = {(p - 1) / (v * m):.3f}; 1f1b: (p-1)/m = {(p - 1) / m:.3f})"
-        )
-    else:
-        rows.append(
-            f"{schedule.name}: p={p}, m={m}, bubble fraction {timeline.bubble_fraction():.3f} "
-            f"((p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})"
-        )
-    return "\n".join(rows)

@@ -10,8 +10,9 @@ activations, shared on replicated ones; and the generator a layer's ranks share 
 instead of all-reduce; ``sequence_parallel_linear.py``: the column layer that keeps only its input's
 shard) -> ``cut.py`` (a full layer cut into this rank's piece) -> ``transformer.py`` (the GPT block:
 heads split, MLP column then row, optionally sequence parallel). Last, ``checks/``: every layer's
-arguments compared across its group before the layer's own code runs (the decorators of
-``checks/seam.py``), so a mismatch raises on every rank. The process grid these groups come from is
+arguments compared across its group before the layer's own code runs (``@agreed_arguments``,
+``minidist/parallel/agreed.py``), so a mismatch raises on every rank. The process grid these groups come from
+is
 ``minidist/parallel/mesh.py``; gradient clipping over shards is ``minidist/parallel/clip_grad.py``.
 """
 

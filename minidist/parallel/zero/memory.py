@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minidist.autograd import Tensor
-from minidist.memory.buffers import unique_nbytes
+from minidist.memory.activations import unique_nbytes
 from minidist.optim.optimizer import Optimizer
 
 

@@ -28,9 +28,9 @@ from minidist.parallel.pipeline import (
     one_f_one_b,
     peak_activations,
     simulate,
-    text_grid,
 )
 from minidist.parallel.pipeline.schedules import BACKWARD, FORWARD, RECV_ACT, SEND_ACT, SEND_GRAD, parts
+from minidist_tools.gantt import text_grid
 
 
 @given(S.interleaved_configs(), S.backward_time_ratios)

@@ -19,7 +19,6 @@ from minidist.parallel.pipeline import (
     one_f_one_b,
     peak_activations,
     simulate,
-    text_grid,
 )
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
@@ -30,7 +29,7 @@ from minidist.parallel.pipeline.schedules import (
     SEND_GRAD,
     parts,
 )
-from minidist_tools.gantt import draw_gantt, timeline_from_trace
+from minidist_tools.gantt import draw_gantt, text_grid, timeline_from_trace
 
 
 def instructions(schedule: Schedule, stage: int) -> list[Instruction]:

@@ -20,7 +20,7 @@ from dist_worker_utils import run_worker, write_json
 import minidist.distributed as dist
 from minidist import nn, trace
 from minidist.memory import counters
-from minidist.memory.buffers import unique_nbytes
+from minidist.memory.activations import unique_nbytes
 from minidist.models.gpt.transformer import Block
 from minidist.parallel import FullyShardedDataParallel
 

@@ -12,14 +12,13 @@ so that a per-rank seed cannot build a different layer on each rank.
 
 The layers' code never opens with these checks: it meets them through one seam, the decorator
 ``@agreed_arguments(check)`` of ``minidist/parallel/agreed.py`` on every ``__init__`` and ``from_*``
-classmethod. Reading order: ``seam.py`` (``@checked_input`` on the linear layers' ``forward``) ->
-``layers.py`` (each layer's check) -> ``vocab.py`` (the vocabulary embedding's, at construction and on
+classmethod. Reading order: ``layers.py`` (each layer's check, and ``@checked_input`` on the linear
+layers' ``forward``) -> ``vocab.py`` (the vocabulary embedding's, at construction and on
 every forward) -> ``arguments.py`` (the pieces they are made of: a size, a flag, the group, the agreement).
 """
 
 from minidist.parallel.tensor_parallel.checks.arguments import already_agreed
-from minidist.parallel.tensor_parallel.checks.layers import attention, block, cut, linear, mlp
-from minidist.parallel.tensor_parallel.checks.seam import checked_input
+from minidist.parallel.tensor_parallel.checks.layers import attention, block, checked_input, cut, linear, mlp
 from minidist.parallel.tensor_parallel.checks.vocab import agreed_ids, embedding, table
 
 __all__ = [

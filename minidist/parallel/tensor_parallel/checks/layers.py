@@ -4,7 +4,8 @@ checked, agreed across the group and normalised (``seam.agreed_arguments`` calls
 * :func:`linear`: ``ColumnParallelLinear`` and ``RowParallelLinear`` (``../layers.py``);
 * :func:`cut`: their ``from_linear``, a full ``nn.Linear`` cut into this rank's piece (``../cut.py``);
 * :func:`mlp`: ``ParallelMLP`` (``../mlp.py``), one agreement for the whole block;
-* :func:`attention`, :func:`block`: the GPT modules of ``../transformer.py`` (heads split over the group).
+* :func:`attention`, :func:`block`: the GPT modules of ``../transformer.py`` (heads split over the group);
+* :func:`checked_input`: the decorator of the linear layers' ``forward`` (the input's width, per call).
 
 Every one ends with ``arguments.agree``: one small exchange, after which every rank raises the same
 error or none, and the ranks share one generator.
@@ -12,6 +13,7 @@ error or none, and the ranks share one generator.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container
 from typing import Any
 
@@ -175,3 +177,26 @@ def _agree_on_heads(layer: str, group: Any, n_embd: int, n_head: int, sp: bool, 
     sizes = {"n_embd": n_embd, "n_head": n_head, "sequence_parallel": sp, "dtype": describe_dtype(dtype)}
     agree(group, layer, sizes, error)
     return group
+
+
+def checked_input(forward: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Decorate a parallel linear layer's ``forward(x)``: ``ValueError`` (on this rank: shapes are
+    local) unless ``x``'s last axis is what the layer takes, ``in_features``, or ``in_features / group
+    size`` for a row-parallel layer whose input is parallel (``input_is_parallel``); then the body
+    runs. Per forward it costs one more call and a shape comparison."""
+
+    @functools.wraps(forward)
+    def checked(layer: Any, x: Any) -> Any:
+        if getattr(layer, "input_is_parallel", False):
+            expected, what = layer.in_features_per_partition, "in_features / group size"
+        else:
+            expected, what = layer.in_features, "in_features"
+        if x.ndim == 0 or x.shape[-1] != expected:
+            raise ValueError(
+                f"{type(layer).__name__}({layer.in_features}, {layer.out_features}) on a group of "
+                f"{layer.group.size} got input of shape {x.shape}: it expects input of shape "
+                f"(..., {expected}), its last axis must be {expected} ({what})"
+            )
+        return forward(layer, x)
+
+    return checked
