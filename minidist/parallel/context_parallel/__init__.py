@@ -18,15 +18,9 @@ Context"; Milakov & Gimelshein 2018 (online softmax); Dao et al. 2022 (FlashAtte
 ("zigzag") split as in Megatron-LM's context parallelism.
 """
 
-from minidist.parallel.context_parallel.ring_attention import (
-    Block,
-    RingAttention,
-    attention_blocks,
-    ring_attention,
-)
+from minidist.parallel.context_parallel.ring_attention import attention_blocks, ring_attention
 from minidist.parallel.context_parallel.split import (
     LAYOUTS,
-    all_gather_from_context_parallel,
     context_parallel_chunks,
     context_parallel_positions,
     gather_from_context_parallel,
@@ -35,9 +29,6 @@ from minidist.parallel.context_parallel.split import (
 
 __all__ = [
     "LAYOUTS",
-    "Block",
-    "RingAttention",
-    "all_gather_from_context_parallel",
     "attention_blocks",
     "context_parallel_chunks",
     "context_parallel_positions",

@@ -33,13 +33,8 @@ from minidist.parallel.tensor_parallel.sequence_parallel import (
     allreduce_sequence_parallel_grads,
     gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
-    scatter_to_sequence_parallel_region,
 )
-from minidist.parallel.tensor_parallel.transformer import (
-    ParallelBlock,
-    ParallelCausalSelfAttention,
-    ParallelFeedForward,
-)
+from minidist.parallel.tensor_parallel.transformer import ParallelBlock
 from minidist.parallel.tensor_parallel.vocab_parallel import VocabParallelEmbedding
 from minidist.parallel.tensor_parallel.vocab_parallel_loss import vocab_parallel_cross_entropy
 
@@ -55,12 +50,9 @@ __all__ = [
     "RNGStatesTracker",
     "get_rng_tracker",
     "model_parallel_manual_seed",
-    "scatter_to_sequence_parallel_region",
     "gather_from_sequence_parallel_region",
     "reduce_scatter_to_sequence_parallel_region",
     "allreduce_sequence_parallel_grads",
-    "ParallelCausalSelfAttention",
-    "ParallelFeedForward",
     "ParallelBlock",
     "VocabParallelEmbedding",
     "vocab_parallel_cross_entropy",
