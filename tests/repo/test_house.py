@@ -149,10 +149,11 @@ def _uses_of_faces(text: str, faces: set[str]) -> set[tuple[str, str]]:
     in ``text``: code, a code string inside code, a lesson or a page of the documentation alike."""
     used, aliases = set(), {}
     for face, names in re.findall(r"from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n]+)", text):
-        for item in re.split(r"[,\s]+", names.split("#")[0].strip("() \n")):
+        names = re.sub(r"#[^\n]*", "", names)  # comments, on any line of a parenthesized list
+        for item in re.split(r"[,\s]+", names.strip("() \n")):
             if face in faces and item.isidentifier():
                 used.add((face, item))
-        for leaf, alias in re.findall(r"(\w+)(?:\s+as\s+(\w+))?", names.split("#")[0]):
+        for leaf, alias in re.findall(r"(\w+)(?:\s+as\s+(\w+))?", names):
             if f"{face}.{leaf}" in faces:
                 aliases[alias or leaf] = f"{face}.{leaf}"
     for face, alias in re.findall(r"import\s+([\w.]+)(?:\s+as\s+(\w+))?", text):

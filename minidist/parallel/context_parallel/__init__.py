@@ -21,6 +21,7 @@ Context"; Milakov & Gimelshein 2018 (online softmax); Dao et al. 2022 (FlashAtte
 from minidist.parallel.context_parallel.ring_attention import attention_blocks, ring_attention
 from minidist.parallel.context_parallel.split import (
     LAYOUTS,
+    all_gather_from_context_parallel,
     context_parallel_chunks,
     context_parallel_positions,
     gather_from_context_parallel,
@@ -29,6 +30,7 @@ from minidist.parallel.context_parallel.split import (
 
 __all__ = [
     "LAYOUTS",
+    "all_gather_from_context_parallel",
     "attention_blocks",
     "context_parallel_chunks",
     "context_parallel_positions",

@@ -180,7 +180,7 @@ class DistributedDataParallel(Module):
     def register_comm_hook(self, state: Any, hook: Any) -> None:
         """Average each bucket with ``hook(state, bucket)`` instead of a plain all-reduce (PyTorch's name).
 
-        ``hook`` gets ``state`` and a :class:`~minidist.parallel.comm_hooks.GradBucket` (the bucket's
+        ``hook`` gets ``state`` and a :class:`~minidist.parallel.comm_hooks.bucket.GradBucket` (the bucket's
         flat local gradient, its parameters, ``bucket.group`` to communicate on) and returns the averaged
         flat gradient, an array of the bucket's shape and dtype. Ours are *synchronous*: a hook returns
         the array, not a Future (PyTorch's return a ``torch.futures.Future``). Built-in hooks in
