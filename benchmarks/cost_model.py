@@ -57,8 +57,9 @@ def predict_hierarchical(
     inter: tuple[float, float],
     gamma: float,
 ) -> float:
-    """Predicted seconds of ``all_reduce(algorithm="hierarchical")`` (``distributed/hierarchical.py``): a
-    tree reduce and a tree broadcast inside each node (``intra`` = (alpha, beta) of shared memory), a
+    """Predicted seconds of ``all_reduce(algorithm="hierarchical")``
+    (``distributed/algorithms/hierarchical.py``): a tree reduce and a tree broadcast inside each node
+    (``intra`` = (alpha, beta) of shared memory), a
     ring across the ``nodes`` leaders (``inter`` = (alpha, beta) of the network link)."""
     inside = (
         2 * _log2(ranks_per_node) * (intra[0] + nbytes * intra[1]) + _log2(ranks_per_node) * nbytes * gamma

@@ -87,7 +87,8 @@ for epoch in range(args.epochs):
         optimizer.zero_grad()
         # Backward computes the gradients layer by layer, last layer first. As soon as a bucket of
         # them is ready, DDP's hook starts its all-reduce on a communication thread, overlapping with
-        # the rest of backward. When backward returns, every rank holds the same averaged gradients.
+        # the rest of backward (a model this small fills one bucket, all-reduced when backward ends).
+        # When backward returns, every rank holds the same averaged gradients.
         loss.backward()
         # Same weights + same gradients = the same step on every rank: the copies stay identical.
         optimizer.step()

@@ -4,8 +4,8 @@
     minidist checkpoint info DIR [--verify]       list and verify checkpoints, without MPI
     minidist checkpoint interval --node-mtbf ...  how often to checkpoint (Young, Daly, exact)
     minidist cluster up|run|status|down           a cluster of network namespaces on this machine (root)
-    minidist launch -n N -- COMMAND               run COMMAND on N ranks, restart it from its newest
-    checkpoint minidist assignments list|release|grade|...   the graded coursework of lessons/assignments/
+    minidist launch -n N -- COMMAND               run COMMAND on N ranks; restart it after a failure
+    minidist assignments list|release|grade|...   the graded coursework of lessons/assignments/
 
 Each subcommand is a module of ``minidist_tools`` or ``minidist_course`` with its own ``main(argv)`` and
 ``--help``; this file only picks the module and hands it the rest of the command line. It sits above
@@ -16,6 +16,7 @@ so ``minidist --help`` starts no MPI. ``python -m minidist_cli`` is the same com
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module whose main(argv) runs it, what it does)
@@ -28,10 +29,15 @@ COMMANDS = {
 }
 
 
-# The tools that are libraries rather than commands, named in the help so that one finds them too.
+# The tools used from Python, named in the help so that one finds them too.
 LIBRARIES = {
     "minidist_tools.straggler": "find the rank that makes every step wait (StragglerMonitor)",
     "minidist_tools.perfmodel": "models of a step's time, memory, network traffic and failures",
+    "minidist_tools.timeline": "every rank's trace spans in one Perfetto file; communication hidden",
+    "minidist_tools.gantt": "a pipeline step as a text grid or a Gantt chart, simulated or measured",
+    "minidist_tools.report": "exit_with_error: a training script's error printed once, for all ranks",
+    "minidist_tools.cluster": "Cluster: the namespace cluster from Python (cluster_available, up, down)",
+    "minidist_tools.launch": "launch(...) and read_log(...): the elastic launcher from Python",
 }
 
 
@@ -48,13 +54,22 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``minidist COMMAND ARGS...``; returns the command's exit status (2 for an unknown command)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("-h", "--help"):
+    try:
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:  # `minidist ... | head`: the reader left early; not an error of the command
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (Python flushes stdout once more at exit)
+        return 0
+
+
+def _run(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if argv and argv[0] == "--version":
+        print(f"minidist {importlib.import_module('minidist').__version__}")
         return 0
     if not argv or argv[0] not in COMMANDS:  # as argparse does: the usage on stderr, exit status 2
         problem = f"unknown command {argv[0]!r}" if argv else "a command is required"
         print(f"{usage()}\n\nminidist: error: {problem}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    name, rest = argv[0], argv[1:]
-    return importlib.import_module(COMMANDS[name][0]).main(rest)
+    return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="minidist checkpoint", description="list, verify and plan checkpoints"
     )
-    actions = parser.add_subparsers(dest="checkpoint_command", required=True)
+    actions = parser.add_subparsers(dest="checkpoint_command", required=True, metavar="{info,interval}")
     listing = actions.add_parser("info", help="list a checkpoint root, or describe one checkpoint")
     listing.add_argument("directory", help="a checkpoint root (holding 'latest') or one step_<n> folder")
     listing.add_argument("--verify", action="store_true", help="also check every file's size and sha256")

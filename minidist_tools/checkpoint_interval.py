@@ -66,7 +66,13 @@ def add_parser(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--restart-cost", type=_duration, default=0.0, help="time to relaunch and load (0)")
     parser.add_argument("--work", type=_duration, default=30 * 86400.0, help="failure-free run time (30d)")
     parser.add_argument("--interval", type=_duration, help="also price this interval of work between saves")
-    parser.add_argument("--simulate", type=int, default=0, metavar="RUNS", help="simulate RUNS jobs a row")
+    parser.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="simulate RUNS runs of the job and compare (default 0: none)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
 
 

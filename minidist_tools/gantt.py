@@ -1,5 +1,6 @@
 """Pictures of a pipeline step: a text grid and a matplotlib Gantt chart, simulated or measured.
 
+    >>> from minidist.parallel.pipeline import one_f_one_b
     >>> print(text_grid(one_f_one_b(3, 4), backward_time=1))
     stage 0 | F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3
     stage 1 | .. F0 F1 .. B0 F2 B1 F3 B2 .. B3 ..

@@ -262,7 +262,9 @@ print(f"rank {world.rank}: accumulated with no_sync, max error vs single process
 # - Data parallelism = identical replicas + averaged gradients; exact equivalence to one process needs
 #   equal shares or loss scaling by `n * b_i / B`.
 # - Accumulation weights microbatch losses by `b_i / B`; `no_sync` skips the intermediate all-reduces.
-# - DDP buckets gradients (fewer, larger messages) and overlaps their all-reduce with backward.
+# - `DataParallelNaive` does it with one all-reduce per gradient: correct, but it pays the latency once
+#   per parameter and waits for each; DDP buckets gradients (fewer, larger messages) and overlaps their
+#   all-reduce with backward.
 #
 # Next: [lesson 05](05_zero.ipynb) stops every rank from storing all the optimizer state.
 

@@ -5,16 +5,17 @@
 # # Lesson 07 — Pipeline parallelism: GPipe, 1F1B and the bubble
 #
 # **Learning goals.** After this lesson you can
-# 1. read a pipeline schedule as a list of instructions per stage, and draw it as a Gantt chart;
-# 2. derive the bubble fraction of a step and check it against a simulation and real ranks;
-# 3. explain why 1F1B holds far fewer activations than GPipe for the same bubble.
+# 1. run one GPipe step with plain blocking sends and receives (`naive.py`), and say why it is slow;
+# 2. read a pipeline schedule as a list of instructions per stage, and draw it as a Gantt chart;
+# 3. derive the bubble fraction of a step and check it against a simulation and real ranks;
+# 4. explain why 1F1B holds far fewer activations than GPipe for the same bubble.
 #
 # Tensor parallelism (lesson 06) splits each layer; pipeline parallelism splits the model *by layers*:
 # stage s (one rank) holds a run of consecutive layers, sends its activations to stage s+1 and receives
 # gradients back. One batch would keep only one stage busy at a time, so it is cut into `m`
 # *microbatches* that follow each other down the pipe. The code is `minidist/parallel/pipeline/`:
 # `naive.py` (the whole idea in one function, read first) → `schedules.py` (what each stage does, as
-# plain data) → `simulate.py` (run it on paper, print it; `minidist_tools/gantt.py` draws it) →
+# plain data) → `simulate.py` (run it on paper; `minidist_tools/gantt.py` prints and draws it) →
 # `executor.py` and `messaging.py` (run it over MPI) → `pipeline_parallel.py` (`PipelineParallel`).
 
 # %%

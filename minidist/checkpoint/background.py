@@ -20,7 +20,7 @@ training thread runs its own collectives there would let messages of two calls m
 receives, and would number the calls of two threads in one sequence (``tags.py``). So the thread
 talks only over a private duplicate of the world (``MPI_Comm_dup``, made once per world communicator,
 collectively, inside the first asynchronous save), exactly as DDP's communication thread does
-(``parallel/data_parallel.py``; PyTorch's recipe likewise gives ``async_save`` a process group of its
+(``parallel/data_parallel/ddp.py``; PyTorch's recipe likewise gives ``async_save`` a process group of its
 own). Two threads calling MPI at once needs ``MPI_THREAD_MULTIPLE``, which mpi4py requests and MPICH
 grants; where MPI was initialised with less, the save runs synchronously with a warning and returns
 a finished handle.

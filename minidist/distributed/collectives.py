@@ -10,7 +10,7 @@ Each function here does the same four things, in order, and leaves the algorithm
 4. run the chosen algorithm, each in its own file: hand-written ``"ring"`` (``ring.py``),
    ``"recursive_doubling"`` (``recursive_doubling.py``), ``"rabenseifner"`` (``rabenseifner.py``),
    ``"recursive_halving"`` (``recursive_halving.py``),
-   ``"tree"`` (``broadcast.py``, ``tree_reduce.py``), ``"scatter_allgather"`` (``scatter_allgather.py``),
+   ``"tree"`` (``tree_broadcast.py``, ``tree_reduce.py``), ``"scatter_allgather"`` (``scatter_allgather.py``),
    ``"hierarchical"`` (``hierarchical.py``: the three above per node and across nodes, when the group
    spans nodes, ``topology.py``), or ``"mpi"``, MPI's own built-in (``mpi_builtin.py``), the
    reference the others are tested against. ``"auto"`` picks one by message size and group size (and,
@@ -217,7 +217,7 @@ def broadcast(a: Any, src: int = 0, group: Communicator | None = None, algorithm
 
     ``a``: any shape, C-contiguous, same shape and dtype on every rank (``a.nbytes`` bytes are sent to
     each rank). ``algorithm``, for ``N = a.nbytes``: ``"tree"``, a binomial tree, cost
-    ``ceil(log2 n)(alpha + N beta)`` (``broadcast.py``), for short messages; ``"scatter_allgather"``,
+    ``ceil(log2 n)(alpha + N beta)`` (``tree_broadcast.py``), for short messages; ``"scatter_allgather"``,
     binomial scatter of ``n`` chunks then ring all-gather, cost
     ``(ceil(log2 n) + n - 1) alpha + 2(n-1)/n N beta`` (``scatter_allgather.py``), for long messages;
     ``"mpi"``: ``MPI_Bcast``; ``"auto"``: by ``N`` and ``n`` from ``tuning.py``.

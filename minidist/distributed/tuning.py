@@ -3,14 +3,14 @@
 Which algorithm is fastest depends on the message size ``N`` (bytes) and the group size ``n``. Short
 messages are dominated by the number of messages (the alpha terms of the cost formulas), long ones by
 the bytes each rank sends and reduces (beta and gamma); see ``ring.py``, ``recursive_doubling.py``,
-``rabenseifner.py``, ``recursive_halving.py``, ``broadcast.py``, ``scatter_allgather.py`` and
+``rabenseifner.py``, ``recursive_halving.py``, ``tree_broadcast.py``, ``scatter_allgather.py`` and
 ``tree_reduce.py``. The formulas
 say *where* the crossovers lie only up to the machine's alpha, beta and gamma, so the thresholds below
 were measured.
 
 **How they were measured.** On the 2-core development machine (AMD EPYC, 2 cores, 1 MiB L2 per core,
-MPICH 5.0.2 over shared memory): ``OMP_NUM_THREADS=1 mpirun -n n python bench.py`` for n = 2, 3, 4, 6
-and 8, timing each algorithm of a collective through the public call (``dist.all_reduce(a,
+MPICH 5.0.2 over shared memory): ``OMP_NUM_THREADS=1 mpirun -n n python benchmarks/collectives.py`` for n = 2,
+3, 4, 6 and 8, timing each algorithm of a collective through the public call (``dist.all_reduce(a,
 algorithm=...)``) on float32 arrays of 4 KiB .. 64 MiB, the algorithms interleaved, each call started
 after a barrier; one sample is the slowest rank's time, and we compared medians of 30 samples. Each
 threshold is a size where the winner changed (rounded to a power of two; between two algorithms within

@@ -1,4 +1,4 @@
-"""``minidist assignments list|release|grade|summary``: see lessons/assignments/INSTRUCTORS.md."""
+"""minidist assignments list|release|grade|summary: see lessons/assignments/INSTRUCTORS.md."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 
     [[test]]
     task = "A2.1"
-    file = "public/test_ring.py"      # relative to the assignment folder
+    file = "public/test_a2_ring.py"   # relative to the assignment folder
     name = "test_reduce_scatter"      # a test function (all its parametrizations must pass)
     points = 3
     hint = "which chunk does rank r hold after step s?"   # a question, shown with a wrong answer

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ok, reason = cluster_available()
     if not ok:
-        print(f"minidist_tools.cluster: {reason}", file=sys.stderr)
+        print(f"minidist cluster: {reason}", file=sys.stderr)
         return 2
     try:
         if args.action == "up":
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return cluster.run(command, timeout=args.timeout, capture=False, n=args.n).returncode
             except subprocess.TimeoutExpired:
-                print(
-                    f"minidist_tools.cluster: run killed after --timeout {args.timeout:g} s", file=sys.stderr
-                )
+                print(f"minidist cluster: run killed after --timeout {args.timeout:g} s", file=sys.stderr)
                 return 124  # as timeout(1)
         elif args.action == "status":
             names = [args.name] if args.name else Cluster.names()
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 Cluster.load(name).down()
                 print(f"removed cluster {name}")
     except ClusterError as error:
-        print(f"minidist_tools.cluster: {error}", file=sys.stderr)
+        print(f"minidist cluster: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

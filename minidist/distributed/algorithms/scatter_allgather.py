@@ -1,6 +1,6 @@
 """Broadcast for long messages: scatter the array in pieces from the root, then ring all-gather them.
 
-The binomial tree (``broadcast.py``) resends the *whole* array in each of its ``ceil(log2 n)`` rounds.
+The binomial tree (``tree_broadcast.py``) resends the *whole* array in each of its ``ceil(log2 n)`` rounds.
 Van de Geijn's broadcast (as used in MPICH for long messages) instead cuts the array into ``n`` chunks
 in ``numpy.array_split`` order and
 

@@ -1,6 +1,6 @@
 """Binomial-tree reduce: the reduction of every rank's array ends up on one rank, ``dst``.
 
-The mirror image of the binomial-tree broadcast (``broadcast.py``): data flows *up* the tree and is
+The mirror image of the binomial-tree broadcast (``tree_broadcast.py``): data flows *up* the tree and is
 combined on the way. Ranks are renumbered relative to the root, ``v = (rank - dst) % n`` (the root is
 ``v = 0``). In the round with ``distance`` = 1, 2, 4, ...:
 

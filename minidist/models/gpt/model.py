@@ -37,7 +37,7 @@ class GPTConfig:
     """The size of a GPT. Defaults: the small character-level model of ``examples/train_gpt.py``.
 
     Attributes:
-        vocab_size: number of token ids (65 for the characters of the bundled Shakespeare).
+        vocab_size: number of token ids (default 65, nanoGPT's character set; the bundled Shakespeare has 63).
         block_size: the context length T, the longest sequence the model reads (position embeddings).
         n_layer, n_head, n_embd: blocks, attention heads per block, width C (divisible by n_head).
         dropout: probability for every dropout layer (0 disables them).
@@ -126,7 +126,7 @@ class GPT(Module):
         """This GPT as an ``nn.Sequential`` of ``n_layer + 2`` layers, for ``PipelineParallel``.
 
         ``[GPTEmbedding (wte, wpe, drop), h.0, ..., h.<L-1>, GPTHead (ln_f and the output projection)]``,
-        sharing this model's modules (``gpt_pipeline.py``): token ids (B, T) in, logits (B, T, vocab_size)
+        sharing this model's modules (``pipeline.py``): token ids (B, T) in, logits (B, T, vocab_size)
         out, exactly ``forward``'s. Each layer's ``pipeline_name`` ("" for the ends, "h.<i>" for block i)
         makes a pipeline stage name its parameters as this model does (``wte.weight``, ``h.3.ln_1.bias``).
         With weight tying the head uses ``wte.weight`` too; ``PipelineParallel`` keeps the two stages'

@@ -2,7 +2,7 @@
 
 ``ParallelGPT.forward`` is ``head(h(embedding(idx)))`` with these two layers, and
 ``ParallelGPT.pipeline_layers()`` hands the same kind of layers to a pipeline, so both compute the
-same thing. They are ``GPT.pipeline_layers()``'s two layers (``gpt_pipeline.py``) with the
+same thing. They are ``GPT.pipeline_layers()``'s two layers (``pipeline.py``) with the
 collectives added: each holds the model's own modules (nothing is copied), ``pipeline_name = ""``
 (their parameters sit at the model's root: ``wte.weight``, ``ln_f.bias``, as in ``GPT``), and the
 tied head holds ``wte.weight`` (this tp rank's vocabulary rows) the same way, so ``PipelineParallel``

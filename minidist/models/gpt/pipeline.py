@@ -22,7 +22,7 @@ embedding and the head land on different pipeline stages, ``PipelineParallel`` g
 a copy of it, swapped into the holder only, never into the GPT (``pipeline/tied.py``).
 
 **One design for every layout.** ``ParallelGPT.pipeline_layers()`` (tensor, sequence and context
-parallelism) uses subclasses of these two layers (``parallel_gpt_layers.py``): the same holders, names
+parallelism) uses subclasses of these two layers (``parallel_layers.py``): the same holders, names
 and ``pipeline_name``, so the same tied-copy machinery keeps a tp rank's vocabulary shard of ``wte``
 equal on the first and the last stage; only ``forward`` adds the collectives.
 """

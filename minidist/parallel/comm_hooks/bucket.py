@@ -3,7 +3,7 @@
 DDP hands each bucket to the hook as a :class:`GradBucket`, PyTorch's name and methods
 (``torch.distributed.GradBucket``): ``index()``, ``buffer()``, ``gradients()``, ``parameters()``,
 ``is_last()``, ``set_buffer()``. Two additions of ours, because our DDP communicates on a communicator of
-its own (``data_parallel.py``: a duplicate of its group, so that the communication thread's messages
+its own (``data_parallel/ddp.py``: a duplicate of its group, so that the communication thread's messages
 never meet the main thread's): ``bucket.group``, the communicator every collective of the hook must use,
 and ``bucket.stats``, where the hook's collectives count their bytes (:func:`all_reduce`).
 

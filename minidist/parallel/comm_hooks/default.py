@@ -7,7 +7,7 @@ DDP's private copy of that group (``bucket.py``), which ``register_comm_hook`` c
 **Our hooks are synchronous.** PyTorch's hooks return a ``torch.futures.Future`` and DDP waits on it;
 ours run the collective to the end and return the bucket's averaged flat gradient, an array of
 ``bucket.buffer()``'s shape and dtype (the buffer itself here). Overlap with backward still happens:
-DDP calls the hook on its communication thread (``data_parallel.py``).
+DDP calls the hook on its communication thread (``data_parallel/ddp.py``).
 
 **Why 16 bits pays, and what it costs.** On a link of ``B`` bytes/s an all-reduce of ``N`` bytes takes
 about ``2 (n-1)/n N / B``; sending float16 or bfloat16 instead of float32 halves ``N`` (Micikevicius et
@@ -45,7 +45,8 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
 
     ``state``: None or DDP's group (unused: ``bucket.group`` is used). Returns ``bucket.buffer()``,
     averaged in place (synchronous, see the module docstring). Sends what plain DDP sends, but DDP's
-    bookkeeping flags (``ddp_checks.py``) travel in a second, tiny all-reduce when a hook is registered.
+    bookkeeping flags (``data_parallel/checks.py``) travel in a second, tiny all-reduce when a hook is
+    registered.
     """
     return all_reduce(bucket.buffer(), bucket, op="avg")
 

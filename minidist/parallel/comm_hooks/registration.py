@@ -32,8 +32,8 @@ class CommHook:
         """Replace the packed local gradients in ``bucket.flat`` by the hook's average, in place.
 
         The hook sees only the gradients (``bucket.flat[:numel]``); DDP's bookkeeping flags at the end of
-        the last bucket (``ddp_checks.py``) must stay an exact average, which a compressing hook would
-        not give, so they follow in an all-reduce of their own (one small message per step, only
+        the last bucket (``data_parallel/checks.py``) must stay an exact average, which a compressing hook
+        would not give, so they follow in an all-reduce of their own (one small message per step, only
         when a hook is registered). Raises ``TypeError`` if the hook returns anything but an array of
         the buffer's shape and dtype.
         """

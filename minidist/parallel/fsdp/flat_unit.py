@@ -1,7 +1,7 @@
 """``FlatUnit``: one FSDP unit's parameters as one sharded flat vector, gathered and freed on demand.
 
 The unit's parameters, flattened in order, form one logical vector of P_u elements; rank r of N keeps
-only chunk r of it (``zero_layout.ShardLayout``, ``numpy.array_split`` order, the chunk layout of
+only chunk r of it (``zero/layout.py``'s ``ShardLayout``, ``numpy.array_split`` order, the chunk layout of
 ``dist.all_gather`` and ``dist.reduce_scatter``). Rajbhandari et al. 2020 §5.3 (P_os+g+p): the
 parameters themselves are partitioned, and each rank rebuilds a layer's full parameters by an
 all-gather just before using it.
@@ -159,7 +159,8 @@ class FlatUnit:
 
     def _fetch(self) -> Any:
         self.start_gather()
-        # What the main thread waits for is the communication prefetching did not hide (benchmarks/fsdp).
+        # What the main thread waits for is the communication prefetching did not hide
+        # (benchmarks/fsdp_prefetch.py).
         with trace.span(f"wait all_gather {self.name or 'root'}", trace.WAIT):
             self._job.wait()
         memory.allocated("communication", -self._staging_nbytes, owner=self.name)

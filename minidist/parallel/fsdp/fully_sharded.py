@@ -231,7 +231,7 @@ class FullyShardedDataParallel(Module):
     ) -> float:
         """Clip the averaged gradient (held as shards) to global norm ``max_norm``; return the norm before.
 
-        Collective (one all-gather of five numbers per rank, ``zero_clip.py``); equal to one process's
+        Collective (one all-gather of five numbers per rank, ``zero/clip.py``); equal to one process's
         ``nn.utils.clip_grad_norm_``. Raises on every rank as ``clip_shards_``.
         """
         grads = [s.grad for u in self.units for s in u.shards]

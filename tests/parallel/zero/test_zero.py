@@ -285,7 +285,7 @@ def test_uncaught_error_ends_the_job_instead_of_hanging(tmp_path):
 
 
 def test_zero_layout_chunks_are_the_collectives_chunks():
-    """zero_layout keeps its own chunk_bounds (importing minidist.distributed starts MPI); it must cut
+    """zero/layout.py keeps its own chunk_bounds (importing minidist.distributed starts MPI); it must cut
     exactly as reduce_scatter / all_gather do, or ZeRO's shards would not line up with the messages."""
     from minidist.distributed.algorithms.ring import chunk_bounds as collective_chunks
     from minidist.parallel.zero.layout import chunk_bounds as zero_chunks
