@@ -4,11 +4,11 @@
     mpiexec -n 2 python benchmarks/ddp_paired.py --before /tmp/before [--cap 1e-9] [--small 0]
 
 Run from the repository root with ``PYTHONPATH=.`` so that ``minidist`` is this checkout. The older
-``DistributedDataParallel`` (with its ``buckets``, ``comm_thread`` and ``ddp_checks``) is loaded from
-``--before`` as a separate package; the rest of minidist (autograd, collectives) is this checkout's for
-both. Both wrap the small MLP of ``small_mlp.py`` and take turns with the hand-written step (local model
-+ mpi4py ``Allreduce``) in ``--rounds`` rounds of ``--steps`` forward + backward steps (no optimizer);
-a round's time per step is the slowest rank's. Prints the medians and the median over rounds of
+``DistributedDataParallel`` (its folder ``minidist/parallel/data_parallel/``: a checkout with that
+layout) is loaded from ``--before`` as a separate package; the rest of minidist (autograd, collectives) is
+this checkout's for both. Both wrap the small MLP of ``small_mlp.py`` and take turns with the hand-written
+step (local model + mpi4py ``Allreduce``) in ``--rounds`` rounds of ``--steps`` forward + backward steps (no
+optimizer); a round's time per step is the slowest rank's. Prints the medians and the median over rounds of
 (after - before): with the load changing from second to second, paired rounds see the same conditions.
 """
 
@@ -31,23 +31,18 @@ from small_mlp import add_workload_args, make_workload  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
 from minidist.parallel import DistributedDataParallel  # noqa: E402
 
-DDP_FILES = ("data_parallel", "buckets", "comm_thread", "ddp_checks")
-
 
 def load_before(root: Path) -> type:
-    """The ``DistributedDataParallel`` class of the checkout at ``root``, as package ``ddp_before``."""
+    """The ``DistributedDataParallel`` of the checkout at ``root`` (its ``minidist/parallel/data_parallel/``
+    folder), as package ``ddp_before``."""
     package = Path(tempfile.mkdtemp()) / "ddp_before"
     atexit.register(shutil.rmtree, package.parent, ignore_errors=True)
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for name in DDP_FILES:
-        text = (root / "minidist" / "parallel" / f"{name}.py").read_text()
-        text = text.replace("from minidist.parallel import ddp_checks", "from ddp_before import ddp_checks")
-        for other in DDP_FILES:
-            text = text.replace(f"minidist.parallel.{other}", f"ddp_before.{other}")
-        (package / f"{name}.py").write_text(text)
+    folder = root / "minidist" / "parallel" / "data_parallel"
+    shutil.copytree(folder, package, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in package.glob("*.py"):
+        path.write_text(path.read_text().replace("minidist.parallel.data_parallel", "ddp_before"))
     sys.path.insert(0, str(package.parent))
-    from ddp_before.data_parallel import DistributedDataParallel as Before
+    from ddp_before import DistributedDataParallel as Before
 
     return Before
 
