@@ -13,7 +13,7 @@ two stages, such as a GPT's tied token table, equal) -> ``inference.py`` (forwar
 ``PipelineParallel.predict``) -> ``interleaved.py`` (v model chunks per stage; ``make_schedule``
 picks any schedule by name) -> ``batched_messaging.py`` (the interleaved schedule's messages, as
 non-blocking batches). Checks last: ``checks.py`` (wrong arguments, and user code that fails
-mid-schedule: the stand-ins that let every rank finish the step) and ``agreement.py`` (the small
+mid-schedule: the stand-ins that let every rank finish the step) and ``step_checks.py`` (the small
 exchange that begins every step, so that the ranks agree on the call).
 """
 

@@ -2,7 +2,7 @@
 
 Nothing here moves the step's data; it makes a mistake end as one clear error on every rank instead of
 a hang. (The small exchange that begins every step, so that the ranks agree on the call, is
-``agreement.py``.)
+``step_checks.py``.)
 
 * **Arguments** of ``PipelineParallel`` and of the executor (``check_*``), raised on the calling rank;
   ``PipelineParallel`` spreads its own to every rank (``minidist.distributed.safety.agreement``), and a

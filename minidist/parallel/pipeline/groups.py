@@ -4,7 +4,7 @@
 ``ProcessMesh``) into the pipeline group and the optional data-parallel group. (A misuse that only
 some ranks see raises on every rank through ``minidist.distributed.safety.agreement``.) ``as_count``
 lets NumPy integers pass where counts are expected. The small exchange that begins every step is
-``agreement.py``.
+``step_checks.py``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from minidist import autograd, backend
 from minidist.autograd import Tensor
 from minidist.distributed import Communicator
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.agreement import gather_step
 from minidist.parallel.pipeline.checks import run_chunk, stand_in_spec
 from minidist.parallel.pipeline.messages import (
     TAG_PREDICT,
@@ -35,6 +34,7 @@ from minidist.parallel.pipeline.messages import (
     encode_header,
     header_buffer,
 )
+from minidist.parallel.pipeline.step_checks import gather_step
 
 
 def forward_only(chunks: Sequence[Module], group: Communicator, inputs: Any) -> Any:

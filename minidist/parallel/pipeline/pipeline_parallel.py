@@ -58,13 +58,13 @@ from minidist.distributed import Communicator
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
 from minidist.parallel.data_parallel.buckets import flatten, unflatten_into
-from minidist.parallel.pipeline.agreement import check_batch
 from minidist.parallel.pipeline.checks import check_arguments, check_chunks, first_failure
 from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.groups import as_count, resolve_groups
 from minidist.parallel.pipeline.inference import forward_only
 from minidist.parallel.pipeline.interleaved import make_schedule
 from minidist.parallel.pipeline.partition import PipelineChunks, build_stage, partition
+from minidist.parallel.pipeline.step_checks import check_batch
 from minidist.parallel.pipeline.tied import (
     find_tied,
     make_groups,
@@ -93,7 +93,7 @@ class PipelineParallel:
     group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
     targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation),
     and with a dp group a second one over the dp group, so that every replica raises such an error
-    before its step and no gradient changes (``agreement.py``: carrying the verdict in the all-reduce
+    before its step and no gradient changes (``step_checks.py``: carrying the verdict in the all-reduce
     that ends the step instead saves one collective, but the other replicas then raise only after
     their backward, leaving partial gradients behind; "nothing is lost" comes first).
     ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
