@@ -13,6 +13,7 @@ number is seconds.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from minidist_tools.perfmodel import failures as pf
@@ -26,13 +27,13 @@ def parse_duration(text: str) -> float:
     ``"1.5h"``, ``"60"``). Raises ``ValueError`` naming the text and the units accepted."""
     match = _DURATION.match(text)
     unit = match.group(3).lower() if match else ""
-    if not match or unit not in UNITS | {"": 1.0}:
+    seconds = float(f"{match.group(1)}e{match.group(2) or 0}") * UNITS.get(unit, 1.0) if match else math.nan
+    if not match or unit not in UNITS | {"": 1.0} or not math.isfinite(seconds):  # 1e400s is no duration
         raise ValueError(
-            f"cannot read the duration {text!r}: write a number and a unit among {', '.join(UNITS)} "
+            f"cannot read the duration {text!r}: write a finite number and a unit among {', '.join(UNITS)} "
             "(for example 5y, 3d, 90min, 60s; a bare number is seconds)"
         )
-    exponent = int(match.group(2)) if match.group(2) else 0
-    return float(match.group(1)) * 10.0**exponent * UNITS.get(unit, 1.0)
+    return seconds
 
 
 def format_duration(seconds: float, digits: int = 3) -> str:

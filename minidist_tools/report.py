@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.distributed.safety.tags import DEPARTURE_TAG, tags_supported
-from minidist.distributed.safety.watchdog import _parse_seconds, abort_job
+from minidist.distributed.safety.watchdog import abort_job, seconds_setting
 
 WAIT_ENV = "MINIDIST_ERROR_WAIT"
 REPORT_TAG = DEPARTURE_TAG + 1  # above every collective tag and every user tag (<= 32767)
@@ -157,7 +157,7 @@ def _text(error: BaseException) -> str:
 
 def _wait_seconds() -> float:
     try:
-        return _parse_seconds(WAIT_ENV, os.environ.get(WAIT_ENV, "5")) or 0.0
+        return seconds_setting(WAIT_ENV, 5.0) or 0.0
     except ValueError:
         return 5.0  # a malformed value must not hide the error being reported
 

@@ -90,7 +90,7 @@ def layout_of(mesh: Any, comm: Any) -> Layout:
 
 # Wrappers whose ``module`` holds the parameters under their global names (by class name: importing
 # minidist.parallel would start MPI). FSDP's hold no values between steps: save and load use fsdp_state.py.
-_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel")
+_WRAPPERS = ("DataParallelNaive", "DistributedDataParallel", "FullyShardedDataParallel")
 
 
 def unwrap(model: Any) -> Module:

@@ -34,8 +34,10 @@ from minidist.distributed.errors import (  # noqa: E402
     CollectiveTimeoutError,
     DistributedError,
 )
+from minidist.distributed.reduce_ops import REDUCE_OPS  # noqa: E402
 from minidist.distributed.safety.agreement import agree, all_gather_json, raise_if_any  # noqa: E402
 from minidist.distributed.safety.calls import collective_call  # noqa: E402
+from minidist.distributed.safety.debug import debug_enabled  # noqa: E402
 from minidist.distributed.safety.watchdog import abort, timeout_seconds  # noqa: E402
 
 # dist.Communicator(raw_mpi_comm) wraps a communicator as init() and split() do: watched (seam.py).
@@ -53,29 +55,10 @@ from minidist.distributed.world import (  # noqa: E402
 )
 
 __all__ = [
-    "ALGORITHMS",
-    "CollectiveMismatchError",
-    "CollectiveTimeoutError",
-    "Communicator",
-    "DistributedError",
-    "all_gather",
-    "all_reduce",
-    "barrier",
-    "broadcast",
-    "collective_call",
-    "get_local_rank",
-    "get_rank",
-    "get_world_size",
-    "init",
-    "abort",
-    "agree",
-    "all_gather_json",
-    "raise_if_any",
-    "is_initialized",
-    "mpi_is_cuda_aware",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "send",
-    "timeout_seconds",
-]
+    "init", "is_initialized", "get_rank", "get_world_size", "get_local_rank", "Communicator",
+    "send", "recv", "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
+    "REDUCE_OPS", "ALGORITHMS", "mpi_is_cuda_aware",
+    "DistributedError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "collective_call", "agree", "all_gather_json", "raise_if_any", "abort", "timeout_seconds",
+    "debug_enabled",
+]  # fmt: skip

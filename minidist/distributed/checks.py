@@ -56,6 +56,34 @@ def check_tag(tag: Any) -> None:
         raise ValueError(f"tag={tag} is outside 0..{MAX_TAG}, the range every MPI implementation allows")
 
 
+def check_message(group: Any, a: Any, peer: Any, name: str, tag: Any, *, writable: bool = False) -> None:
+    """The arguments of ``group.send(a, dst, tag)`` (``name="dst"``) or ``recv`` (``"src"``, writable).
+
+    Raises as :func:`check_array`, :func:`check_rank` and :func:`check_tag`, and ``ValueError`` for a
+    peer that is this rank itself: a blocking send to oneself waits for a receive never posted.
+    """
+    check_rank(peer, group.size, name)
+    if peer == group.rank:
+        raise ValueError(
+            f"{name}={peer} is this rank itself; a blocking send/recv to oneself would wait forever. "
+            "Use sendrecv, or copy the array locally"
+        )
+    check_array(a, writable=writable)
+    check_tag(tag)
+
+
+def check_exchange(
+    group: Any, send_a: Any, dst: Any, recv_a: Any, src: Any, sendtag: Any, recvtag: Any
+) -> None:
+    """The arguments of ``group.sendrecv(send_a, dst, recv_a, src, sendtag, recvtag)``; raises as above."""
+    check_rank(dst, group.size, "dst")
+    check_rank(src, group.size, "src")
+    check_array(send_a, "send_a")
+    check_array(recv_a, "recv_a", writable=True)
+    check_tag(sendtag)
+    check_tag(recvtag)
+
+
 def check_choice(value: Any, valid: Sequence[str], name: str) -> None:
     """Raise ``ValueError`` naming the valid choices if ``value`` is not one of ``valid``."""
     if value not in valid:

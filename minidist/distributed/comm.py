@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minidist.distributed.checks import check_array, check_rank, check_tag
+from minidist.distributed.checks import check_exchange, check_message
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.staging import host_view, mpi_datatype
 
@@ -44,7 +44,9 @@ class Communicator:
     ``""`` if none) and ``bytes_sent`` (bytes this rank has sent over this communicator's own message
     space by minidist's point-to-point calls; a collective's messages count on its
     ``collective_channel``, MPI's built-in collectives (``algorithm="mpi"``) not at all). The safety
-    net's subclass (``safety/watched.py``) adds ``calls``, which numbers the group's collectives.
+    net's subclass (``safety/watched.py``) adds ``calls``, which numbers the group's collectives; build
+    groups as that, ``minidist.distributed.Communicator(comm)``: this class, built by hand, is the bare
+    mechanism (no deadline on its messages), and the collectives refuse it with a ``TypeError``.
 
     Creating a Communicator is *collective*: every rank of ``mpi_comm`` must create it at the same point,
     because it duplicates the communicator (``MPI_Comm_dup``).
@@ -55,6 +57,11 @@ class Communicator:
     this with a hidden context; we do it in the open: hand-written collectives talk only over
     ``collective_channel``, a communicator with the same ranks but its own message space.
     """
+
+    # The class of the communicators this one makes: its channel, ``split``'s and ``dup``'s results.
+    # Each class of this package names itself (below the class); a user's subclass, whose constructor
+    # may take other arguments, makes groups of the package's class it derives from.
+    group_class: type[Communicator]
 
     def __init__(self, mpi_comm: MPI.Comm, *, name: str = "", _is_channel: bool = False) -> None:
         self.mpi = mpi_comm
@@ -71,9 +78,9 @@ class Communicator:
         self._node_layout = None  # topology.node_layout's cache: which of these ranks share a node
         # tuning.resolve's answers on this group: (collective, algorithm, bytes) -> algorithm run
         self.resolved: dict[tuple, str] = {}
-        # A channel needs no channel of its own; a group's channel is of the group's class.
+        # A channel needs no channel of its own; a group's channel is of the group's kind.
         self.collective_channel = (
-            self if _is_channel else type(self)(mpi_comm.Dup(), name=name, _is_channel=True)
+            self if _is_channel else self.group_class(mpi_comm.Dup(), name=name, _is_channel=True)
         )
 
     def __repr__(self) -> str:
@@ -85,23 +92,23 @@ class Communicator:
 
         Collective over this communicator. ``key`` orders the ranks inside the new group (default: this
         rank, so the relative order is kept). ``color=None`` means "join no group" and returns None.
-        ``name`` labels the new group in traces (``"tp"``). The new group is of this communicator's
-        class. Raises ``ValueError`` for a negative color (MPI reserves those).
+        ``name`` labels the new group in traces (``"tp"``). The new group is a ``group_class``.
+        Raises ``ValueError`` for a negative color (MPI reserves those).
         """
         if color is not None and color < 0:
             raise ValueError(f"color must be >= 0 or None (no group), got {color}")
         new = self.mpi.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         if new == MPI.COMM_NULL:
             return None
-        return type(self)(new, name=name)
+        return self.group_class(new, name=name)
 
     def dup(self, name: str = "") -> Communicator:
         """A new communicator of the same ranks with a message space of its own (``MPI_Comm_dup``).
 
-        Collective: every rank of the group must call it at the same point. The copy is of this
-        communicator's class, so it is watched as its original is (``seam.py``). ``name`` labels it.
+        Collective: every rank of the group must call it at the same point. The copy is a
+        ``group_class``, so it is watched as its original is (``seam.py``). ``name`` labels it.
         """
-        return type(self)(self.mpi.Dup(), name=name)
+        return self.group_class(self.mpi.Dup(), name=name)
 
     def barrier(self) -> None:
         """Block until every rank of the group has called ``barrier`` (``MPI_Barrier``)."""
@@ -115,9 +122,7 @@ class Communicator:
         ``dst`` equal to this rank (a blocking send to oneself can wait forever for a receive that this
         same process would only post afterwards).
         """
-        self._check_peer(dst, "dst")
-        check_array(a)
-        check_tag(tag)
+        check_message(self, a, dst, "dst", tag)
         with host_view(a, copy_in=True) as host:
             self.host_send(host, dst, tag)
 
@@ -131,9 +136,7 @@ class Communicator:
         ``ValueError`` for bad arguments, as :meth:`send` does. With ``MINIDIST_TIMEOUT`` set, this and
         every other call here raises ``CollectiveTimeoutError`` if its peer does not answer in time.
         """
-        self._check_peer(src, "src")
-        check_array(a, writable=True)
-        check_tag(tag)
+        check_message(self, a, src, "src", tag, writable=True)
         with host_view(a, copy_in=False, copy_out=True) as host:
             self.host_recv(host, src, tag)
         return a
@@ -148,12 +151,7 @@ class Communicator:
         cannot deadlock, unlike a ring of ranks that all call a blocking ``send`` first. Raises like
         :meth:`send` and :meth:`recv` (``DistributedError`` on a length mismatch).
         """
-        check_rank(dst, self.size, "dst")
-        check_rank(src, self.size, "src")
-        check_array(send_a, "send_a")
-        check_array(recv_a, "recv_a", writable=True)
-        check_tag(sendtag)
-        check_tag(recvtag)
+        check_exchange(self, send_a, dst, recv_a, src, sendtag, recvtag)
         with (
             host_view(send_a, copy_in=True) as out,
             host_view(recv_a, copy_in=False, copy_out=True) as into,
@@ -247,14 +245,6 @@ class Communicator:
         self._scratch_view = self._scratch[:nbytes].view(dtype)
         return self._scratch_view
 
-    def _check_peer(self, peer: Any, name: str) -> None:
-        check_rank(peer, self.size, name)
-        if peer == self.rank:
-            raise ValueError(
-                f"{name}={peer} is this rank itself; a blocking send/recv to oneself would wait forever. "
-                "Use sendrecv, or copy the array locally"
-            )
-
     def _check_received_length(self, status: Any, host: np.ndarray, src: int, tag: int) -> None:
         """A message shorter than the buffer leaves a stale tail: MPI allows it, we do not."""
         nbytes = status.Get_count(MPI.BYTE)
@@ -274,6 +264,9 @@ class Communicator:
                 f"rank {src} (tag {tag}), but rank {src} sent a longer message; sender and receiver must "
                 "use the same length and dtype"
             ) from error
+
+
+Communicator.group_class = Communicator
 
 
 def to_peer(dst: int, tag: int) -> str:

@@ -8,8 +8,8 @@ is installed. It is installed here, once, by ``import minidist.distributed`` (th
 ``__init__`` calls ``safety.install()``), before any communicator exists, through three hooks:
 
 * :data:`communicator_class`: the class :func:`~minidist.distributed.world.init` builds the world
-  with. ``Communicator.split`` and ``dup`` build their result with the class of the communicator they
-  split, so every group made from the world has it too. Installed: ``safety/watched.py``'s
+  with. ``Communicator.split`` and ``dup`` build their result as the ``group_class`` of the
+  communicator they split, so every group made from the world has it too. Installed: ``safety/watched.py``'s
   ``WatchedCommunicator``, a subclass that wraps the same primitives.
 * :data:`on_init`: what ``init()`` runs once the world exists. Installed: the hook that makes an
   uncaught exception end every rank, and the liveness watchdog thread.

@@ -72,10 +72,6 @@ class NodeLayout:
     def spans_nodes(self) -> bool:
         return self.nodes > 1
 
-    def ranks_on(self, node: int) -> list[int]:
-        """The group ranks on node ``node``, in order."""
-        return [g for g, n in enumerate(self.node_of_rank) if n == node]
-
 
 def simulated_ranks_per_node() -> int | None:
     """``MINIDIST_RANKS_PER_NODE`` as an int, or None when unset or empty.

@@ -63,15 +63,19 @@ def is_initialized() -> bool:
 def group_or_world(group: Communicator | None) -> Communicator:
     """``group`` itself, or the world communicator for ``None`` (calling :func:`init` if needed).
 
-    Raises ``TypeError`` if ``group`` is not a :class:`Communicator` (e.g. a raw mpi4py communicator).
+    Raises ``TypeError`` if ``group`` is not a communicator of the installed class (``seam.py``): a raw
+    mpi4py communicator, or ``comm.py``'s bare class built by hand, which lacks what the collectives
+    run with (call numbers, deadlines, the liveness watchdog).
     """
     if group is None:
         return init()
-    if not isinstance(group, Communicator):
+    if not isinstance(group, seam.communicator_class):
+        got = type(group).__name__
+        if isinstance(group, Communicator):
+            got = f"the bare {type(group).__module__}.{got} (no call numbers, no deadlines)"
         raise TypeError(
-            f"group must be a minidist.distributed.Communicator or None (the world), "
-            f"got {type(group).__name__}; "
-            "wrap a raw mpi4py communicator with Communicator(comm)"
+            f"group must be a minidist.distributed.Communicator or None (the world), got {got}; "
+            "wrap a raw mpi4py communicator with minidist.distributed.Communicator(comm)"
         )
     return group
 

@@ -21,19 +21,13 @@ autograd graph keeps, counted per buffer; ``unique_nbytes``, each buffer once) -
 
 from __future__ import annotations
 
-from minidist.memory.activations import traced_numpy_bytes
-from minidist.memory.counters import allocated, tracking
+from minidist.memory.activations import traced_numpy_bytes, unique_nbytes
+from minidist.memory.counters import CATEGORIES, allocated, tracking
 from minidist.memory.errors import OutOfMemoryError
 from minidist.memory.sizes import format_bytes, parse_size
 from minidist.memory.tracker import BUDGET_ENV, MemoryTracker
 
 __all__ = [
-    "BUDGET_ENV",
-    "MemoryTracker",
-    "OutOfMemoryError",
-    "allocated",
-    "format_bytes",
-    "parse_size",
-    "traced_numpy_bytes",
-    "tracking",
-]
+    "CATEGORIES", "allocated", "tracking", "traced_numpy_bytes", "unique_nbytes",
+    "MemoryTracker", "BUDGET_ENV", "OutOfMemoryError", "format_bytes", "parse_size",
+]  # fmt: skip

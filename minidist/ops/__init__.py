@@ -7,10 +7,10 @@ layer_norm: layer_norm · attention: scaled_dot_product_attention
 """
 
 from minidist.ops import inplace
-from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub
+from minidist.ops.arithmetic import add, div, matmul, mul, neg, pow, sub, unbroadcast
 from minidist.ops.attention import scaled_dot_product_attention
 from minidist.ops.dropout import dropout
-from minidist.ops.dtypes import to
+from minidist.ops.dtypes import result_type, to
 from minidist.ops.elementwise import exp, gelu, log, relu, sigmoid, tanh
 from minidist.ops.embedding import embedding
 from minidist.ops.layer_norm import layer_norm
@@ -25,5 +25,5 @@ __all__ = [
     "sum", "mean", "max", "reshape", "transpose", "permute", "getitem",
     "softmax", "log_softmax", "cross_entropy", "dropout", "embedding", "layer_norm",
     "scaled_dot_product_attention",
-    "to", "inplace",
+    "to", "inplace", "result_type", "unbroadcast",
 ]  # fmt: skip

@@ -13,7 +13,8 @@
 Handouts, tests and the instructor guide live in ``lessons/assignments/``. This package imports no MPI.
 """
 
-from minidist_course.assignments.grade import grade
-from minidist_course.assignments.release import release
+from minidist_course.assignments.grade import GradeReport, grade
+from minidist_course.assignments.markers import Region, blank, find_regions
+from minidist_course.assignments.release import ReleaseReport, release
 
-__all__ = ["grade", "release"]
+__all__ = ["GradeReport", "Region", "ReleaseReport", "blank", "find_regions", "grade", "release"]

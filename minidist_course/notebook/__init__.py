@@ -11,6 +11,7 @@ Importing this package imports neither ipyparallel nor MPI.
 """
 
 from minidist_course.notebook.cluster import (
+    ENGINE_ENV,
     cluster_pids,
     mpi_cluster,
     mpiexec_path,
@@ -18,4 +19,4 @@ from minidist_course.notebook.cluster import (
     stop_cluster,
 )
 
-__all__ = ["cluster_pids", "mpi_cluster", "mpiexec_path", "start_cluster", "stop_cluster"]
+__all__ = ["ENGINE_ENV", "cluster_pids", "mpi_cluster", "mpiexec_path", "start_cluster", "stop_cluster"]

@@ -17,7 +17,8 @@ every process of a job) -> checkpoints.py (progress, the newest checkpoint that 
 -> __main__.py (the command line). After TorchElastic (``torchrun --max-restarts``, ``--nnodes MIN:MAX``).
 """
 
+from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import read_log
-from minidist_tools.launch.supervisor import launch
+from minidist_tools.launch.supervisor import LaunchResult, launch
 
-__all__ = ["launch", "read_log"]
+__all__ = ["LaunchError", "LaunchResult", "launch", "read_log"]

@@ -8,15 +8,18 @@
 * :func:`injected_delay` reads ``MINIDIST_SLOW_RANK=RANK:SECONDS``, the examples' way to make a rank slow.
 """
 
-from minidist_tools.straggler.breakdown import peer_waits, step_breakdown
+from minidist_tools.straggler.breakdown import StepTimes, peer_waits, step_breakdown
 from minidist_tools.straggler.clock import ClockOffset, align, clock_offsets, cristian_offset
 from minidist_tools.straggler.inject import injected_delay
 from minidist_tools.straggler.monitor import StragglerMonitor, StragglerWarning
-from minidist_tools.straggler.report import straggler_report
-from minidist_tools.straggler.verdict import find_stragglers
+from minidist_tools.straggler.report import RankSummary, straggler_report, summarize
+from minidist_tools.straggler.verdict import Straggler, find_stragglers
 
 __all__ = [
     "ClockOffset",
+    "RankSummary",
+    "StepTimes",
+    "Straggler",
     "StragglerMonitor",
     "StragglerWarning",
     "align",
@@ -27,4 +30,5 @@ __all__ = [
     "peer_waits",
     "step_breakdown",
     "straggler_report",
+    "summarize",
 ]

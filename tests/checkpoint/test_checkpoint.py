@@ -307,3 +307,19 @@ def test_atomic_helpers_leave_no_partial_files(tmp_path):
     atomic.write_latest(tmp_path, "step_000000002")
     assert atomic.read_latest(tmp_path) == "step_000000002"
     assert sorted(os.listdir(tmp_path)) == ["latest"]
+
+
+def test_a_checkpoint_of_the_naive_data_parallel_wrapper_resumes_under_ddp(tmp_path):
+    # Both wrappers hold the model as .module: a checkpoint stores the model's own names, so training
+    # moves from the lesson's wrapper to the real one (one rank here; the names do not depend on it).
+    from minidist.parallel.data_parallel import DataParallelNaive, DistributedDataParallel
+
+    model, opt = make(seed=3)
+    naive = DataParallelNaive(model)
+    train(naive, opt, 2)
+    checkpoint.save(tmp_path, naive, opt, step=2)
+    other, other_opt = make(seed=4)
+    ddp = DistributedDataParallel(other)
+    assert checkpoint.load(tmp_path, ddp, other_opt)["step"] == 2
+    for name, value in params(model).items():
+        np.testing.assert_array_equal(params(other)[name], value, err_msg=name)

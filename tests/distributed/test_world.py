@@ -12,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import minidist.distributed as dist
+from minidist import trace
 from minidist.distributed import comm, seam
 from minidist.distributed.algorithms.ring import ring_all_reduce
 from minidist.distributed.safety.watched import WatchedCommunicator
@@ -54,8 +55,53 @@ def test_the_plain_communicator_runs_the_same_algorithm_without_the_safety_net()
 
 def test_a_raw_mpi_communicator_is_refused_where_a_group_is_expected():
     assert group_or_world(None) is dist.init()
-    with pytest.raises(TypeError, match="wrap a raw mpi4py communicator with Communicator"):
+    with pytest.raises(
+        TypeError, match="wrap a raw mpi4py communicator with minidist.distributed.Communicator"
+    ):
         dist.all_reduce(np.ones(2), group=MPI.COMM_WORLD)
+
+
+def test_a_bare_communicator_built_by_hand_is_refused_by_the_collectives_with_what_to_build():
+    # It lacks the call numbers and deadlines the installed wrapper runs every collective with: refused
+    # in so many words, never half-run (and never silently without MINIDIST_TIMEOUT's deadline).
+    plain = comm.Communicator(MPI.COMM_WORLD.Dup())
+    for call in (lambda: dist.all_reduce(np.ones(2), group=plain), lambda: dist.barrier(plain)):
+        with pytest.raises(
+            TypeError, match=r"bare minidist\.distributed\.comm\.Communicator .*Communicator\(comm\)"
+        ):
+            call()
+
+
+def test_a_users_subclass_makes_watched_groups_whatever_its_constructor_takes():
+    class Labelled(dist.Communicator):  # a constructor of another shape than the package's classes
+        def __init__(self, mpi_comm, label):
+            super().__init__(mpi_comm, name=label)
+
+    group = Labelled(MPI.COMM_WORLD, "labelled")
+    assert group.name == "labelled" and type(group.collective_channel) is WatchedCommunicator
+    assert (
+        type(group.split(0, name="half")) is WatchedCommunicator and type(group.dup()) is WatchedCommunicator
+    )
+    np.testing.assert_array_equal(dist.all_reduce(np.ones(2), group=group), np.ones(2))
+
+
+def test_a_send_refused_for_its_arguments_leaves_no_message_in_the_trace():
+    world = dist.init()
+    trace.enable(messages=True)
+    try:
+        start = trace.event_count()
+        with pytest.raises(ValueError, match="not a rank of this group"):
+            dist.send(np.ones(3, np.float32), 7)
+        with pytest.raises(ValueError, match="this rank itself"):
+            dist.send(np.ones(3, np.float32), 0)
+        with pytest.raises(ValueError, match="not a rank of this group"):
+            world.sendrecv(np.ones(3), 9, np.empty(3), 0)
+        assert trace.events(start) == []
+        world.sendrecv(np.ones(3), 0, np.empty(3), 0)  # a valid one is traced, with its bytes
+        (event,) = trace.events(start)
+        assert event["name"] == "sendrecv" and event["args"]["bytes"] == 24
+    finally:
+        trace.disable()
 
 
 def test_a_collective_of_ones_own_can_wear_the_safety_nets_wrapper():

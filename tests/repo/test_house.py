@@ -11,6 +11,7 @@ the tools and the framework; inside the framework downward; and never from the m
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import shutil
 import subprocess
@@ -122,9 +123,18 @@ def test_no_import_circle_but_autograd_and_ops():
     assert top <= ALLOWED_CIRCLE
 
 
+def _public(face: Path) -> set[str]:
+    """The names a package face promises: its ``__all__``."""
+    for node in ast.parse(face.read_text()).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
 def _re_exports(face: Path) -> dict[str, str]:
-    """``{name: module it comes from}`` for every name a package face imports only to hand on (a name
-    the face's own code uses, as ``safety.install`` uses ``seam``, is not handed on)."""
+    """``{name: module it comes from}`` for every name a package face imports only to hand on, without
+    promising it (a name in ``__all__`` is the package's public API; a name the face's own code uses,
+    as ``safety.install`` uses ``seam``, is not handed on)."""
     tree = ast.parse(face.read_text())
     names, itself = {}, module_name(face)
     for node in tree.body:
@@ -140,7 +150,7 @@ def _re_exports(face: Path) -> dict[str, str]:
         and not (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__")
     ]
     used_here = {n.id for node in own_code for n in ast.walk(node) if isinstance(n, ast.Name)}
-    return {name: module for name, module in names.items() if name not in used_here}
+    return {name: module for name, module in names.items() if name not in used_here | _public(face)}
 
 
 def _uses_of_faces(text: str, faces: set[str]) -> set[tuple[str, str]]:
@@ -164,7 +174,17 @@ def _uses_of_faces(text: str, faces: set[str]) -> set[tuple[str, str]]:
     return used
 
 
-def test_every_name_a_package_hands_on_is_used_from_there():
+def test_every_public_name_of_a_package_face_is_there():
+    missing = {}
+    for face in sorted({module_name(p) for root in PACKAGES for p in (REPO / root).rglob("__init__.py")}):
+        path = REPO / Path(*face.split(".")) / "__init__.py"
+        module = importlib.import_module(face)
+        missing[face] = sorted(name for name in _public(path) if not hasattr(module, name))
+    missing = {face: names for face, names in missing.items() if names}
+    assert not missing, f"names a package face lists in __all__ but does not have: {missing}"
+
+
+def test_every_name_a_package_hands_on_is_public_or_used_from_there():
     faces = {module_name(p): p for root in PACKAGES for p in (REPO / root).rglob("__init__.py")}
     skipped = {"__pycache__", ".git", ".venv", ".venv-ci", ".ipynb_checkpoints"}
     readers = [p for suffix in ("py", "md", "ipynb") for p in REPO.rglob(f"*.{suffix}")]
@@ -180,4 +200,6 @@ def test_every_name_a_package_hands_on_is_used_from_there():
         for face, path in faces.items()
     }
     dead = {face: names for face, names in dead.items() if names}
-    assert not dead, f"names a package face hands on but nothing takes from it (drop or use them): {dead}"
+    assert not dead, (
+        f"names a package face hands on, not in its __all__, and nothing takes (drop them): {dead}"
+    )

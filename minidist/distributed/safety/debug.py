@@ -57,6 +57,7 @@ import hashlib
 import os
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -94,10 +95,13 @@ _NOT_USER = tuple(
 
 def call_site() -> str:
     """``"train.py:42"``: the file (its last two path parts) and line of the first frame outside
-    minidist (and its tools and course) and the standard library: the user's line that made this call."""
+    minidist (and its tools and course) and the standard library: the user's line that made this call.
+    On a thread of minidist's own (DDP's ``ddp-comm``), which runs no user line: ``"thread 'ddp-comm'"``."""
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_NOT_USER):
         frame = frame.f_back
+    if frame.f_code.co_filename.startswith(_NOT_USER):
+        return f"thread {threading.current_thread().name!r}"
     parts = frame.f_code.co_filename.replace(os.sep, "/").split("/")
     return f"{'/'.join(parts[-2:])}:{frame.f_lineno}"
 

@@ -29,7 +29,6 @@ heartbeat is declared dead), kept inside the ranks because here the ranks themse
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.distributed.safety.tags import PING_TAG, PONG_TAG
+from minidist.distributed.safety.watchdog import seconds_setting
 
 PEER_TIMEOUT_ENV = "MINIDIST_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT = 30.0  # seconds: far above a tick late on a loaded machine, below TCP's minutes
@@ -47,16 +47,7 @@ _EMPTY = np.zeros(1, dtype=np.int64)  # the payload of pings and pongs (nothing 
 @functools.cache
 def peer_timeout() -> float | None:
     """``MINIDIST_PEER_TIMEOUT`` in seconds (default 30), or None for ``off``/``0``. Raises ``ValueError``."""
-    value = os.environ.get(PEER_TIMEOUT_ENV, "").strip().lower()
-    if value in ("off", "false", "no"):
-        return None
-    try:
-        seconds = float(value) if value else DEFAULT_PEER_TIMEOUT
-    except ValueError:
-        raise ValueError(f"{PEER_TIMEOUT_ENV}={value!r} is not a number of seconds or 'off'") from None
-    if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{PEER_TIMEOUT_ENV}={value!r} must be a finite number of seconds >= 0, or 'off'")
-    return seconds or None
+    return seconds_setting(PEER_TIMEOUT_ENV, DEFAULT_PEER_TIMEOUT)
 
 
 def setup(channel: Any) -> None:

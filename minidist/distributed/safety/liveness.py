@@ -42,7 +42,6 @@ waiting send or receive gets heartbeats, so a rank that cannot be reached is fou
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 import weakref
@@ -60,7 +59,7 @@ from minidist.distributed.safety.tags import (
     seq_offset,
     tags_supported,
 )
-from minidist.distributed.safety.watchdog import abort_job
+from minidist.distributed.safety.watchdog import abort_job, seconds_setting
 
 WATCHDOG_ENV = "MINIDIST_WATCHDOG"
 DEFAULT_DEADLINE = 300.0  # seconds one collective may wait; PyTorch's NCCL default is 600
@@ -75,16 +74,7 @@ _stop = threading.Event()
 @functools.cache
 def deadline_seconds() -> float | None:
     """``MINIDIST_WATCHDOG`` in seconds (default 300), or None for ``off``/``0``. Raises ``ValueError``."""
-    value = os.environ.get(WATCHDOG_ENV, "").strip().lower()
-    if value in ("off", "false", "no"):
-        return None
-    try:
-        seconds = float(value) if value else DEFAULT_DEADLINE
-    except ValueError:
-        raise ValueError(f"{WATCHDOG_ENV}={value!r} is not a number of seconds or 'off'") from None
-    if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{WATCHDOG_ENV}={value!r} must be a finite number of seconds >= 0, or 'off'")
-    return seconds or None
+    return seconds_setting(WATCHDOG_ENV, DEFAULT_DEADLINE)
 
 
 def watch(channel: Any) -> None:

@@ -52,7 +52,5 @@ def message_span(group: Any, kind: str, host: Any, peer: int) -> AbstractContext
     traced; otherwise the shared do-nothing context, after one flag check."""
     if not trace.messages_enabled():
         return trace.NO_SPAN
-    # (getattr: the span opens before the send checks its arguments, and must not fail on a bad one)
-    nbytes, dtype = getattr(host, "nbytes", 0), str(getattr(host, "dtype", ""))
-    details = {"group": group.name, "bytes": nbytes, "dtype": dtype, "peer": peer}
+    details = {"group": group.name, "bytes": host.nbytes, "dtype": str(host.dtype), "peer": peer}
     return trace.span(kind, trace.MESSAGE, details)

@@ -50,13 +50,20 @@ GRACE_ENV = "MINIDIST_ABORT_GRACE"
 MAX_PAUSE = 1e-3  # longest sleep between two tests of a request: the most latency a timed wait adds
 
 
-def _parse_seconds(name: str, value: str) -> float | None:
+def seconds_setting(name: str, default: float) -> float | None:
+    """Environment variable ``name`` as seconds (``default`` when unset); None for 0 or ``off``.
+
+    Raises ``ValueError`` naming the variable for anything but a finite number >= 0 or ``off``.
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("off", "false", "no"):
+        return None
     try:
-        seconds = float(value) if value.strip() else 0.0
+        seconds = float(value) if value else default
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds; e.g. {name}=60") from None
+        raise ValueError(f"{name}={value!r} is not a number of seconds or 'off'; e.g. {name}=60") from None
     if not 0 <= seconds < math.inf:  # also rejects nan, and inf (an endless grace period is a hang)
-        raise ValueError(f"{name}={value!r} must be a finite number of seconds >= 0")
+        raise ValueError(f"{name}={value!r} must be a finite number of seconds >= 0, or 'off'")
     return seconds or None
 
 
@@ -66,7 +73,7 @@ def timeout_seconds() -> float | None:
 
     Read once, the first time it is needed (normally by ``dist.init()``): set it before the job starts.
     """
-    return _parse_seconds(TIMEOUT_ENV, os.environ.get(TIMEOUT_ENV, ""))
+    return seconds_setting(TIMEOUT_ENV, 0.0)
 
 
 @dataclass(frozen=True)
@@ -234,4 +241,4 @@ def abort(message: str, code: int = 1) -> None:
 
 
 def _grace() -> float:
-    return _parse_seconds(GRACE_ENV, os.environ.get(GRACE_ENV, "1")) or 0.0
+    return seconds_setting(GRACE_ENV, 1.0) or 0.0

@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minidist.distributed.checks import check_exchange, check_message
 from minidist.distributed.comm import Communicator, from_peer, to_peer
 from minidist.distributed.safety import leaving, liveness
 from minidist.distributed.safety.traffic import message_span
 from minidist.distributed.safety.watchdog import CallTracker
-from minidist.distributed.staging import mpi_datatype
+from minidist.distributed.staging import host_view, mpi_datatype
 
 
 class WatchedCommunicator(Communicator):
@@ -72,9 +73,13 @@ class WatchedCommunicator(Communicator):
         else:
             self.calls.wait([self.mpi.Ibarrier()], ["every rank of the group to enter barrier"])
 
+    # send and sendrecv check their arguments before the span opens: a rejected call sent nothing.
+
     def send(self, a: Any, dst: int, tag: int = 0) -> None:
-        with self._waiting_for(dst), message_span(self, "send", a, dst):
-            super().send(a, dst, tag)
+        check_message(self, a, dst, "dst", tag)
+        with self._waiting_for(dst), host_view(a, copy_in=True) as host:
+            with message_span(self, "send", host, dst):
+                self.host_send(host, dst, tag)
 
     def recv(self, a: Any, src: int, tag: int = 0) -> Any:
         with self._waiting_for(src):
@@ -83,8 +88,15 @@ class WatchedCommunicator(Communicator):
     def sendrecv(
         self, send_a: Any, dst: int, recv_a: Any, src: int, sendtag: int = 0, recvtag: int = 0
     ) -> Any:
-        with self._waiting_for(dst, src), message_span(self, "sendrecv", send_a, dst):
-            return super().sendrecv(send_a, dst, recv_a, src, sendtag, recvtag)
+        check_exchange(self, send_a, dst, recv_a, src, sendtag, recvtag)
+        with (
+            self._waiting_for(dst, src),
+            host_view(send_a, copy_in=True) as out,
+            host_view(recv_a, copy_in=False, copy_out=True) as into,
+            message_span(self, "sendrecv", out, dst),
+        ):
+            self.host_sendrecv(out, dst, into, src, sendtag, recvtag)
+        return recv_a
 
     # The fast path: the tag of the running collective always; the non-blocking twin and a wait with a
     # deadline only while one is set (MINIDIST_TIMEOUT). Every line runs per message, so the base class's
@@ -143,3 +155,6 @@ class WatchedCommunicator(Communicator):
         with self._waiting_for(*sorted({r.peer for r in requests})):
             waiting_for = [r.describe() for r in requests]
             self.calls.wait([r.mpi for r in requests], waiting_for, [r.status for r in requests])
+
+
+WatchedCommunicator.group_class = WatchedCommunicator  # its groups are watched (comm.py's group_class)

@@ -15,6 +15,7 @@ that ``benchmarks/README.md`` ("Gradient compression") measures.
 
 from typing import Any
 
+from minidist.parallel.comm_hooks.bucket import CommStats, GradBucket
 from minidist.parallel.comm_hooks.default import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from minidist.parallel.comm_hooks.powersgd import PowerSGDState, orthogonalize, powerSGD_hook
 
@@ -38,12 +39,6 @@ def register_by_name(ddp: Any, name: str, *, powersgd_rank: int = 1, start_power
 
 
 __all__ = [
-    "HOOKS",
-    "PowerSGDState",
-    "allreduce_hook",
-    "bf16_compress_hook",
-    "fp16_compress_hook",
-    "orthogonalize",
-    "powerSGD_hook",
-    "register_by_name",
-]
+    "GradBucket", "CommStats", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+    "PowerSGDState", "powerSGD_hook", "orthogonalize", "HOOKS", "register_by_name",
+]  # fmt: skip

@@ -18,7 +18,12 @@ Context"; Milakov & Gimelshein 2018 (online softmax); Dao et al. 2022 (FlashAtte
 ("zigzag") split as in Megatron-LM's context parallelism.
 """
 
-from minidist.parallel.context_parallel.ring_attention import attention_blocks, ring_attention
+from minidist.parallel.context_parallel.ring_attention import (
+    Block,
+    RingAttention,
+    attention_blocks,
+    ring_attention,
+)
 from minidist.parallel.context_parallel.split import (
     LAYOUTS,
     all_gather_from_context_parallel,
@@ -29,12 +34,7 @@ from minidist.parallel.context_parallel.split import (
 )
 
 __all__ = [
-    "LAYOUTS",
-    "all_gather_from_context_parallel",
-    "attention_blocks",
-    "context_parallel_chunks",
-    "context_parallel_positions",
-    "gather_from_context_parallel",
-    "ring_attention",
-    "split_for_context_parallel",
-]
+    "LAYOUTS", "split_for_context_parallel", "context_parallel_chunks", "context_parallel_positions",
+    "gather_from_context_parallel", "all_gather_from_context_parallel",
+    "attention_blocks", "ring_attention", "RingAttention", "Block",
+]  # fmt: skip

@@ -16,6 +16,11 @@ has finished it. Correct, and slow: P parameters cost P all-reduces per step, so
 paid P times (a ResNet has ~160 gradient tensors, many of them tiny), and each all-reduce stops backward
 until it is done (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). ``ddp.py`` is the real one: the
 same two rules with buckets, overlap, ``no_sync`` and the checks; the tests train both and compare.
+
+**Left out**, with the checks: the hooks pair the k-th gradient finished on one rank with the k-th on
+every other, so a parameter that backward reaches on some ranks only (a branch taken by rank, a layer
+frozen on one rank) pairs the wrong gradients and the replicas drift apart, without an error. DDP
+compares the ranks' gradients before it reduces any, and says which parameter is missing where.
 """
 
 from __future__ import annotations

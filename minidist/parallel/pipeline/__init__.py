@@ -17,11 +17,15 @@ mid-schedule: the stand-ins that let every rank finish the step) and ``step_chec
 exchange that begins every step, so that the ranks agree on the call).
 """
 
+from minidist.parallel.pipeline.batched_messaging import BatchedMessaging
+from minidist.parallel.pipeline.executor import StageExecutor, StepStats
 from minidist.parallel.pipeline.interleaved import interleaved, make_schedule
+from minidist.parallel.pipeline.messaging import BlockingMessaging
 from minidist.parallel.pipeline.naive import naive_gpipe_step
-from minidist.parallel.pipeline.partition import balanced_cuts, partition
+from minidist.parallel.pipeline.partition import PipelineChunks, PipelineStage, balanced_cuts, partition
 from minidist.parallel.pipeline.pipeline_parallel import PipelineParallel
 from minidist.parallel.pipeline.schedules import (
+    SCHEDULES,
     Batch,
     Exchange,
     Instruction,
@@ -30,22 +34,12 @@ from minidist.parallel.pipeline.schedules import (
     one_f_one_b,
     peak_activations,
 )
-from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, simulate
+from minidist.parallel.pipeline.simulate import ScheduleDeadlockError, Timeline, simulate
 
 __all__ = [
-    "Batch",
-    "Exchange",
-    "Instruction",
-    "PipelineParallel",
-    "Schedule",
-    "ScheduleDeadlockError",
-    "balanced_cuts",
-    "gpipe",
-    "interleaved",
-    "make_schedule",
     "naive_gpipe_step",
-    "one_f_one_b",
-    "partition",
-    "peak_activations",
-    "simulate",
-]
+    "Instruction", "Batch", "Exchange", "Schedule", "gpipe", "one_f_one_b", "peak_activations", "SCHEDULES",
+    "simulate", "Timeline", "ScheduleDeadlockError", "StageExecutor", "StepStats",
+    "BlockingMessaging", "BatchedMessaging", "partition", "balanced_cuts", "PipelineStage", "PipelineChunks",
+    "PipelineParallel", "interleaved", "make_schedule",
+]  # fmt: skip

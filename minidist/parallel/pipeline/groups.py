@@ -13,7 +13,7 @@ import operator
 from typing import Any
 
 import minidist.distributed as dist
-from minidist.distributed import Communicator
+from minidist.distributed.comm import Communicator  # any kind: group_or_world says which it takes
 
 
 def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communicator, Communicator | None]:
@@ -37,7 +37,7 @@ def resolve_groups(group: Any, dp_group: Communicator | None) -> tuple[Communica
         raise TypeError(
             f"dp_group must be a minidist.distributed.Communicator or None, got {type(dp_group).__name__}"
         )
-    return dist.world.group_or_world(group), dp_group
+    return dist.world.group_or_world(group), None if dp_group is None else dist.world.group_or_world(dp_group)
 
 
 def as_count(value: Any) -> Any:

@@ -42,10 +42,14 @@ def naive_gpipe_step(
     ``stage``: rank s's layers, e.g. ``build_stage(model, partition(model, p)[s])`` (``partition.py``).
     ``inputs``: the batch, a Tensor of shape ``(B, ...)``, on stage 0 (None elsewhere); ``targets``:
     shape ``(B, ...)``, on the last stage; ``loss_fn(output, targets) -> scalar Tensor``, the mean over
-    a microbatch. ``B`` must be divisible by ``m``. Gradients accumulate into ``.grad``; the loss is
-    returned on every rank.
+    a microbatch. ``B`` must be divisible by ``m``, else ``ValueError`` on the ranks that hold the batch
+    (the safety net then ends the others). Gradients accumulate into ``.grad``; the loss is returned on
+    every rank.
     """
     s, p, xp = group.rank, group.size, backend.xp()
+    size = len(inputs) if s == 0 else len(targets) if s == p - 1 else m
+    if m < 1 or size % m:  # a remainder would leave samples out of the loss without a word
+        raise ValueError(f"naive_gpipe_step: a batch of {size} cannot be cut into m={m} equal microbatches")
     xs, outs = [], []  # per microbatch: this stage's input and output (with its graph), for backward
     for i in range(m):  # 1. every forward
         if s == 0:

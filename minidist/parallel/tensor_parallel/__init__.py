@@ -33,27 +33,23 @@ from minidist.parallel.tensor_parallel.sequence_parallel import (
     allreduce_sequence_parallel_grads,
     gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
 )
-from minidist.parallel.tensor_parallel.transformer import ParallelBlock
+from minidist.parallel.tensor_parallel.transformer import (
+    ParallelBlock,
+    ParallelCausalSelfAttention,
+    ParallelFeedForward,
+)
 from minidist.parallel.tensor_parallel.vocab_parallel import VocabParallelEmbedding
 from minidist.parallel.tensor_parallel.vocab_parallel_loss import vocab_parallel_cross_entropy
 
 __all__ = [
-    "ColumnParallelLinear",
-    "RowParallelLinear",
-    "ParallelMLP",
-    "shard_parameter",
-    "copy_to_tensor_parallel_region",
-    "reduce_from_tensor_parallel_region",
-    "scatter_to_tensor_parallel_region",
-    "gather_from_tensor_parallel_region",
-    "RNGStatesTracker",
-    "get_rng_tracker",
-    "model_parallel_manual_seed",
-    "gather_from_sequence_parallel_region",
-    "reduce_scatter_to_sequence_parallel_region",
-    "allreduce_sequence_parallel_grads",
-    "ParallelBlock",
-    "VocabParallelEmbedding",
-    "vocab_parallel_cross_entropy",
-]
+    "ColumnParallelLinear", "RowParallelLinear", "shard_parameter", "ParallelMLP",
+    "copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region",
+    "scatter_to_tensor_parallel_region", "gather_from_tensor_parallel_region",
+    "RNGStatesTracker", "get_rng_tracker", "model_parallel_manual_seed",
+    "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region", "allreduce_sequence_parallel_grads",
+    "ParallelBlock", "ParallelCausalSelfAttention", "ParallelFeedForward",
+    "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
+]  # fmt: skip

@@ -9,6 +9,7 @@ fingerprints and messages in this process, without MPI ranks.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 
@@ -19,6 +20,7 @@ from mpi_utils import WORKERS, run_mpi
 from minidist.distributed.safety.debug import (
     EXIT,
     FINGERPRINT_BYTES,
+    call_site,
     describe_call,
     fingerprint,
     mismatch_message,
@@ -146,3 +148,11 @@ def test_mismatch_message_groups_ranks_by_what_they_called():
         "collective #3 mismatch on a group of 4 ranks: ranks [0, 1, 3] called barrier(); "
         "rank 2 reached the end of the program."
     ), message
+
+
+def test_the_call_site_is_the_users_line_or_else_the_thread_that_ran_it():
+    assert call_site().startswith("safety/test_dist_debug.py:")  # this very line's file
+    # A thread that runs no line of the user (all its frames are the standard library's here; DDP's
+    # ddp-comm thread in a job) has no user line to name: the thread is named instead.
+    with concurrent.futures.ThreadPoolExecutor(thread_name_prefix="comm") as pool:
+        assert pool.submit(call_site).result() == "thread 'comm_0'"

@@ -15,7 +15,7 @@ import pytest
 from mpi_utils import run_mpi
 
 from minidist.distributed.safety.arrivals import describe_arrivals
-from minidist.distributed.safety.watchdog import _parse_seconds
+from minidist.distributed.safety.watchdog import seconds_setting
 
 TIMEOUT = 2
 
@@ -96,13 +96,16 @@ def test_abort_on_one_rank_ends_every_rank_with_its_message(tmp_path):
     assert "[rank 1] aborting all 4 ranks" in result.stderr, result.stderr
 
 
-def test_timeout_values_are_checked():
-    assert _parse_seconds("MINIDIST_TIMEOUT", "") is None
-    assert _parse_seconds("MINIDIST_TIMEOUT", "0") is None
-    assert _parse_seconds("MINIDIST_TIMEOUT", "2.5") == 2.5
-    for bad in ("soon", "-1", "nan"):
+def test_timeout_values_are_checked(monkeypatch):
+    for value, seconds in (("", None), ("0", None), ("off", None), ("2.5", 2.5), (" 60 ", 60.0)):
+        monkeypatch.setenv("MINIDIST_TIMEOUT", value)
+        assert seconds_setting("MINIDIST_TIMEOUT", 0.0) == seconds, value
+    monkeypatch.setenv("MINIDIST_TIMEOUT", "")
+    assert seconds_setting("MINIDIST_TIMEOUT", 300.0) == 300.0  # unset: the default
+    for bad in ("soon", "-1", "nan", "inf"):
+        monkeypatch.setenv("MINIDIST_TIMEOUT", bad)
         with pytest.raises(ValueError, match="MINIDIST_TIMEOUT"):
-            _parse_seconds("MINIDIST_TIMEOUT", bad)
+            seconds_setting("MINIDIST_TIMEOUT", 0.0)
 
 
 def test_arrival_record_sorts_ranks_by_where_they_are():

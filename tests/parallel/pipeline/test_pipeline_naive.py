@@ -15,6 +15,11 @@ import pp_common
 import pytest
 from mpi_utils import run_mpi
 
+import minidist as md
+import minidist.distributed as dist
+from minidist import nn
+from minidist.parallel.pipeline import naive_gpipe_step
+
 pytestmark = pytest.mark.mpi
 
 # Bit for bit: the naive step and the executor do the same arithmetic in the same order. Both cut the
@@ -50,3 +55,13 @@ def test_naive_gpipe_is_the_oracle_of_gpipe_and_1f1b(tmp_path, ranks):
                 assert sorted(got) == sorted(naive), (cfg, way, r)  # the same stage: the same names
                 for name, value in naive.items():  # the losses and every parameter
                     np.testing.assert_array_equal(got[name], value, err_msg=f"{cfg}, {way}: {name}, rank {r}")
+
+
+@pytest.mark.parametrize("m", [3, 0])
+def test_a_batch_that_does_not_cut_into_m_equal_microbatches_is_refused(m):
+    # One stage (a world of one rank) holds both the inputs and the targets; a remainder of 10 % 3
+    # samples would otherwise drop out of the loss without a word.
+    stage = nn.Linear(2, 1, dtype=np.float64)
+    inputs, targets = md.tensor(np.ones((10, 2))), md.tensor(np.ones((10, 1)))
+    with pytest.raises(ValueError, match=f"a batch of 10 cannot be cut into m={m} equal microbatches"):
+        naive_gpipe_step(stage, dist.init(), inputs, targets, lambda out, y: ((out - y) ** 2).mean(), m)
