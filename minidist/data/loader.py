@@ -52,10 +52,9 @@ class DataLoader:
         drop_last: skip the last batch when it has fewer than ``batch_size`` samples.
         seed: the shuffle seed, an int >= 0.
 
-    Yields:
-        tuples with one array per dataset array, each ``dataset[i][idx]`` for the batch's
-        indices ``idx`` (first dimension ``batch_size``, or less for a last partial batch), with the
-        dtypes of the dataset arrays.
+    Iterating yields one tuple per batch, with one array per dataset array: ``dataset[i][idx]`` for the
+    batch's indices ``idx`` (first dimension ``batch_size``, or less for a last partial batch), with the
+    dtypes of the dataset arrays.
 
     Raises:
         TypeError: ``dataset`` is not a tuple/list of NumPy arrays; ``batch_size`` or ``seed`` is

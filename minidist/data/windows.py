@@ -36,8 +36,9 @@ class RandomWindows:
         batch_size: B, the GLOBAL number of windows per optimizer step, summed over ranks and
             accumulation steps; must divide by ``world_size * accumulation_steps``.
         seed: the stream's seed, an int >= 0, the same on every rank.
-        rank, world_size: this data-parallel rank r and the number of ranks W (no default from MPI:
-            pass ``dist.get_rank()``, ``dist.get_world_size()``; this module never imports MPI).
+        rank: this data-parallel rank r (no default from MPI: pass ``dist.get_rank()``; this module
+            never imports MPI).
+        world_size: the number of data-parallel ranks W (``dist.get_world_size()``).
         accumulation_steps: k, the microbatches per optimizer step on each rank (gradient accumulation).
 
     Each global batch draws B starting places, uniform on ``[0, N - T)``, from

@@ -40,7 +40,9 @@ class MLP(Sequential):
     """Linear -> ReLU -> ... -> Linear with sizes ``[n_in, *hidden, n_out]``; see the module docstring.
 
     Args:
-        n_in, hidden, n_out: input features, hidden widths (possibly none), classes.
+        n_in: input features.
+        hidden: hidden widths, a sequence of ints (possibly empty).
+        n_out: output classes.
         mesh: a ``minidist.parallel.ProcessMesh``; its ``tp_group`` shards the layers when ``mesh.tp > 1``.
         dtype: parameter dtype.
         recompute: recompute each hidden block's activations in backward instead of storing them.
