@@ -39,7 +39,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollb
 CHROMIUM_FLAGS += ["--window-size=1280,2000", "--virtual-time-budget=10000"]
 PAGES = {  # screenshot name -> page of the built site
     "home": "index.html",
-    "api-parallel": "api/parallel/index.html#minidist.parallel.DistributedDataParallel",
+    "api-parallel": "api/parallel/index.html",  # opens at DistributedDataParallel, its signature
     "lesson-04": "lessons/04_data_parallel/index.html",
 }
 
@@ -98,7 +98,7 @@ def screenshots(out: Path) -> list[Path]:
     taken = []
     for name, page in PAGES.items():
         png = out / f"{name}.png"
-        url = (SITE / page.split("#")[0]).as_uri() + ("#" + page.split("#")[1] if "#" in page else "")
+        url = (SITE / page).as_uri()
         cmd = [browser, *CHROMIUM_FLAGS, f"--screenshot={png}", url]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
         colours = Image.open(png).convert("RGB").getcolors(maxcolors=1 << 16)
