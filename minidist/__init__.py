@@ -9,8 +9,6 @@ from minidist.autograd import Function, Tensor, is_grad_enabled, no_grad, tensor
 from minidist.autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from minidist.random import manual_seed
 
-__version__ = "0.1.0"
-
 # Keep the memory a step frees for the next step instead of page-faulting it in again (0.5-1 ms per
 # step of the small MLP; minidist/host_memory.py says why and how to switch it off).
 host_memory.keep_freed_memory()
@@ -29,3 +27,20 @@ __all__ = [
     "optim",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, on first use: a checkout's own pyproject.toml (an editable install's metadata lags it
+    until reinstalled), else the installed distribution's (``importlib.metadata`` takes ~60 ms to import)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'minidist' has no attribute {name!r}")
+    import importlib
+    import pathlib
+    import re
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    text = pyproject.read_text() if pyproject.exists() else ""
+    stated = re.search(r'^name = "minidist"\nversion = "(.+)"$', text, re.M)
+    version = stated[1] if stated else importlib.import_module("importlib.metadata").version("minidist")
+    globals()["__version__"] = version
+    return version
