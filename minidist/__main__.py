@@ -1,10 +1,11 @@
-"""``python -m minidist`` points to the ``minidist`` command, where the tools around the framework live."""
+"""``python -m minidist COMMAND``: the ``minidist`` command under another name (``python -m minidist info``).
+
+The tools live outside the framework (``minidist_cli``, ``minidist_tools``); this entry point is the one
+module of the package that imports them, an alias that nothing imports (pyproject.toml's contracts say so).
+"""
 
 import sys
 
-print(
-    "minidist's tools are the `minidist` command (also `python -m minidist_cli`): "
-    "run `minidist --help` to list them",
-    file=sys.stderr,
-)
-sys.exit(2)
+from minidist_cli import main
+
+sys.exit(main())

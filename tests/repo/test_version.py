@@ -1,6 +1,8 @@
 """One version everywhere: pyproject.toml states it, CHANGELOG.md's newest release is it, and the package,
 ``minidist --version`` and ``minidist info`` report it.
 
+``python -m minidist info`` is the same command under another name.
+
 A release bumps pyproject.toml's ``version`` and moves CHANGELOG.md's ``[Unreleased]`` entries under a new
 ``## [X.Y.Z] - YYYY-MM-DD`` heading; this test fails until both are done. The command runs as
 ``python -m minidist_cli`` (the console script's own ``main``), so the test does not depend on PATH.
@@ -24,9 +26,9 @@ except ModuleNotFoundError:  # Python 3.10: the tomli dependency
 RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", re.MULTILINE)
 
 
-def minidist_command(*args: str) -> str:
+def minidist_command(*args: str, module: str = "minidist_cli") -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "minidist_cli", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env=mpi_env(),  # this checkout's minidist first on the path, whatever is installed
@@ -57,5 +59,8 @@ def test_one_version_in_pyproject_changelog_package_and_command():
         f"minidist.__version__ ({minidist.__file__})": minidist.__version__,
         "minidist --version": minidist_command("--version").strip().removeprefix("minidist "),
         "minidist info": info.group(1),
+        "python -m minidist info": re.search(
+            r"^minidist\s+(\S+)$", minidist_command("info", module="minidist"), re.MULTILINE
+        ).group(1),
     }
     assert len(set(versions.values())) == 1, f"the version differs: {versions}"

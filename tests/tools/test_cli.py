@@ -12,6 +12,7 @@ import sys
 import pytest
 from mpi_utils import REPO, mpi_env
 
+import minidist as md
 from minidist_cli import COMMANDS, LIBRARIES
 
 
@@ -54,7 +55,13 @@ def test_an_unknown_or_missing_command_is_an_error_that_lists_the_commands():
         assert result.stdout == ""
 
 
-def test_python_m_minidist_points_to_the_command():
-    result = subprocess.run([sys.executable, "-m", "minidist"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "minidist --help" in result.stderr
+def test_python_m_minidist_is_the_command_under_another_name():
+    def run(*args):
+        cmd = [sys.executable, "-m", "minidist", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    bare = run()
+    assert bare.returncode == 2 and "checkpoint, cluster" in bare.stderr, bare.stderr
+    info = run("info")
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.splitlines()[0].split() == ["minidist", md.__version__], info.stdout
