@@ -27,7 +27,7 @@ flags and their checks are in train_gpt_args.py.
     mpirun -n 8 python examples/train_gpt.py --dtype bfloat16         # mixed precision (README.md)
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
-41-60 of a run; the full figures and conditions are in benchmarks/README.md, "GPT (issue 17)"):
+41-60 of a run; the full figures and conditions are in benchmarks/README.md, section "GPT"):
   defaults        batch 32 x block 64, 4 layers x 4 heads x width 128 (0.81 M parameters), 1000 steps:
                   val loss 1.8543 in 5 min 40 s (6,400-7,200 tokens/s; the same 1.8543 on one process)
   --batch-size    16: 5,000-5,500 tokens/s; a 2000-step run reaches val 1.96 at step 1000, 1.81 at 2000.

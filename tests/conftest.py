@@ -43,8 +43,8 @@ def same_arguments_everywhere(monkeypatch):
 # file handed out last leaves the other core idle for its length. Longest first (the LPT rule) avoids that.
 # By default pytest-xdist hands out the files with the most tests first (--loadscope-reorder), which put
 # long files of few tests (the examples' runs, the checkpoint kills) at the end. The list: the longest
-# files (CPU seconds of the file and its ranks; issue 21's full run at a load average of 3-18, and issue
-# 16's per-file runs after its cuts at 14-24): assignments 256, lessons 252 (and more asleep: kernels,
+# files (CPU seconds of the file and its ranks, from a full run at a load average of 3-18 and per-file
+# runs at 14-24): assignments 256, lessons 252 (and more asleep: kernels,
 # engines), train_gpt_layouts 121, train_mlp_example 107, checkpoint_mpi 77, train_gpt_example 61,
 # collectives 49. Files not listed follow in collection order.
 SLOWEST_FIRST = [

@@ -368,5 +368,5 @@ print(f"max |weight difference| after training = {np.abs(runs[1]['params'] - run
 #   per parameter per token.
 # - Data parallelism trains the same transformer as one process: same losses, same weights.
 #
-# Next: the following issue splits this GPT over tensor, sequence and pipeline parallelism (lessons
+# Next: lesson 11 splits this GPT over tensor, sequence and pipeline parallelism (lessons
 # 06 and 07 showed the pieces on an MLP).

@@ -464,7 +464,7 @@ plt.show()
 # The price is accuracy. fp16 rounds every gradient to 11 significant bits (bf16: 8, with float32's
 # range). PowerSGD keeps only a rank-r approximation; error feedback adds what it dropped to the next
 # step, so the drop is delayed rather than lost, but training still converges somewhat more slowly, and
-# the rank trades bytes for accuracy. `benchmarks/README.md` ("Gradient compression (issue 19)")
+# the rank trades bytes for accuracy. `benchmarks/README.md` (section "Gradient compression")
 # measures the final accuracy and loss of `train_mlp.py` and `train_gpt.py` with each hook.
 #
 # ## Summary

@@ -29,7 +29,7 @@ from minidist.memory import counters
 
 _refs: dict[int, list] = {}  # base id -> [count, nbytes, owner]
 _params: set[int] = set()  # base ids of parameter buffers (the tracker's model), never activations
-_session = 0  # bumped by reset(): a record of an earlier session is not subtracted from this one
+_session = 0  # bumped by reset(): a record made before the latest reset() is not subtracted
 scope = ""  # the module path now running (set by the tracker around each module's forward)
 # The tracker's forward wrappers, which only set ``scope``: ``nn.Sequential`` may run a Linear and its
 # ReLU fused in their place (``nn.layers.run_in_order``). Held by identity, not by a flag on the function,

@@ -1,4 +1,4 @@
-"""The memory formulas one rank's ``MemoryTracker`` figures are compared with (issue 21).
+"""The memory formulas one rank's ``MemoryTracker`` figures are compared with.
 
 Pure arithmetic (imports nothing of minidist), like the other perfmodel modules. Two families:
 

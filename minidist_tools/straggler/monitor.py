@@ -88,7 +88,7 @@ class StragglerMonitor:
         self._start = trace.now()
 
     def __exit__(self, error_type: type | None, *_: object) -> None:
-        # A plain class, not @contextmanager: a generator costs microseconds per step (issue 16).
+        # A plain class, not @contextmanager: a generator would cost microseconds on every step.
         start, end = self._start, trace.now()
         trace.record(f"step {self.steps}", trace.STEP, start, end)
         self.steps += 1

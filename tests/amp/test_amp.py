@@ -1,4 +1,4 @@
-"""``minidist.autocast`` (issue 21): which ops run in low precision, the rounding they do, their gradients.
+"""``minidist.autocast``: which ops run in low precision, the rounding they do, their gradients.
 
 Low-precision ops (linear, matmul, attention) must round exactly as the dtype's round-to-nearest-even
 (NumPy's float16, ml_dtypes' bfloat16 ``astype``) at the same places as a tensor core: inputs, then the
@@ -218,7 +218,7 @@ def test_bfloat16_and_float16_train_the_gpt_close_to_float32():
             np.testing.assert_allclose(trained[name], value, rtol=0, atol=5e-2, err_msg=name)
 
 
-# --- the done-when: examples/train_gpt.py in mixed precision on 2 ranks matches one process ---
+# --- examples/train_gpt.py in mixed precision on 2 ranks matches one process ---
 TINY = ["--max-iters", "3", "--eval-interval", "1", "--eval-iters", "1", "--batch-size", "4",
         "--block-size", "16", "--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--sample-tokens", "0",
         "--lr", "2e-3"]  # fmt: skip
@@ -279,7 +279,7 @@ def test_train_gpt_mixed_precision_on_2_ranks_matches_one_process(trained, flags
 
 @pytest.mark.parametrize("low", ["bfloat16", "float16"])
 def test_train_gpt_mixed_precision_under_fsdp_matches_one_process(trained, low):
-    """The done-when of issue 21 for FSDP and mixed precision together: --fsdp on 2 ranks (every Block
+    """FSDP and mixed precision together: --fsdp on 2 ranks (every Block
     a unit, run under recomputation, whose backward replays the forward's autocast) against ONE plain
     process in the same dtype (float32 master weights in both). The same bound as the DDP case above and
     for the same reason (per-rank rounding of the batch's gradient sums); float16 also agrees on the
@@ -314,7 +314,8 @@ def test_autocast_on_the_cupy_stand_in_emulates_bfloat16_and_runs_float16(monkey
 
 def test_train_gpt_float16_resumes_bit_for_bit_with_its_loss_scale(trained, tmp_path):
     """Resumed at step 2 from the 1-process float16 run's checkpoint (the scale and the scaler's counters
-    in its extra), the last step is the uninterrupted run's, bit for bit (DESIGN.md §3, property 4)."""
+    in its extra), the last step is the uninterrupted run's, bit for bit (docs/design.md, property 4:
+    resume)."""
     from gpt_example import checkpoint_at_step_2, launch  # noqa: PLC0415
 
     flags = ("--dtype", "float16", "--zero", "2")

@@ -1,4 +1,4 @@
-"""``minidist.amp.GradScaler`` (issue 21): dynamic loss scaling, as ``torch.amp.GradScaler``.
+"""``minidist.amp.GradScaler``: dynamic loss scaling, as ``torch.amp.GradScaler``.
 
 A skipped step leaves parameters and optimizer state untouched and backs the scale off; good steps grow
 it after ``growth_interval``; calls out of order raise PyTorch's errors; the state survives a JSON round

@@ -290,8 +290,8 @@ def test_float_function_of_an_integer_tensor_is_float32_and_feeds_a_linear_layer
     ids=["sum", "mean", "max", "cross_entropy"],
 )
 def test_full_reduction_data_is_a_0d_backend_array(reduce):
-    # DESIGN.md §2: x.data is a numpy.ndarray on CPU; a bare NumPy scalar cannot be written in
-    # place (loss.data[...] = ..., or an in-place all_reduce of a loss).
+    # docs/design.md, public API contract: x.data is a numpy.ndarray on CPU; a bare NumPy scalar cannot
+    # be written in place (loss.data[...] = ..., or an in-place all_reduce of a loss).
     out = reduce(md.tensor(np.ones((2, 3)), requires_grad=True))
     assert isinstance(out.data, np.ndarray) and out.shape == ()
 

@@ -1,10 +1,10 @@
-"""In-place changes and graph reuse, as a user meets them (issue 14, items 12-14), without PyTorch.
+"""In-place changes and graph reuse, as a user meets them, without PyTorch.
 
-12. Changing a tensor in place between forward and backward (``w.data *= 10``, ``optimizer.step()``)
+1. Changing a tensor in place between forward and backward (``w.data *= 10``, ``optimizer.step()``)
     must raise torch's "modified by an inplace operation" error, not give gradients of the new values.
-13. ``with no_grad(): p -= lr * p.grad`` updates ``p`` in place; ``x += 1`` on a leaf that requires grad
+2. ``with no_grad(): p -= lr * p.grad`` updates ``p`` in place; ``x += 1`` on a leaf that requires grad
     raises torch's "a leaf Variable that requires grad is being used in an in-place operation."
-14. A second ``backward()`` through a freed graph raises; ``retain_graph=True`` keeps the graph.
+3. A second ``backward()`` through a freed graph raises; ``retain_graph=True`` keeps the graph.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _float32(*shape: int, seed: int = 0) -> md.Tensor:
     return md.tensor(np.random.default_rng(seed).standard_normal(shape), dtype=np.float32)
 
 
-# ------------------------------------------------------------------------------------- 12: versions
+# -------------------------------------------------------------------------------------- 1: versions
 def test_scaling_a_weight_between_forward_and_backward_raises():
     model = nn.Linear(3, 2)
     loss = model(_float32(4, 3)).sum()
@@ -85,7 +85,7 @@ def test_a_change_after_backward_is_fine():
     assert model.weight.grad is not None
 
 
-# ----------------------------------------------------------------------------- 13: in-place operators
+# ------------------------------------------------------------------------------ 2: in-place operators
 def test_sgd_step_by_hand_under_no_grad_updates_the_parameter_in_place():
     p = md.tensor([1.0, 2.0], requires_grad=True)
     (p * p).sum().backward()  # grad = 2p = [2, 4]
@@ -144,7 +144,7 @@ def test_tensor_copies_its_input_so_inplace_updates_stay_inside():
     np.testing.assert_array_equal(array, [1.0, 1.0, 1.0])
 
 
-# ------------------------------------------------------------------------------ 14: graph reuse
+# ------------------------------------------------------------------------------- 3: graph reuse
 def test_second_backward_through_the_same_graph_raises():
     model = nn.Linear(3, 2)
     loss = model(_float32(4, 3)).sum()

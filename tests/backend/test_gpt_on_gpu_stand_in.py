@@ -1,6 +1,6 @@
 """The GPT on the GPU code path, without a GPU: a training step on the CuPy stand-in
 (tests/helpers/cupy_stand_in.py) equals the CPU's to the last bit. Every op must take its array module from
-its input (issue 17: "every op must work on CuPy arrays too"); the stand-in refuses what CuPy refuses (a host
+its input (every op must work on CuPy arrays too); the stand-in refuses what CuPy refuses (a host
 array in device arithmetic, implicit conversion to NumPy) and any ``np.`` function on device data, so an op
 that breaks the rule fails
 here. With a real GPU, tests/backend/test_gpu.py compares the devices themselves."""

@@ -1,14 +1,14 @@
-"""The CuPy paths that the GPT stand-in test does not reach, kept tested without a GPU (issue 21's audit).
+"""The CuPy paths that the GPT stand-in test does not reach, kept tested without a GPU.
 
 With tests/helpers/cupy_stand_in.py as the array backend (device arrays that refuse ``np.`` functions and
 implicit host copies, as CuPy does), each path must give the CPU's numbers bit for bit (the same NumPy
 operations underneath): every ``nn.functional`` op and the Tensor methods through backward, SGD and AdamW with
 the 1-, 2- and infinity-norm clipping and a schedule, recomputation, a checkpoint saved and loaded into device
 arrays, and, on 2 MPI ranks, DDP with each communication hook, ZeRO stages 1 and 2, and a 2-stage
-pipeline (1F1B and interleaved). The audit found
-two faults, both fixed: the infinity-norm clipping applied ``np.maximum`` to a device array, and the
-stand-in itself lacked ``cupy.linalg`` (PowerSGD's ``xp.linalg.norm``) and ``ndarray.device`` (DDP's
-communication thread makes the array's GPU current with it).
+pipeline (1F1B and interleaved). Two faults these tests guard against: the infinity-norm clipping
+applying ``np.maximum`` to a device array, and the stand-in itself lacking ``cupy.linalg`` (PowerSGD's
+``xp.linalg.norm``) and ``ndarray.device`` (DDP's communication thread makes the array's GPU current with
+it).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_the_stand_in_has_what_minidist_uses_of_cupy(monkeypatch):
         cupy.linalg.norm(np.array([3.0, 4.0]))  # and refuse host arrays
     with a.device:  # ndarray.device: the GPU holding it, a context that makes it current
         pass
-    bits = a.view(np.uint64)  # bit operators, as issue 21's bfloat16 emulation on CuPy uses them
+    bits = a.view(np.uint64)  # bit operators, as the bfloat16 emulation on CuPy uses them
     assert ((bits >> 52) << 52).get().tolist() == [0x4000000000000000, 0x4010000000000000]  # 2.0, 4.0
     import ml_dtypes
     from cupyx.scipy.special import erf

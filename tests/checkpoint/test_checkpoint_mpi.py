@@ -132,7 +132,7 @@ def test_killed_rank_then_resume_is_bit_exact(tmp_path, runs, kill, latest_after
     for o in OPTIMS[:1]:  # the kill hits the first optimizer's run
         latest = (tmp_path / "ckpt" / o / "latest").read_text().strip()
         assert latest == f"step_{latest_after_kill:09d}"
-    if kill.endswith("latest"):  # issue 14 item 5: the newer folder is complete; 'latest' lags behind
+    if kill.endswith("latest"):  # killed before 'latest' moved: the newer folder is complete, 'latest' lags
         assert (tmp_path / "ckpt" / "sgd" / "step_000000006" / "manifest.json").exists()
     resumed = train(tmp_path / "run", tmp_path / "ckpt", "2,1,1", *args, "--resume")
     if kill.endswith("latest"):  # resumed from step 6, not 3 (which would fail to save step 6 again)
@@ -195,7 +195,7 @@ def test_corrupt_shard_raises_on_every_rank(tmp_path, runs):
     assert {p: p.read_bytes() for p in broken.rglob("*") if p.is_file()} == before  # nothing changed
 
 
-# -- issue 14 item 1: the ordinary loop resumes bit-exactly at every position of an epoch ----------------
+# -- the ordinary loop resumes bit-exactly at every position of an epoch ----------------------------------
 @pytest.mark.parametrize("ranks", [2, 3])  # 3 ranks: global batch 8 splits 3 + 3 + 2
 def test_ordinary_loop_resumes_bit_exactly_at_every_epoch_position(tmp_path, ranks):
     """``for x, y in loader: ... checkpoint.save(..., sampler=sampler)`` with no position bookkeeping:

@@ -1,4 +1,4 @@
-"""Checkpoints of uneven, strided and tied tensors (issue 18): saved on tp 2, loaded on tp 1, 3, 4, back.
+"""Checkpoints of uneven, strided and tied tensors: saved on tp 2, loaded on tp 1, 3, 4, back.
 
 One 4-rank launch of ``workers/checkpoint/ckpt_reshard.py`` runs every layout (see its docstring);
 the toy model (``workers/reshard_common.py``) has an uneven "vocabulary" (7 rows), attention-like
@@ -140,7 +140,7 @@ def test_pieces_that_split_py_did_not_cut_are_refused_on_save_and_load(run):
 
 # -- single process: the format-1 reader and the writer assignment ---------------------------------
 def test_a_format_1_checkpoint_still_loads_and_resumes_exactly(tmp_path):
-    # A manifest as minidist wrote it before issue 18: no tp_stride, no cp, 3 coordinates per rank.
+    # A format-1 manifest, as older minidist writes it: no tp_stride, no cp, 3 coordinates per rank.
     model = R.build(1, 0)
     opt = R.adamw(model)
     R.step(model, opt, 1, 0)

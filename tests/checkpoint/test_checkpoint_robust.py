@@ -275,7 +275,7 @@ def test_multi_rank_misuse_raises_on_every_rank(tmp_path):
     assert seen[0]["left in mine0"] == []  # rank 0 removed its temporary folder (rank 1 may look too early)
 
 
-# -- issue 14 item 4: every failure inside a save is a CheckpointError on every rank ---------------------
+# -- every failure inside a save is a CheckpointError on every rank -----------------------------------------
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["sync", "async"])  # async: the failures happen on the save's thread
 def test_a_loop_that_catches_save_errors_carries_on(tmp_path, mode):

@@ -1,11 +1,11 @@
-"""FSDP checkpoints (issue 21): the same files as every other layout, so they reshard both ways.
+"""FSDP checkpoints: the same files as every other layout, so they reshard both ways.
 
 One 4-rank launch of ``workers/checkpoint/ckpt_fsdp.py`` (see its docstring) trains a tiny float64 GPT
 (tied embeddings, one FSDP unit per block) on FSDP-4, FSDP-2, DDP-2, ZeRO-2 and one process, saving and
 loading across them. What must hold:
 
 * same layout (FSDP-2 -> FSDP-2, asynchronous save, ``load_latest``): bit-identical to uninterrupted
-  training (DESIGN.md §3, property 4): the same arrays go through the same arithmetic;
+  training (docs/design.md, property 4: resume): the same arrays go through the same arithmetic;
 * FSDP-4 -> FSDP-2 / DDP-2 / ZeRO-2 / one process: what each loaded and saved again is *exactly* the
   FSDP-4 checkpoint (copies only), and the 2 steps each then trains end where FSDP-4's own 2 further
   steps end; DDP-2 -> FSDP-4 likewise.

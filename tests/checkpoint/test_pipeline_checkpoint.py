@@ -1,4 +1,4 @@
-"""Checkpoints of an interleaved pipeline resume training exactly (DESIGN.md §3; issue 6).
+"""Checkpoints of an interleaved pipeline resume training exactly (docs/design.md, property 4: resume).
 
 With ``virtual_stages=2`` a rank holds non-consecutive layers (``PipelineChunks``); its
 ``stage_module`` still names them as the full model does, which is all ``minidist.checkpoint`` needs:

@@ -378,7 +378,7 @@ def test_a_plausible_mistake_loses_the_task_and_is_named(
         assert report.seconds < 4 * timeout + 30, f"a hang blocked the grader for {report.seconds:.0f} s"
 
 
-# -- issue 15: hints escalate and never give the answer; the graders enforce the handouts' rules ----------
+# -- hints escalate and never give the answer; the graders enforce the handouts' rules --------------------
 
 
 def _squeezed(text: str) -> str:

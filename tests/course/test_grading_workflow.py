@@ -1,4 +1,4 @@
-"""The grader as students and instructors meet it (issue 15, items 2, 4 and 5), through the command line.
+"""The grader as students and instructors meet it, through the command line.
 
 * Gradescope's results.json shows nothing of a hidden test before the grades are published;
 * a release says, visibly, the one install command grading needs, and a grading environment without

@@ -40,7 +40,7 @@ import lesson_runs  # noqa: E402
 from minidist_course.notebook import checks  # noqa: E402  (as the notebooks import them)
 
 SOURCES = sorted((LESSONS / "src").glob("[0-9][0-9]_*.py"))
-MAX_SECONDS = 180  # the issue's limit per notebook on this 2-core machine
+MAX_SECONDS = 180  # a lesson must run within 3 minutes on a 2-core machine
 
 # Not safe beside itself: _assert_no_engines_left sees every minidist cluster on the machine. The
 # suite's `-n 2 --dist loadfile` keeps this whole file on one worker, so its notebooks run one at a time.
@@ -332,7 +332,7 @@ def test_lesson_03_send_chunk_is_the_schedule_ring_py_runs():
             assert channel.sent == [send_chunk(r, s, n) for s in range(n - 1)], (n, r)
 
 
-# --- hints escalate and never state the formula (issue 15, item 7) -----------------------------------
+# --- hints escalate and never state the formula -----------------------------------------------------
 
 # The formula each exercise asks the student to derive, in the spellings a hint or a lesson might use
 # (compared with all whitespace removed, lower case). The solutions' own expressions are added by
@@ -617,7 +617,7 @@ def test_build_collapses_reveal_cells_and_refuses_other_markdown_keys():
         build.parse_cells("# %% [markdown answer]\n# text\n")
 
 
-# --- every exercise's reference answer agrees with the library (issue 15, item 1) ---------------------
+# --- every exercise's reference answer agrees with the library -------------------------------------
 # A student who reads the library must be marked right, and one who carries a lesson's answer into an
 # assignment must keep the points: where minidist computes the quantity an exercise asks for, the
 # lesson's reference answer is compared with minidist's own function over a range of inputs.
@@ -1037,7 +1037,7 @@ def test_lesson_14_block_bytes_is_what_the_memory_tracker_measures():
     assert held[1] - held[0] == block_bytes(6, 2, 12, 3, 4)
 
 
-# --- lesson figures (issue 15, item 10) ------------------------------------------------------------
+# --- lesson figures ------------------------------------------------------------------------------
 
 
 def test_lesson_01_graph_figure_names_every_leaf_and_no_boxes_overlap():

@@ -455,7 +455,7 @@ def test_local_batch_size_undefined_in_strided_mode():
         _ = DistributedSampler(10, num_replicas=2, rank=0).local_batch_size
 
 
-# ----------------------------------------------------- issue 14 item 1: the loader's progress is saved
+# ------------------------------------------------------------------- the loader's progress is saved
 def test_loader_progress_is_the_samplers_position_batch_by_batch():
     """Inside ``for x, y in loader`` the sampler's position counts the batches yielded so far (the
     DataLoader once drew the whole epoch up front, leaving 0 there for a checkpoint to save)."""
@@ -533,7 +533,7 @@ def test_a_finished_epoch_stays_finished_on_another_number_of_ranks():
     assert resumed.position == 3
 
 
-# ------------------------------------- issue 16: the loader takes a batch's indices from the sampler at once
+# --------------------------------------------- the loader takes a batch's indices from the sampler at once
 class _OneByOne:
     """A DistributedSampler seen only through ``iter``/``len``: the loader pulls its indices one by one."""
 

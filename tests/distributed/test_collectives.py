@@ -1,4 +1,4 @@
-"""Collectives equal the NumPy reduction of all ranks' inputs (DESIGN.md §3, properties 2 and 5).
+"""Collectives equal the NumPy reduction of all ranks' inputs (docs/design.md, properties 2 and 5).
 
 Hypothesis draws the cases in this process (length, shape, dtype, op, group, root, seed): the profile's
 examples for a world size W are all collected first, then ONE ``mpiexec -n W`` job runs them together

@@ -1,4 +1,4 @@
-"""The examples' ``--comm-hook`` and ``--powersgd-rank`` flags (issue 19): a run, and the bad combinations.
+"""The examples' ``--comm-hook`` and ``--powersgd-rank`` flags: a run, and the bad combinations.
 
 One 2-rank run of ``examples/train_mlp.py`` per compressing hook would cost a launch each; one bf16 run
 shows the flag reaches DDP (the bytes line) and still trains. The flags' errors are checked in this

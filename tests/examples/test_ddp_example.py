@@ -39,5 +39,5 @@ def test_grad_accum_buckets_and_overlap_give_the_same_training(tmp_path):
 def test_grad_accum_larger_than_the_local_batch_is_an_error_on_every_rank():
     result = run_mpi(2, EXAMPLE, "--batch-size", "8", "--grad-accum", "5", timeout=60, check=False)
     assert result.returncode == 2
-    # every rank raised it; printed once for both (issue 15, item 8)
+    # every rank raised it; printed once for both
     assert result.stderr.startswith("error on ranks 0-1: --grad-accum 5 needs that many samples per rank")

@@ -1,4 +1,4 @@
-"""examples/train_gpt.py on real ranks (issue 17, items 4-5): one process and data parallelism train the
+"""examples/train_gpt.py on real ranks: one process and data parallelism train the
 same GPT; a resumed run is the uninterrupted one; bad flags end every rank with one message.
 
 Every run goes through the example itself, with a tiny float64 model for a few steps (``TINY``), and
@@ -85,7 +85,7 @@ def test_data_parallel_trains_the_model_of_one_process(trained, n, flags):
 
 @pytest.mark.mpi
 def test_fsdp_trains_the_model_of_one_process(trained, tmp_path):
-    """--fsdp (issue 21): parameters, gradients and AdamW state sharded over 3 ranks, 2 micro-batches
+    """--fsdp: parameters, gradients and AdamW state sharded over 3 ranks, 2 micro-batches
     (the first under no_sync), clipping on the shards; the losses and weights of DDP on 2 ranks (and so
     of one process). Its own launch (3 ranks, --grad-accum 2). Its last checkpoint, gathered from the
     shards, holds exactly the final weights (test_fsdp_checkpoint.py reshards such checkpoints)."""
@@ -115,7 +115,7 @@ def test_dropout_masks_differ_per_rank_so_layouts_differ_only_with_dropout(train
 def test_resume_is_bit_exact_on_the_same_layout_with_dropout(trained, tmp_path):
     """2 steps, checkpoint, 2 more == 4 uninterrupted, to the last bit: the weights, AdamW's moments,
     the data position, the scheduler and each rank's dropout stream all come back. The resumed run
-    saves in the background (--async-checkpoint, issue 20): its step-4 shards are the very bytes the
+    saves in the background (--async-checkpoint): its step-4 shards are the very bytes the
     uninterrupted run's synchronous save wrote."""
     flags = ("--dropout", "0.2")
     _, full, ckpt = trained(2, *flags)

@@ -1,4 +1,4 @@
-"""examples/train_gpt.py on 4-D layouts (issue 18, items 6 and 7): tensor (+ sequence), pipeline, context
+"""examples/train_gpt.py on 4-D layouts: tensor (+ sequence), pipeline, context
 and data parallelism composed train the model of one process; checkpoints move between layouts.
 
 Every run goes through the example with a tiny float64 model for 4 steps (test_train_gpt_example.py's
@@ -11,7 +11,7 @@ Coverage (each axis at least once): dp 2 x tp 2 x pp 2 (the tied token table acr
 rank's vocabulary shard: 63 characters over tp 2 is 32 + 31 rows), dp 2 x tp 2 x cp 2 with sequence
 parallelism (ring attention and the balanced split), tp 4 with sequence parallelism, cp 4, and dp 4 (the
 plain data-parallel path, and another dp size than the saver's 2) resuming a pipeline's checkpoint;
-dp 2 x tp 2 with sequence parallelism under FSDP (issue 21), whose checkpoint resumes on a pipeline, and
+dp 2 x tp 2 with sequence parallelism under FSDP, whose checkpoint resumes on a pipeline, and
 tp 2 x cp 2 under FSDP resuming a pipeline's. Interleaved schedules of the GPT pipeline are tested on
 their own in test_pipeline_gpt.py.
 
@@ -86,7 +86,7 @@ def test_a_4d_layout_trains_the_model_of_one_process(trained, flags):
         ((8, PIPELINE), 4, ()),
         ((1, ()), 4, ("--tp", "4", "--sequence-parallel")),  # one process -> 63 rows cut 16+16+16+15
         ((8, CONTEXT), 4, ("--cp", "4")),  # dp x tp x cp -> cp 4 (the vocabulary pieces put back)
-        ((8, PIPELINE), 4, ("--tp", "2", "--cp", "2", "--fsdp")),  # -> FSDP over cp of tp pieces (issue 21)
+        ((8, PIPELINE), 4, ("--tp", "2", "--cp", "2", "--fsdp")),  # -> FSDP over cp of tp pieces
     ],
     ids=["dp2-tp2-pp2-to-dp4", "1-to-tp4-sp", "dp2-tp2-cp2-sp-to-cp4", "dp2-tp2-pp2-to-fsdp-tp2-cp2"],
 )

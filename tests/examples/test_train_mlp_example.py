@@ -161,7 +161,7 @@ def test_global_batch_smaller_than_world_is_an_error_on_every_rank():
     result = run_mpi(4, EXAMPLE, "--batch-size", "3", timeout=60, check=False)
     assert result.returncode == 2
     assert result.stderr.startswith("error on ranks 0-3: global batch_size=3 is smaller than num_replicas=4")
-    assert result.stderr.count("global batch_size=3") == 1, result.stderr  # once for all ranks (issue 15)
+    assert result.stderr.count("global batch_size=3") == 1, result.stderr  # once for all ranks
 
 
 def test_unknown_dataset_lists_the_valid_ones():
@@ -376,7 +376,7 @@ def test_resume_on_the_same_layout_continues_bit_exactly(runs, layout):
 
 @pytest.mark.mpi
 def test_async_checkpoints_hold_the_same_files_as_sync_ones(runs):
-    """--async-checkpoint (issue 20): the background save writes the bytes a synchronous one writes (the
+    """--async-checkpoint: the background save writes the bytes a synchronous one writes (the
     manifest differs only in its creation time) and training computes the same (equal accuracy)."""
     sync, background = runs.folder("dp2 uninterrupted"), runs.folder("dp2-async uninterrupted")
     folders = sorted(p.name for p in sync.glob("step_*"))

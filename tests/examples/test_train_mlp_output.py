@@ -1,6 +1,6 @@
 """What examples/train_mlp.py prints under mpirun: one progress stream in order, each error once.
 
-Issue 15, items 8 and 9. Under ``mpirun`` a rank's stdout and stderr reach the terminal through
+Under ``mpirun`` a rank's stdout and stderr reach the terminal through
 separate pipes, so anything printed to both arrives in any order; and every rank that prints an error
 prints its own copy. These tests read the output as a user's terminal shows it (stdout and stderr
 merged, Python's default buffering, i.e. without PYTHONUNBUFFERED).
@@ -126,7 +126,7 @@ def test_describe_lists_each_message_once_with_rank_ranges():
     assert describe(texts) == "error on ranks 0-1, 3: no folder\nerror on rank 4: bad file\n"
 
 
-# --- item 9: what a run says about itself -------------------------------------------------------------
+# --- what a run says about itself --------------------------------------------------------------------
 def run_one(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, env=mpi_env(), timeout=60

@@ -1,4 +1,4 @@
-"""Memory accounting (issue 21): ``minidist.memory.MemoryTracker``, the budget, the formulas, the demo.
+"""Memory accounting: ``minidist.memory.MemoryTracker``, the budget, the formulas, the demo.
 
 The tracker *measures*: parameters, gradients and optimizer state by walking the model and optimizer,
 activations as the autograd engine records and releases them. So every figure here is compared exactly

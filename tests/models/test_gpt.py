@@ -1,4 +1,4 @@
-"""The GPT model (issue 17, item 2): shapes, parameter count, initialisation, weight tying, generate(),
+"""The GPT model: shapes, parameter count, initialisation, weight tying, generate(),
 its errors, gradients by finite differences, and PyTorch as an optional oracle (same weights, same
 logits and gradients in float64)."""
 

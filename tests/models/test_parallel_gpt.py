@@ -60,7 +60,7 @@ def piece(full: np.ndarray, flags, tp: int, rank: int) -> np.ndarray:
 @given(data=st.data())
 def test_parallel_gpt_trains_like_one_process(tmp_path_factory, dp, cp, tp, data):
     """cp ranks hold the balanced split's tokens (ring attention), dp ranks their rows; DDP averages
-    over dp_cp_group. The 8-rank case is issue 18's dp x cp x tp."""
+    over dp_cp_group. The 8-rank case composes all three: dp x cp x tp."""
     cfg = data.draw(gpt_configs(tp, cp, dp))
     tmp = tmp_path_factory.mktemp("gpt")
     (tmp / "cfg.json").write_text(json.dumps(cfg))

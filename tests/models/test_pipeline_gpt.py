@@ -1,4 +1,4 @@
-"""Pipeline parallelism for the GPT (issue 18, item 5): ``GPT.pipeline_layers()`` equals the GPT,
+"""Pipeline parallelism for the GPT: ``GPT.pipeline_layers()`` equals the GPT,
 stages carry GPT's parameter names, and the tied token table stays one weight across two stages.
 
 ``ParallelGPT.pipeline_layers()`` (tp 2 x pp 2) ties each tp rank's vocabulary shard the same way.

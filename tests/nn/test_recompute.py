@@ -65,7 +65,7 @@ def test_activations_are_not_kept_and_hooks_fire_once():
 
 
 def test_after_backward_runs_once_when_the_segments_gradients_are_complete():
-    """FSDP's hook (issue 21): called after the backward through the recomputed segment, once, with
+    """FSDP's hook: called after the backward through the recomputed segment, once, with
     every parameter's gradient of that segment accumulated (so it can reduce-scatter and free them)."""
     first, second = block(0), block(1)
     seen = []

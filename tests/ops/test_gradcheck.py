@@ -1,4 +1,4 @@
-"""Every differentiable op against central finite differences, in float64 (DESIGN.md §3, property 1).
+"""Every differentiable op against central finite differences, in float64 (docs/design.md, property 1).
 
 For an op y = f(x_1, ..., x_k) we draw a random array R of y's shape and compare, for each input x_j,
 

@@ -1,4 +1,4 @@
-"""The transformer's ops (issue 17): embedding, layer_norm, scaled_dot_product_attention.
+"""The transformer's ops: embedding, layer_norm, scaled_dot_product_attention.
 
 Each against central finite differences in float64 on hypothesis shapes (``gradcheck``, see
 tests/ops/test_gradcheck.py for the tolerances), against torch where it is importable (float64, 1e-12:

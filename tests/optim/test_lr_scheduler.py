@@ -1,4 +1,4 @@
-"""Parameter groups and learning-rate schedulers as in PyTorch (issue 14, item 16), checked against
+"""Parameter groups and learning-rate schedulers as in PyTorch, checked against
 PyTorch itself in float64 (skipped where torch is not installed): the same schedules step by step,
 the same updates per group, and a small MLP trained with all of it together."""
 

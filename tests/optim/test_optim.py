@@ -285,7 +285,7 @@ def test_state_dict_round_trip_continues_the_identical_trajectory(name):
     _train(opt, params, steps=3, seed=1)
     _train(opt_resumed, resumed, steps=3, seed=1)
     for p, r in zip(params, resumed):
-        np.testing.assert_array_equal(p.data, r.data)  # bit-identical (DESIGN.md §3, property 4)
+        np.testing.assert_array_equal(p.data, r.data)  # bit-identical (docs/design.md, property 4: resume)
 
 
 @pytest.mark.parametrize("name", ["sgd_momentum", "adamw"])

@@ -1,4 +1,4 @@
-"""Issue 16's per-call caches keep the answers they replaced (single process, no MPI launch).
+"""The collective call path's per-call caches keep the answers they replaced (one process, no MPI launch).
 
 * ``reduce_ops.finish``'s ``"avg"`` divides by a 0-d array cached per (group size, dtype): bit for bit
   the division by the int it replaced, for every float dtype (bfloat16 too) and whichever dtype came

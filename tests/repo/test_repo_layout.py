@@ -43,7 +43,7 @@ def test_ruff_lints_every_library_file():
 
 
 def test_autograd_is_a_package_of_short_files_each_saying_what_it_holds():
-    # Students read every line: one concept per file, under ~300 lines (shared/DESIGN.md, style).
+    # Students read every line: one concept per file, under ~300 lines (docs/design.md, style).
     package = LIBRARY / "autograd"
     assert package.is_dir(), "minidist/autograd should be a package (grad_mode, tensor, function, graph)"
     for path in sorted(package.glob("*.py")):

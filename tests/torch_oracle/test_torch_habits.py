@@ -1,4 +1,4 @@
-"""What a PyTorch user reaches for first (issue 14, item 16), checked the way they would use it:
+"""What a PyTorch user reaches for first, checked the way they would use it:
 exact GELU by default, ``cross_entropy(reduction=, ignore_index=, label_smoothing=)``, ``dim=`` on
 softmax, and ``Module.load_state_dict`` taking tensors. Values and gradients against PyTorch itself in
 float64 (skipped where torch is not installed) and against central finite differences (hypothesis)."""

@@ -1,4 +1,4 @@
-"""PyTorch as the oracle of issue 21's features: autocast, GradScaler, FSDP and the memory tracker.
+"""PyTorch as the oracle of the memory-saving features: autocast, GradScaler, FSDP and the memory tracker.
 
 Skipped without torch (an optional oracle, never a dependency). What is compared, and what differs on
 purpose (each difference is also in the docstring of the minidist object):

@@ -1,4 +1,4 @@
-"""PyTorch as the oracle: values, gradients and dtypes of the ops match torch's (issue 14, items 9-11, 15).
+"""PyTorch as the oracle: values, gradients and dtypes of the ops match torch's.
 
 Skipped when torch is not installed (``pip install torch --index-url
 https://download.pytorch.org/whl/cpu``, the ``bench`` extra); the library never imports it.
@@ -20,7 +20,7 @@ def _pair(array: np.ndarray, requires_grad: bool = True) -> tuple[md.Tensor, tor
     return md.tensor(array, requires_grad=requires_grad), torch.tensor(array, requires_grad=requires_grad)
 
 
-# ------------------------------------------------------------------------------ 9: division
+# ------------------------------------------------------------------------------ ---division
 @pytest.mark.parametrize(("a", "b"), [(0.0, 1e-30), (1e30, 1e20), (1e-30, 1e-30), (3.0, -7.0)])
 def test_division_gradients_match_torch_in_float32_at_the_edges(a, b):
     ma, ta = _pair(np.array([a], dtype=np.float32))
@@ -32,7 +32,7 @@ def test_division_gradients_match_torch_in_float32_at_the_edges(a, b):
     assert np.isfinite(mb.grad).all()
 
 
-# ------------------------------------------------------------------------------ 10: sigmoid
+# ------------------------------------------------------------------------------ ----sigmoid
 def test_log_sigmoid_of_the_negative_tail_is_finite_as_in_torch():
     x = np.array([-20.0, -30.0, -50.0, -80.0], dtype=np.float32)
     mx, tx = _pair(x)
@@ -61,7 +61,7 @@ def test_sigmoid_matches_torch_on_minus_120_to_120(dtype):
     np.testing.assert_allclose(mx.grad[normal], grad[normal], rtol=rtol * 10, atol=0)
 
 
-# ------------------------------------------------------------------------------ 11: transpose
+# ------------------------------------------------------------------------------ ----transpose
 def test_transpose_swaps_two_axes_as_torch():
     x = np.arange(24.0).reshape(2, 3, 4)
     mx, tx = _pair(x)
@@ -89,7 +89,7 @@ def test_transpose_out_of_range_raises_index_error_as_torch():
         torch.ones(2, 3).transpose(0, 2)
 
 
-# ------------------------------------------------------------------------------ 15: dtypes
+# ------------------------------------------------------------------------------ ----dtypes
 DTYPES = {np.float32: torch.float32, np.float64: torch.float64, np.int64: torch.int64, np.int32: torch.int32}
 
 
@@ -157,7 +157,7 @@ def test_float32_linear_on_float64_input_raises_as_torch():
     assert nn.Linear(3, 2)(md.tensor(x).to(np.float32)).dtype == np.float32  # what the message says to do
 
 
-# ------------------------------------------------------------------------------ 16: dim= keywords
+# ------------------------------------------------------------------------------ ----dim= keywords
 def test_reductions_accept_torch_dim_keywords():
     x = np.random.default_rng(0).standard_normal((3, 4, 5))
     mx, tx = _pair(x)

@@ -1,6 +1,6 @@
 """The model, data and budget of the memory tests (tests/memory/test_memory.py and tests/workers/memory/).
 
-The demonstration (issue 21): a GPT whose training step needs more than ``BUDGET`` bytes on one rank
+The demonstration: a GPT whose training step needs more than ``BUDGET`` bytes on one rank
 (``memory.OutOfMemoryError``) trains under the same per-rank budget on 4 ranks with FSDP (ZeRO-3),
 because each rank then holds a quarter of the parameters, gradients and AdamW state, one or two
 gathered blocks at a time, and a quarter of the batch's activations (and, under FSDP's recomputation,

@@ -1,4 +1,4 @@
-"""DDP communication hooks (issue 19): each hook on 2 and 4 real ranks against a one-process reference.
+"""DDP communication hooks: each hook on 2 and 4 real ranks against a one-process reference.
 
 The reference (:func:`reference`) trains ``ddp_common``'s MLP in this process. It computes every
 rank's local gradient itself (the same shares of the same global batch as the worker) and averages

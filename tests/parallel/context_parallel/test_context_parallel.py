@@ -1,4 +1,4 @@
-"""Context parallelism: the balanced split of the sequence and ring attention (issue 18, item 4).
+"""Context parallelism: the balanced split of the sequence and ring attention.
 
 In this process (a world of one rank, cp = 1): the split helpers' properties, the causal block plan
 (no visible score skipped, equal work per rank with the balanced layout), ring attention with cp = 1

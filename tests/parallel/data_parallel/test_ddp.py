@@ -1,4 +1,4 @@
-"""DistributedDataParallel equals single-process training (DESIGN.md §3, property 3).
+"""DistributedDataParallel equals single-process training (docs/design.md, property 3).
 
 The reference trains the same model, from the same seed, on the whole global batch in this
 process (no MPI). The MPI run splits every global batch across N real ranks, with every way of

@@ -1,4 +1,5 @@
-"""DDP's documented errors are raised on every rank, with the same message, and nobody hangs (DESIGN.md §3.5).
+"""DDP's documented errors are raised on every rank, with the same message, and nobody hangs
+(docs/design.md, property 5).
 
 The ddp_errors worker runs every scenario in one mpiexec launch and records what each rank caught; the
 run itself is under a timeout, so a hang fails the test instead of freezing the suite.

@@ -1,9 +1,9 @@
-"""FullyShardedDataParallel (ZeRO-3 / FSDP; Rajbhandari et al. 2020 §5.3, Zhao et al. 2023), issue 21.
+"""FullyShardedDataParallel (ZeRO-3 / FSDP; Rajbhandari et al. 2020 §5.3, Zhao et al. 2023).
 
 On real MPI ranks (``tests/workers/fsdp/``: one launch per world size trains every configuration of
 ``fsdp_train.CONFIGS``; one launch checks the errors):
 
-1. Equivalence to one device (DESIGN.md §3.3): the MLP (per-Linear units, one unit), three Linear
+1. Equivalence to one device (docs/design.md, property 3): the MLP (per-Linear units, one unit), three Linear
    layers two of which share a weight (the shared weight goes to the root), a Linear unit applied twice
    in one forward, and the tiny GPT (per-Block units, tied embeddings in the root, clipping, AdamW
    with train_gpt's decay groups, and micro-batches under ``no_sync``) trained on 2 and 4 ranks equal

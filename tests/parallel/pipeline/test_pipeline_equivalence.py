@@ -1,4 +1,4 @@
-"""PipelineParallel equals single-process training (DESIGN.md §3, property 3), plus its measurements.
+"""PipelineParallel equals single-process training (docs/design.md, property 3), plus its measurements.
 
 For pp in {2, 4}, m in {1, 3, 4, 8} and both schedules, and for dp=2 x pp=2 (groups from world.split),
 k steps on real MPI ranks must give the parameters and losses of k steps on the whole batch in one

@@ -1,4 +1,4 @@
-"""PipelineParallel misuse raises the same error on every rank, and never hangs (DESIGN.md §3, property 5)."""
+"""PipelineParallel misuse raises the same error on all ranks and never hangs (docs/design.md, property 5)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ clear error on every rank, no hang.
 
 The next stage sizes its receive buffers from the step's first activation (``messages.py``), so a
 later microbatch of another shape used to end the job with a bare point-to-point length error on the
-receiving rank alone (issue 14, item 8).
+receiving rank alone.
 """
 
 from __future__ import annotations

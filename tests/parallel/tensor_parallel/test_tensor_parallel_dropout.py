@@ -1,4 +1,4 @@
-"""Dropout on tensor-parallel activations (issue 14, item 3), with real ranks.
+"""Dropout on tensor-parallel activations, with real ranks.
 
 A plain ``nn.Dropout`` on the output of ``ColumnParallelLinear(gather_output=False)`` drew the same mask
 on every shard, since every rank's default generator is seeded alike: the same hidden units were

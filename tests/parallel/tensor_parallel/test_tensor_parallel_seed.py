@@ -1,4 +1,4 @@
-"""Tensor-parallel layers built after a per-rank seed are still *one* layer (issue 14, item 2).
+"""Tensor-parallel layers built after a per-rank seed are still *one* layer.
 
 ``md.manual_seed(rank)`` is a common data-parallel habit. A tensor-parallel layer draws its full weight
 from the default generator and keeps its slice; with a different seed per rank the slices came from

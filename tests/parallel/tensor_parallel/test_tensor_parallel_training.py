@@ -1,4 +1,4 @@
-"""Training under tensor parallelism (and dp x tp) equals single-process training (DESIGN.md §3, property 3).
+"""Training under tensor parallelism (and dp x tp) equals one process (docs/design.md, property 3).
 
 The worker trains ``minidist.models.MLP`` (column, row, column, row, replicated Linear) for a few
 SGD steps on a dp x tp mesh, DDP over the dp group, optionally with ``clip_grad_norm_``; the test

@@ -3,12 +3,12 @@
 Three properties, on real MPI ranks (``tests/workers/zero/zero_train.py``, one launch per world size runs
 all four (stage, optimizer) configurations):
 
-1. Equivalence to one device (DESIGN.md §3.3): after 5 steps the parameters and losses equal those of
-   one process training the same model on the whole global batch with the plain optimizer.
+1. Equivalence to one device (docs/design.md, property 3): after 5 steps the parameters and losses
+   equal those of one process training the same model on the whole global batch with the plain optimizer.
 2. Memory: ``memory_report()`` matches the paper's per-rank formulas adapted to fp32, and the
    optimizer state of a rank is 1/N of the plain optimizer's (the shards partition it exactly).
-3. Bad input (DESIGN.md §3.5): every documented error is raised on every rank; uncaught, it ends the
-   job instead of hanging.
+3. Bad input (docs/design.md, property 5): every documented error is raised on every rank; uncaught,
+   it ends the job instead of hanging.
 
 The reference runs in this process, without MPI (this process never imports ``minidist.distributed``).
 """

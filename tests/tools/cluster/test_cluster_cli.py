@@ -1,6 +1,6 @@
-"""``minidist cluster`` and the clean-up promises of ``minidist_tools.cluster`` (issue 19 items 1 and 3).
+"""``minidist cluster`` and the clean-up promises of ``minidist_tools.cluster``.
 
-The issue's "done when": ``up --nodes 2 --ranks-per-node 2`` then ``run -- python examples/train_mlp.py``
+The promise: ``up --nodes 2 --ranks-per-node 2`` then ``run -- python examples/train_mlp.py``
 trains over TCP to the accuracy of the same run on one node. Then: bad input exits 2 with a message;
 nothing is left behind (namespace, link, state file or process) after a failing run, a timeout, Ctrl-C or
 SIGTERM during a run, SIGTERM inside a ``with Cluster.up(...)`` block, a failed ``up``, and ``down --all``
@@ -109,7 +109,7 @@ def assert_nothing_runs(cluster: Cluster, pids: list[int]) -> None:
     assert {node: netns.pids(node) for node in cluster.nodes} == {node: [] for node in cluster.nodes}
 
 
-# ---- the issue's "done when" -------------------------------------------------------------------------
+# ---- the promise: up, run, down ------------------------------------------------------------------------
 def test_up_run_status_down_trains_mlp_to_the_one_node_accuracy(state_dir):
     up = cli("up", "--nodes", "2", "--ranks-per-node", "2")
     assert up.returncode == 0, up.stderr

@@ -1,4 +1,4 @@
-"""Training across nodes of a cluster in a box equals one process (issue 19 item 2).
+"""Training across nodes of a cluster in a box equals one process.
 
 One cluster of 4 nodes x 2 ranks (network namespaces linked over TCP, ``minidist_tools.cluster``) serves the
 module. The runs are the existing workers whose results the single-node tests already compare with one

@@ -1,4 +1,4 @@
-"""Straggler detection (issue 20): the compute/comm/wait arithmetic on made-up spans, Cristian's offset,
+"""Straggler detection: the compute/comm/wait arithmetic on made-up spans, Cristian's offset,
 the verdict rule, and examples/train_mlp.py on 4 real ranks with one rank slowed on purpose.
 
 The MPI test makes all its runs in one launch (tests/workers/straggler/straggler_runs.py): a slow rank

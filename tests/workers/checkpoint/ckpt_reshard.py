@@ -103,8 +103,8 @@ def tied(mesh: ProcessMesh | None, folder: Path, out: Path) -> None:
 def context_parallel(comm, folder: Path, out: Path, info: dict) -> None:
     """Ranks 0-1 as the 2 context-parallel ranks of one replica (cp = 2): save ``CKPT/d``, load it back.
 
-    The mesh is a stand-in with the attributes the checkpoint reads (``ProcessMesh`` gets its cp axis
-    on another branch of issue 18); both cp ranks hold the whole (tp 1) model, like dp replicas.
+    The mesh is a stand-in with just the attributes the checkpoint reads; both cp ranks hold the whole
+    (tp 1) model, like dp replicas.
     """
     if comm is None:
         return

@@ -60,7 +60,7 @@ def traced_step(fsdp, optimizer, batch, world) -> dict[str, list[int]]:
 
 def main(out_dir: str) -> None:
     world = dist.init()
-    counters._active = True  # count the reports (the issue's MemoryTracker turns this on; not here yet)
+    counters._active = True  # count the reports with no MemoryTracker (which is what turns this on)
     report = {}
     for name, (kind, opt_name, wrap, prefetch, clip, accum, low) in CONFIGS.items():
         # Another seed per rank: the constructor must still start every rank from rank 0's weights.

@@ -1,4 +1,4 @@
-"""MPI worker: data parallelism on the CuPy stand-in equals the CPU, bit for bit (issue 21's audit).
+"""MPI worker: data parallelism on the CuPy stand-in equals the CPU, bit for bit.
 
 argv: out_dir. The same few steps of a tiny MLP, once with NumPy arrays and once with
 tests/helpers/cupy_stand_in.py as the array backend (device arrays that refuse ``np.`` functions and implicit

@@ -1,4 +1,4 @@
-"""Regressions found by trying to break issue 21's features (FSDP, autocast, GradScaler, MemoryTracker).
+"""Edge cases of FSDP, autocast, GradScaler and MemoryTracker that once went wrong.
 
 Each test is the smallest use that went wrong before its fix; the docstring says what broke. All run
 in one process (no MPI): the bugs were in single-rank logic.
@@ -216,7 +216,7 @@ def test_a_tracker_nothing_refers_to_any_more_can_still_be_stopped():
 
 def test_an_optimizer_over_an_fsdp_models_own_parameters_is_refused():
     """AdamW(model.parameters()) after FullyShardedDataParallel(model) trained nothing, silently (the
-    breaker's loss stayed at 0.07742342 for 3 steps): FSDP leaves empty arrays in the original
+    loss stayed at 0.07742342 for 3 steps): FSDP leaves empty arrays in the original
     parameters and trains its shard tensors. The optimizer now refuses them and says what to pass."""
     md.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
