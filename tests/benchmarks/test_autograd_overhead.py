@@ -72,7 +72,7 @@ def test_python_calls_per_training_step_of_a_small_mlp_stay_within_budget():
     step): 264 Python-level calls at f346c5e (Linear as transpose + matmul + add), 141 with F.linear one
     op, 156 at 653aa65, 143 at 85e58e7 (no_grad a class, no reshape of 2-D arrays in Linear, SGD's loop
     without a generator). Budget 150: the instruction counts per step are in docs/performance.md,
-    "Instruction counts"."""
+    "What the cuts took out"."""
     from minidist import nn, optim  # noqa: PLC0415
     from minidist.models import MLP  # noqa: PLC0415
 
