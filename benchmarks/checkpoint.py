@@ -18,7 +18,7 @@ Rounds alternate between the two so both see the same machine; the best round of
 (on a shared machine other work only ever adds time). Before each read the files are evicted from the
 page cache (``posix_fadvise(DONTNEED)`` after the fsync), so both reads come from the disk.
 
-Part 3 (all ranks; issue 20). The training-loop stall of a save, synchronous vs ``async_save=True``,
+Part 3 (all ranks). The training-loop stall of a save, synchronous vs ``async_save=True``,
 for the same model at ``--stall-mb`` sizes (AdamW: the checkpoint is 3x that). A DDP training step
 (batch 8) runs before, during and after each save. Measured on the slowest rank:
 

@@ -15,7 +15,7 @@ gamma to a timed NumPy add, and a single-core memcpy bandwidth is measured for r
 Writes ``<out-dir>/collectives_n<N>.csv`` and, when matplotlib is installed
 (``pip install -e ".[bench]"``), ``<out-dir>/collectives_n<N>.png`` (busbw against size).
 
-**Across nodes** (issue 19), as root: ``python benchmarks/collectives.py --cluster 2x2 --bandwidth
+**Across nodes**, as root: ``python benchmarks/collectives.py --cluster 2x2 --bandwidth
 100mbit,1gbit,none`` starts a cluster of 2 network namespaces x 2 ranks (``minidist_tools.cluster``) and
 runs this benchmark on it once per link speed, for ``all_reduce`` only (ring, recursive doubling,
 Rabenseifner, hierarchical, MPI's built-in and auto, taking turns as always), then prints one table

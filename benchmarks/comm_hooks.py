@@ -1,4 +1,4 @@
-"""Gradient compression (issue 19): bytes per step and final accuracy/loss of the examples, per hook.
+"""Gradient compression: bytes per step and final accuracy/loss of the examples, per hook.
 
     python benchmarks/comm_hooks.py --ranks 4                               # train_mlp.py, defaults
     python benchmarks/comm_hooks.py --ranks 4 --example gpt --max-iters 200   # train_gpt.py, short

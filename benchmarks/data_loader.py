@@ -1,4 +1,4 @@
-"""What tracking the loader's progress costs: one epoch of DataLoader batches, two ways, in one run.
+"""What tracking the loader's progress costs: one epoch of DataLoader batches, three ways, in one run.
 
     python benchmarks/data_loader.py                 # MNIST-sized: 60000 x 784 float32, batch 128
     python benchmarks/data_loader.py --n 1500 --features 64 --batch 32   # the bundled digits
@@ -8,10 +8,11 @@ is the real progress when a checkpoint is saved inside the loop. Three ways are 
 same data, alternating, and the ratios of their medians are printed; the gather ``x[idx]`` of each
 batch is included, as a training loop pays it:
 
-* up front (before issue 14): the whole epoch's indices with one ``np.fromiter``, then the batches;
-* index by index (issue 14): ``np.fromiter(islice(iter(sampler), B))`` per batch, the sampler's
-  generator advancing ``position`` at every index;
-* the DataLoader as it is now (issue 16): ``sampler.batches(B)`` hands out each batch as a slice.
+* up front: the whole epoch's indices with one ``np.fromiter``, then the batches (the sampler's
+  position is then lost to a checkpoint inside the loop);
+* index by index (an earlier DataLoader): ``np.fromiter(islice(iter(sampler), B))`` per batch, the
+  sampler's generator advancing ``position`` at every index;
+* the DataLoader as it is now: ``sampler.batches(B)`` hands out each batch as a slice.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def whole_epoch_up_front(loader: DataLoader) -> int:
 
 
 def index_by_index(loader: DataLoader) -> int:
-    """Issue 14's way: each batch's indices pulled one by one from the sampler's generator."""
+    """An earlier DataLoader's way: each batch's indices pulled one by one from the sampler's generator."""
     indices, count = iter(loader.sampler), 0
     while len(idx := np.fromiter(itertools.islice(indices, loader.batch_size), dtype=np.int64)):
         count += len(tuple(a[idx] for a in loader.dataset)[0])

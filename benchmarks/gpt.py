@@ -1,4 +1,4 @@
-"""minidist's GPT against the same GPT in PyTorch: tokens/s, MFU and the loss both reach (issue 17, item 6).
+"""minidist's GPT against the same GPT in PyTorch: tokens/s, MFU and the loss both reach.
 
     OMP_NUM_THREADS=1 python benchmarks/gpt.py                # quick: 40 steps each, ~30 s on a quiet core
     OMP_NUM_THREADS=1 python benchmarks/gpt.py --steps 500    # the loss comparison (~2.5 min)
@@ -20,7 +20,7 @@ float32 matmul rate this machine measures here (NumPy, 512 x 512, one thread), b
 and per CPU second (this process's CPU time: on a shared machine the wall clock also counts the time
 other processes hold the core; the CPU-time figures are the steadier ones). At the end both
 models are scored on the same 20 validation batches. Where the time of a minidist step goes:
-benchmarks/gpt_profile.py.
+docs/performance.md, "GPT".
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before NumPy and torch load their BLAS
 
 if __name__ == "__main__" and "--comm" in sys.argv[1:]:
-    # The communication of one step of the parallel GPT (issue 18): gpt_comm.py, on MPI ranks and without
+    # The communication of one step of the parallel GPT: gpt_comm.py, on MPI ranks and without
     # torch, e.g. ``mpiexec -n 8 python benchmarks/gpt.py --comm --dp 2 --tp 2 --pp 2``.
     import gpt_comm
 

@@ -1,5 +1,5 @@
 """Communication of one training step of the parallel GPT: bytes per group and kind, measured against
-the formulas (issue 18, item 8).
+the formulas.
 
     mpiexec -n 8 python benchmarks/gpt_comm.py --dp 2 --tp 2 --pp 2
     mpiexec -n 8 python benchmarks/gpt_comm.py --dp 2 --tp 2 --cp 2 --sequence-parallel

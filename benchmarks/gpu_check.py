@@ -1,4 +1,4 @@
-"""The GPU path proven (issue 21): one command that checks minidist on a CUDA GPU against the CPU.
+"""The GPU path proven: one command that checks minidist on a CUDA GPU against the CPU.
 
     python benchmarks/gpu_check.py                 # on a machine with a CUDA GPU and CuPy (~5 min on an H200)
     python benchmarks/gpu_check.py --dry-run       # the same logic on the CPU, tiny sizes (the test suite's)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benchmarks/gpu_check.py on a machine whose Python lacks some of minidist's dependencies and has no network
-# (the workplace's H200): wheels carried in .whl/ (see benchmarks/README.md, "GPU (issue 21)") are installed
+# (the workplace's H200): wheels carried in .whl/ (see benchmarks/README.md, "GPU") are installed
 # into /tmp/gpu_check_site first; the mpich wheel's mpiexec and libmpi are put on PATH / LD_LIBRARY_PATH.
 set -u
 cd "$(dirname "$0")/.." || exit 2

@@ -29,11 +29,11 @@ class Tolerance:
 # still 1e6 times under what a wrong gradient moves a weight (lr = 1e-2 per step).
 MLP_FLOAT64 = Tolerance(losses=(1e-9, 1e-12), val_loss=0.0, weights=(1e-9, 1e-12), key_bias=0.0)
 
-# GPT in float32, 50 AdamW steps of examples/train_gpt.py's default model. Measured on the CPU (issue 21,
-# the same float32 run on 1 and on 2 ranks, which changes the order of the gradient sums as another BLAS
+# GPT in float32, 50 AdamW steps of examples/train_gpt.py's default model. Measured on the CPU (the
+# same float32 run on 1 and on 2 ranks, which changes the order of the gradient sums as another BLAS
 # does): weights differ by <= 2.4e-7 (<= 2e-6 of their size), the losses by <= 2.4e-7, the validation loss
 # by 5e-8. A GPU changes the order of every matmul and reduction and uses its own exp/erf, so we allow
-# 200x that: 5e-5 on the weights, 2e-4 on the losses; the validation loss to 1e-3 as issue 21 asks. All
+# 200x that: 5e-5 on the weights, 2e-4 on the losses; the validation loss to 1e-3. All
 # stay far under what a real mistake moves: a wrong average or a wrong batch slice changes each step's
 # update by ~lr = 2e-3, 40x the weights' atol after one step and ~2000x after 50.
 # The key bias (the middle third of ``attn.c_attn.bias``) is the exception: its exact gradient is 0

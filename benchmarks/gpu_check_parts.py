@@ -151,7 +151,7 @@ def _median_step_seconds(step: Any, warmup: int, steps: int) -> list[float]:
 
 def _minidist_step(cfg: dict, tokens: tuple[np.ndarray, np.ndarray], precision: str) -> Any:
     """One training step of minidist's GPT (AdamW) as a closure; ``precision`` "float32", or "bfloat16"
-    / "float16" under ``minidist.autocast`` (added by issue 21's mixed precision; absent: ValueError)."""
+    / "float16" under ``minidist.autocast`` (absent in an older checkout: ValueError)."""
     import contextlib  # noqa: PLC0415
 
     from minidist.models import GPT, GPTConfig  # noqa: PLC0415

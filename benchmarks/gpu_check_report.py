@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py's summary: ``summary.json`` (everything) and ``summary.md`` (the tables that go
-into benchmarks/README.md, "GPU (issue 21)")."""
+into benchmarks/README.md, "GPU")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mixed precision (issue 21): examples/train_gpt.py in float32, bfloat16 and float16, side by side.
+"""Mixed precision: examples/train_gpt.py in float32, bfloat16 and float16, side by side.
 
 Trains the same small GPT from the same seed and data in each dtype (one process each), plots the three
 training-loss curves (benchmarks/mixed_precision.png) and prints a Markdown table: final train and

@@ -5,7 +5,7 @@ written out by hand), not its code: an MLP of Linear layers with ReLU between th
 cross-entropy (mean over the batch), plain SGD, float32, C-contiguous (row-major) arrays, weights of
 shape (out, in) as minidist's and PyTorch's. Nothing here builds a graph or checks an argument: each
 step is only the arithmetic, so ``minidist step time / reference step time`` is what minidist's
-bookkeeping costs (issue 16, item 3; ``benchmarks/peer.py`` runs the comparison).
+bookkeeping costs (``benchmarks/peer.py`` runs the comparison).
 
 Parallel versions, with mpi4py directly:
 

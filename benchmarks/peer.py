@@ -1,20 +1,15 @@
-"""minidist's step time against a hand-written NumPy reference, a minimal autograd engine and PyTorch
-eager, in one run (issue 16).
+"""minidist's step time against a hand-written NumPy reference and PyTorch eager, in one run.
 
     mpiexec -n 1 python benchmarks/peer.py                  # 1 rank
     mpiexec -n 2 python benchmarks/peer.py                  # DP 2   (-n 4: DP 4)
     mpiexec -n 2 python benchmarks/peer.py --pp 2           # 2 GPipe stages, 4 microbatches
     mpiexec -n 4 python benchmarks/peer.py --dp 2 --pp 2    # dp2 x pp2
 
-The workload is ``small_mlp.py``'s (64-256-256-10, global batch 128, float32, SGD). Four contenders:
+The workload is ``small_mlp.py``'s (64-256-256-10, global batch 128, float32, SGD). Three contenders:
 
 * minidist through its public API (DDP for dp > 1, ``PipelineParallel(schedule="gpipe")`` for pp > 1);
 * ``numpy_reference.py``: the same arithmetic with a hand-written backward and bare mpi4py calls,
   the stand-in for ShallowSpeed (not a dependency; its workload, not its code);
-* ``minimal_autograd.py``: the reference's arithmetic and messages with a graph recorded and walked
-  instead of the hand-written backward (a node per op, a tape walk, nothing else), the floor of any
-  autograd engine: ``minimal / reference`` is what having a graph at all costs, ``minidist / minimal``
-  what minidist's checks and features cost on top;
 * PyTorch eager on CPU, one thread (``torch.set_num_threads(1)``), gradients averaged with mpi4py
   ``Allreduce`` for dp > 1; not with pipeline stages. Prints "PyTorch not installed" if it is missing.
 
@@ -27,7 +22,7 @@ or with ``--clock cpu`` each rank's CPU time (``time.process_time``: a rank's ow
 communication thread's and its MPI waits, which spin, but not the time the OS gave its core to another
 process; the fairer clock on a shared, loaded machine). Printed:
 median, min and the spread (max - min) / median over rounds, and the ratios of the medians (to the
-reference, the minimal engine and PyTorch). CSV to
+reference and to PyTorch). CSV to
 ``benchmarks/results/peer_dp{dp}_pp{pp}.csv``.
 """
 
@@ -49,7 +44,6 @@ from small_mlp import (  # noqa: E402
     add_workload_args,
     make_workload,
     minidist_step,
-    minimal_autograd_step,
     reference_step,
     torch_step,
     write_csv,
@@ -59,11 +53,7 @@ CHECK_STEPS, RTOL, ATOL = 5, 1e-4, 1e-5
 
 
 def builders(w: Workload) -> dict:
-    contenders = {
-        "minidist": minidist_step,
-        "numpy reference": reference_step,
-        "minimal autograd": minimal_autograd_step,
-    }
+    contenders = {"minidist": minidist_step, "numpy reference": reference_step}
     if torch_step(w) is not None:
         contenders["pytorch eager"] = torch_step
     return contenders
@@ -127,18 +117,18 @@ def main() -> None:
     if "pytorch eager" not in steps:
         print("PyTorch not installed" if mesh.pp == 1 else "PyTorch: no pipeline version here")
     med = {name: float(np.median(t)) for name, t in times.items()}
-    ref, minimal = med["numpy reference"], med["minimal autograd"]
+    ref = med["numpy reference"]
     print(f"{'':16s} {'median ms':>10s} {'min ms':>8s} {'spread':>7s} {'/ reference':>12s} "
-          f"{'/ minimal':>10s} {'/ pytorch':>10s}")  # fmt: skip
-    rows = ["contender,dp,pp,median_ms,min_ms,spread,ratio_vs_reference,ratio_vs_minimal,ratio_vs_pytorch"]
+          f"{'/ pytorch':>10s}")  # fmt: skip
+    rows = ["contender,dp,pp,median_ms,min_ms,spread,ratio_vs_reference,ratio_vs_pytorch"]
     for name, t in times.items():
         spread = (max(t) - min(t)) / med[name]
         vs_torch = med[name] / med["pytorch eager"] if "pytorch eager" in med else float("nan")
         torch_text = "-" if np.isnan(vs_torch) else f"{vs_torch:.2f}x"
         print(f"{name:16s} {med[name] * 1e3:10.3f} {min(t) * 1e3:8.3f} {spread:7.1%} "
-              f"{med[name] / ref:11.2f}x {med[name] / minimal:9.2f}x {torch_text:>10s}")  # fmt: skip
+              f"{med[name] / ref:11.2f}x {torch_text:>10s}")  # fmt: skip
         rows.append(f"{name},{mesh.dp},{mesh.pp},{med[name] * 1e3:.4f},{min(t) * 1e3:.4f},{spread:.4f},"
-                    f"{med[name] / ref:.4f},{med[name] / minimal:.4f},{vs_torch:.4f}")  # fmt: skip
+                    f"{med[name] / ref:.4f},{vs_torch:.4f}")  # fmt: skip
     write_csv("peer", mesh, rows)
 
 

@@ -1,4 +1,4 @@
-"""Scaling DDP across nodes over real TCP links, and where adding nodes stops paying off (issue 19).
+"""Scaling DDP across nodes over real TCP links, and where adding nodes stops paying off.
 
     python benchmarks/scaling.py            # as root: the study (~5-10 min), table on stdout,
                                             # benchmarks/scaling.json and benchmarks/scaling.png
@@ -13,7 +13,7 @@ job, with all ranks at once:
 2. sweeps ring all-reduces of 4 KiB and 0.5 .. 4 MiB (one rank per node: every step crosses a link), from
    which ``perfmodel_network.calibrate_link`` fits the link's alpha and beta;
 3. times DDP training steps in each variant: gradients all-reduced after backward (``after``) or
-   overlapped with it (``overlap``), and with the communication hooks of issue 19 fp16 compression
+   overlapped with it (``overlap``), and with the communication hooks fp16 compression
    (``fp16``), PowerSGD (``powersgd``), or with 2 ranks per node DDP as it is (``overlap``: ``auto``
    picks the hierarchical all-reduce across nodes) against a hook that forces the flat ``ring`` or
    the ``hierarchical`` all-reduce.
@@ -114,7 +114,7 @@ def worker(args: argparse.Namespace) -> None:
     result["steps"] = {}
     for variant in args.variants:
         if variant not in (PLAIN, OVERLAP) and hooks is None:
-            continue  # the hooks of issue 19 item 5 are not in this checkout
+            continue  # the communication hooks are not in this checkout
         ddp = DistributedDataParallel(build(), bucket_cap_mb=args.bucket_mb, overlap=variant != PLAIN)
         if variant not in (PLAIN, OVERLAP):
             ddp.register_comm_hook(*hooks[variant](args))

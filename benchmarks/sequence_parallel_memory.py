@@ -1,4 +1,4 @@
-"""Activation memory of one GPT block per rank, with and without sequence parallelism (issue 18, item 3).
+"""Activation memory of one GPT block per rank, with and without sequence parallelism.
 
     python benchmarks/sequence_parallel_memory.py                # tp = 1
     mpirun -n 2 python benchmarks/sequence_parallel_memory.py    # tp = 2 (and -n 4)

@@ -1,6 +1,5 @@
-"""The small-MLP workload of issue 16, shared by ``overhead.py`` and ``peer.py``: one definition of the
-model, the data, the mesh and the training step, for minidist, the NumPy reference and the minimal
-autograd engine.
+"""The small-MLP workload of ``peer.py``: one definition of the model, the data, the mesh and the
+training step, for minidist, the NumPy reference and PyTorch.
 
 MLP 64-256-256-10 (Linear, ReLU, Linear, ReLU, Linear), float32, softmax cross-entropy (mean), plain
 SGD, a global batch of 128 split evenly over the dp ranks (ShallowSpeed's convention), and with
@@ -12,7 +11,6 @@ parameter balancing picks). Every rank runs this: ``mpiexec -n N`` with N = dp x
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +20,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one BLAS thread per rank: the ranks share the cores
 
 import numpy as np  # noqa: E402
-from minimal_autograd import minimal_gpipe_step, minimal_step  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from numpy_reference import ReferenceStage, dp_step, gpipe_step  # noqa: E402
-from numpy_reference import average as reference_average  # noqa: E402
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -70,7 +66,7 @@ class Workload:
     # own channels (and its liveness watchdog, which probes them) never see a message they did not send.
     pp_comm: MPI.Comm
     dp_comm: MPI.Comm
-    sizes: tuple[int, ...] = SIZES  # the MLP's widths (instruction_floor.py counts a tiny one)
+    sizes: tuple[int, ...] = SIZES  # the MLP's widths
 
     def new_model(self) -> MLP:
         """A fresh MLP of these widths from seed 0: the same initial weights as ``init``."""
@@ -149,7 +145,7 @@ def minidist_step(w: Workload) -> tuple[Step, list]:
 
 def reference_stage(w: Workload) -> ReferenceStage:
     """This rank's pipeline stage of the reference (the whole model without stages), from the initial
-    weights: what the reference and the minimal autograd engine train."""
+    weights."""
     layers = w.stage_linears
     return ReferenceStage(w.init[2 * layers.start : 2 * layers.stop], head=layers.stop == N_LINEAR)
 
@@ -162,17 +158,6 @@ def reference_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
         return (lambda: dp_step(stage, w.x, w.y, w.args.lr, dp)), stage.params
     pp, m = w.pp_comm, w.args.microbatches
     return (lambda: gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, dp)), stage.params
-
-
-def minimal_autograd_step(w: Workload) -> tuple[Step, list[np.ndarray]]:
-    """(one step of ``minimal_autograd.py``: the reference's arithmetic and messages through a tape,
-    this stage's parameter arrays)."""
-    stage = reference_stage(w)
-    average = functools.partial(reference_average, dp=w.dp_comm)  # the reference's, on the same flat gradient
-    if w.mesh.pp == 1:
-        return (lambda: minimal_step(stage, w.x, w.y, w.args.lr, average)), stage.params
-    pp, m = w.pp_comm, w.args.microbatches
-    return (lambda: minimal_gpipe_step(stage, w.x, w.y, w.args.lr, m, pp, average)), stage.params
 
 
 def torch_step(w: Workload) -> tuple[Step, list[np.ndarray]] | None:

@@ -1,4 +1,4 @@
-"""The transformer's ops, forward + backward, against PyTorch on the GPT shapes (issue 17, item 1).
+"""The transformer's ops, forward + backward, against PyTorch on the GPT shapes.
 
     OMP_NUM_THREADS=1 python benchmarks/transformer_ops.py [--rounds 30] [--dtype float32]
 

@@ -26,7 +26,7 @@ Limitation: a call made from C (``map(comm.Allreduce, ...)``) has no Python call
 that no message arrived: :attr:`watch.received` counts point-to-point receives, and a worker fails a
 function whose result needed other ranks' data although it received nothing (A2's ``ring_check.py``).
 
-Cost (``benchmarks/grading_rules.py``, benchmarks/README.md): the profile hook makes a worker's body
+Cost (docs/performance.md, "What other features cost"): the profile hook makes a worker's body
 1.5-2x slower, tens of milliseconds next to the second or two it takes to start the ranks; rules
 without ``functions`` (A3, A4) install no hook.
 """

@@ -1,7 +1,7 @@
-"""benchmarks/gpt_comm.py: the bytes a step of the parallel GPT sends per group equal the formulas
-(issue 18, item 8), so the accounting (trace spans with bytes, perfmodel_transformer) cannot drift.
+"""benchmarks/gpt_comm.py: the bytes a step of the parallel GPT sends per group equal the formulas,
+so the accounting (trace spans with bytes, perfmodel_transformer) cannot drift.
 
-The benchmark itself (benchmarks/README.md, "Communication per step (issue 18)") runs the example's GPT;
+The benchmark itself (benchmarks/README.md, "Communication per step") runs the example's GPT;
 here a tiny one (1 layer, width 16, 8 tokens, global batch 4) takes one traced step on 4 ranks in two
 layouts that between them send every kind of message. Groups of 2 ranks: there recursive doubling sends
 what the ring does, so the formula "as run" is the ring formula (the 4-rank rows of the README show

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (issue 21) without a GPU: the dry run writes its summary, the GPU-less machine
+"""benchmarks/gpu_check.py without a GPU: the dry run writes its summary, the GPU-less machine
 gets exit status 77 and one line, and the GPU-vs-CPU comparison catches a run that differs."""
 
 from __future__ import annotations

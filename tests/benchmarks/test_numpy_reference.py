@@ -63,7 +63,7 @@ def test_reference_gpipe_step_equals_minidist_sgd_step():
 
 
 def test_compare_reports_the_largest_difference_and_reads_tensors_as_their_data():
-    """The benchmarks' checks before timing (peer, feature_cost, ddp_breakdown) rest on ``compare``."""
+    """peer.py's check before timing rests on ``compare``."""
     ours = [np.zeros((2, 3), dtype=np.float32), np.ones(3, dtype=np.float32)]
     theirs = [md.tensor(np.full((2, 3), 1e-3, dtype=np.float32)), np.ones(3, dtype=np.float32)]
     diff, ok = compare(theirs, ours, rtol=0.0, atol=1e-4)
