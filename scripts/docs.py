@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,16 +37,31 @@ SITE = REPO / "build" / "site"
 KEY = "minidist_docs_source_sha256"  # notebook metadata: which committed notebook this run came from
 # The time budget lets MathJax and the notebook's plots finish before the picture is taken.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-CHROMIUM_FLAGS += ["--window-size=1280,2000", "--virtual-time-budget=10000"]
-PAGES = {  # screenshot name -> page of the built site
-    "home": "index.html",
-    "api-parallel": "api/parallel/index.html",  # opens at DistributedDataParallel, its signature
-    "lesson-04": "lessons/04_data_parallel/index.html",
+CHROMIUM_FLAGS.append("--virtual-time-budget=10000")
+PAGES = {  # screenshot name -> (page of the built site, height of the picture in px; the width is 1280)
+    "home": ("index.html", 2000),
+    "api-parallel": ("api/parallel/index.html", 2000),  # opens at DistributedDataParallel, its signature
+    # The whole lesson: its plots come after the text that explains them (headless Chromium draws a
+    # page from its top, so an anchor cannot bring a plot into a short picture).
+    "lesson-07": ("lessons/07_pipeline_parallel/index.html", 24000),
 }
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fold_answers(nb):
+    """The notebook with each answer cell (tag ``reveal``, collapsed in JupyterLab until the student
+    opens it) folded into an HTML ``<details>`` block, so the site keeps the answer closed until the
+    reader clicks its first line, which gives nothing away."""
+    for cell in nb.cells:
+        answer = cell.cell_type == "markdown" and "reveal" in cell.metadata.get("tags", [])
+        if answer and not cell.source.startswith("<details>"):  # not folded before
+            first, _, rest = cell.source.partition("\n")
+            summary = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", first)
+            cell.source = f"<details><summary>{summary}</summary>\n\n{rest}\n\n</details>"
+    return nb
 
 
 def render_lessons(execute: bool = True, timeout: int = 300) -> None:
@@ -65,16 +81,17 @@ def render_lessons(execute: bool = True, timeout: int = 300) -> None:
         for notebook in sorted(LESSONS.glob("[0-9][0-9]_*.ipynb")):
             target, sha = RENDERED / notebook.name, _sha(notebook)
             if not execute:
-                shutil.copyfile(notebook, target)
+                nbformat.write(fold_answers(nbformat.read(notebook, as_version=4)), target)
                 continue
-            if target.exists() and nbformat.read(target, as_version=4).metadata.get(KEY) == sha:
+            if target.exists() and (done := nbformat.read(target, as_version=4)).metadata.get(KEY) == sha:
+                nbformat.write(fold_answers(done), target)
                 print(f"{notebook.name}: up to date")
                 continue
             start = time.perf_counter()
             nb = nbformat.read(copy / notebook.name, as_version=4)
             build.execute(nb, timeout=timeout, cwd=copy)
             nb.metadata[KEY] = sha
-            nbformat.write(nb, target)
+            nbformat.write(fold_answers(nb), target)
             print(f"{notebook.name}: executed in {time.perf_counter() - start:.0f} s")
 
 
@@ -84,7 +101,7 @@ def mkdocs(*args: str) -> None:
 
 
 def screenshots(out: Path) -> list[Path]:
-    """PNGs of ``PAGES`` of the built site, taken by headless Chromium (1280 x 2000 px). Raises
+    """PNGs of ``PAGES`` of the built site, taken by headless Chromium. Raises
     ``FileNotFoundError`` when the site is not built or no Chromium is installed, and ``RuntimeError``
     for a page that came out blank (one colour: the browser drew nothing)."""
     from PIL import Image  # Pillow comes with matplotlib
@@ -96,10 +113,12 @@ def screenshots(out: Path) -> list[Path]:
         raise FileNotFoundError("no Chromium found: run scripts/install_chromium.sh (root) first")
     out.mkdir(parents=True, exist_ok=True)
     taken = []
-    for name, page in PAGES.items():
+    for name, (page, height) in PAGES.items():
         png = out / f"{name}.png"
-        url = (SITE / page).as_uri()
-        cmd = [browser, *CHROMIUM_FLAGS, f"--screenshot={png}", url]
+        if not (SITE / page).exists():  # Chromium would draw its own "file not found" page
+            raise FileNotFoundError(f"the built site has no {page}")
+        size = f"--window-size=1280,{height}"
+        cmd = [browser, *CHROMIUM_FLAGS, size, f"--screenshot={png}", (SITE / page).as_uri()]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
         colours = Image.open(png).convert("RGB").getcolors(maxcolors=1 << 16)
         if colours is not None and len(colours) < 2:

@@ -1,5 +1,9 @@
-// MathJax typesets only what pymdownx.arithmatex (generic mode) marked: $...$ becomes \( \), $$...$$ \[ \].
+// MathJax typesets the guides' math (pymdownx.arithmatex turns $...$ into \( \) and $$...$$ into \[ \])
+// and the lessons' (nbconvert leaves a notebook's $...$ as it is). Code blocks are never touched.
 window.MathJax = {
-  tex: { inlineMath: [["\\(", "\\)"]], displayMath: [["\\[", "\\]"]] },
-  options: { ignoreHtmlClass: ".*", processHtmlClass: "arithmatex" },
+  tex: {
+    inlineMath: [["\\(", "\\)"], ["$", "$"]],
+    displayMath: [["\\[", "\\]"], ["$$", "$$"]],
+    processEscapes: true,
+  },
 };
