@@ -1,6 +1,6 @@
 """Benchmark checkpointing: save/load throughput against plain file I/O, and activation recomputation.
 
-    mpirun -n 2 python benchmarks/checkpoint.py                    # the numbers in benchmarks/README.md
+    mpirun -n 2 python benchmarks/checkpoint.py                    # benchmarks/README.md, "Checkpoint"
     mpirun -n 2 python benchmarks/checkpoint.py --mb 64 --rounds 2 --dir /tmp/ckbench
     mpirun -n 2 python benchmarks/checkpoint.py --stall-only --stall-mb 8 32 128   # part 3 only
 

@@ -7,7 +7,8 @@ For each setting (Daly 2006's Figs. 3-5, and two clusters of 5-year nodes) it pr
 Young's, Daly's and the exact optimum interval, the expected runtime at Daly's interval next to the
 simulated one (mean +- 2 standard errors), and the interval that simulated fastest in a sweep of 9
 intervals from 0.5x to 2x Young's (all simulated with the same seed). A markdown table, as in
-benchmarks/README.md. Pure arithmetic and NumPy: no MPI, no load sensitivity beyond the run time.
+benchmarks/README.md, "Checkpoint interval". Pure arithmetic and NumPy: no MPI, no load sensitivity
+beyond the run time.
 """
 
 from __future__ import annotations

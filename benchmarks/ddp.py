@@ -1,6 +1,6 @@
 """Benchmark DistributedDataParallel: scaling from 1 to N ranks, overlap, and PyTorch DDP as the yardstick.
 
-    mpirun -n 2 python benchmarks/ddp.py                       # the numbers in benchmarks/README.md
+    mpirun -n 2 python benchmarks/ddp.py                       # benchmarks/README.md, "DDP"
     mpirun -n 2 python benchmarks/ddp.py --steps 3 --rounds 2 --trace ddp_trace.json --no-torch
 
 The model is compute-bound on purpose: an MLP of 4 Linear layers 2048 -> 2048 (ReLU between them,

@@ -27,7 +27,8 @@ flags and their checks are in train_gpt_args.py.
     mpirun -n 8 python examples/train_gpt.py --dtype bfloat16         # mixed precision (README.md)
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
-41-60 of a run; the full figures and conditions are in benchmarks/README.md, section "GPT"):
+41-60 of a run; figures and conditions in docs/performance.md, "What the example's flags cost on 8
+ranks"):
   defaults        batch 32 x block 64, 4 layers x 4 heads x width 128 (0.81 M parameters), 1000 steps:
                   val loss 1.8543 in 5 min 40 s (6,400-7,200 tokens/s; the same 1.8543 on one process)
   --batch-size    16: 5,000-5,500 tokens/s; a 2000-step run reaches val 1.96 at step 1000, 1.81 at 2000.
@@ -45,8 +46,8 @@ What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (t
                   DDP's 75 s (load 20 on 2 cores), with the same val loss (2.7375) and sample
   --dp 2 --tp 2 --pp 2 / --dp 2 --tp 2 --cp 2 --sequence-parallel: after 100 steps the val loss of --dp 8
                   to float32 rounding (2.5104783), at 0.5-0.7x its tokens/s on this one 2-core machine
-                  (benchmarks/README.md, "4-D layouts of the example"): they are for models that do not fit
-                  one device
+                  (docs/performance.md, "What the example's flags cost on 8 ranks"): they are for models
+                  that do not fit one device
 """
 
 # ruff: noqa: E402  (NumPy, imported below, must start after OMP_NUM_THREADS is set)

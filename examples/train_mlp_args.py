@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument(
         "--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default=None,
         help="DDP communication hook: average the gradients in float16/bfloat16 (half the bytes) or as "
-        "rank-R PowerSGD factors (minidist.parallel.comm_hooks); changes the result (benchmarks/README.md). "
+        "rank-R PowerSGD factors (minidist.parallel.comm_hooks); changes the result "
+        '(benchmarks/README.md, "Gradient compression"). '
         "Given (none too): print the bytes sent per step (default: none)",
     )  # fmt: skip
     p.add_argument(

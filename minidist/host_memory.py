@@ -6,9 +6,9 @@ back to the operating system eagerly: an array of 128 KiB or more gets its own `
 first such array is freed, and free memory at the top of the heap beyond a small threshold is
 returned with ``brk``/``madvise``. The next step then touches fresh pages, and every 4 KiB page
 costs a page fault in which the kernel zeroes it. Measured on the 64-256-256-10 MLP with batch 128
-(``benchmarks/README.md``, "Cuts: the autograd core"): about 270 minor page faults per step on one
-process, 0.5-1 ms of a ~2.4 ms step, while a hand-written NumPy loop of the same arithmetic, which
-frees less per step, faults none.
+(``docs/performance.md``, "The operating system: page faults"): about 270 minor page faults per step
+on one process, where a hand-written NumPy loop of the same arithmetic, which frees less per step,
+faults none; with them (and costs cut since) the step took 2.0-2.2x that loop's time.
 
 :func:`keep_freed_memory` sets the two ``mallopt`` thresholds to the values glibc's own dynamic
 rule settles on after a 32 MiB array has been freed (``mallopt(3)``: the mmap threshold rises to

@@ -52,8 +52,9 @@ def _run(**env: str) -> tuple[bool, float]:
 def test_a_step_of_the_small_mlp_does_not_page_fault_its_arrays_in_again():
     applied, faults = _run()
     assert applied
-    # Without the settings: ~270 faults per step here (benchmarks/README.md); a few stray ones are
-    # allowed (the interpreter's own allocations), a step's worth of activations is not.
+    # Without the settings: ~270 faults per step here (docs/performance.md, "The operating system: page
+    # faults"); a few stray ones are allowed (the interpreter's own allocations), a step's worth of
+    # activations is not.
     assert faults < 20, f"{faults} page faults per step"
 
 

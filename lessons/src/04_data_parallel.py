@@ -230,7 +230,7 @@ print(f"Chrome trace: {path} ({len(json.loads(path.read_text())['traceEvents'])}
 # thread could not hide. Open the JSON file in https://ui.perfetto.dev (or
 # chrome://tracing) to zoom into single spans. On a 2-core laptop with 2 ranks, the cores are busy
 # computing, so hiding communication saves less than it would on a GPU, where a separate engine moves
-# the bytes (`benchmarks/README.md`, DDP section, discusses the numbers).
+# the bytes (`benchmarks/README.md`, section "DDP", discusses the numbers).
 #
 # ## 5. Accumulation without communication: `no_sync`
 #

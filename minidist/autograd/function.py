@@ -111,8 +111,8 @@ class Function:
         """Run the op on tensors (Python numbers and arrays are lifted to constant tensors).
 
         This runs for every op of every forward, so it avoids work the common case does not need
-        (measured in benchmarks/README.md, "Autograd bookkeeping"): no lifting when all inputs are
-        tensors, versions recorded only for ops that save an input, the view test only for view ops.
+        (docs/performance.md, "Version counters, freed graphs and dtype promotion"): no lifting when all
+        inputs are tensors, versions recorded only for ops that save an input, view tests only for views.
         """
         tensors = inputs
         for x in inputs:

@@ -26,8 +26,8 @@ class _GradMode(contextlib.ContextDecorator):
     """Sets grad mode for a ``with`` block (or a decorated function) and restores the previous one.
 
     A class, not a ``@contextlib.contextmanager`` generator: entering and leaving one costs 7,400
-    instructions instead of 13,100 (callgrind, benchmarks/README.md, "after F2"), and every optimizer
-    step enters one. The previous mode is restored on an exception too.
+    instructions instead of 13,100 (callgrind, docs/performance.md, "What the cuts took out"), and
+    every optimizer step enters one. The previous mode is restored on an exception too.
     """
 
     def __init__(self, enabled: bool) -> None:

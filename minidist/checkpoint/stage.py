@@ -15,8 +15,8 @@ shard), so the extra host memory of an asynchronous save is this rank's share of
 
 **The copies reuse the previous asynchronous save's buffers** (``_buffers``), when a tensor's shape
 and dtype are the same. Why: a fresh array is memory the kernel has never handed out, and the first
-write to each 4 KiB page faults and zeroes it; measured here, copying 384 MB into fresh arrays ran at
-~0.2 GB/s, several times slower than the same copy into arrays touched before (benchmarks/README.md).
+write to each 4 KiB page faults and zeroes it; measured here, copying 403 MB into fresh arrays took 5.7x
+as long as copying it into arrays written before (docs/performance.md, "Checkpoints").
 Reuse is safe because a save starts only after the previous one finished (``background.py``). The
 price: after the first asynchronous save, this rank keeps one copy of its shard in host memory for
 the rest of the run, as PyTorch's stager does with ``cache_staged_state_dict=True``.

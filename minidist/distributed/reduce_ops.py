@@ -90,6 +90,6 @@ def finish(op: str, reduced: np.ndarray, group_size: int) -> None:
 
 
 # (group size, dtype) -> the group size as a 0-d array of that dtype. NumPy divides by it as by the int
-# (the same float division, bit for bit), but without converting a Python int on every call: ~1,000-1,500
-# instructions less per "avg" call with this look-up paid (benchmarks/README.md).
+# (the same float division, bit for bit), but without converting a Python int on every call: ~1,000
+# instructions less per "avg" call with this look-up paid (docs/performance.md, "Counted").
 _divisors: dict[tuple, np.ndarray] = {}

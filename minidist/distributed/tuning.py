@@ -107,7 +107,7 @@ def choose(collective: str, nbytes: int, group_size: int) -> str:
 # How it was measured: `python benchmarks/collectives.py --cluster 2x2 --bandwidth
 # 100mbit,1gbit,none` on the 2-core machine (load average 6-8 from other jobs: every step of every
 # algorithm waits for a core, ~1-3 ms), 2 network namespaces x 2 ranks on veth links shaped with tc
-# tbf, the algorithms taking turns, medians of 10-20 calls, two runs (benchmarks/README.md "Across
+# tbf, the algorithms taking turns, medians of 10-20 calls, two runs (benchmarks/README.md, "Across
 # nodes"). Hierarchical sends N bytes over each link where the ring sends 1.5 N and
 # recursive doubling 2 N, but takes 3 steps where recursive doubling takes 2: it won from 256 KiB on
 # at 100 Mbit/s (0.5-0.8x the best flat algorithm) and from 1 MiB on at 1 Gbit/s (0.8-1.0x); below
@@ -145,8 +145,8 @@ def resolve(collective: str, algorithm: str, nbytes: int, group: Communicator) -
 
     The answer depends only on the arguments and on the group's node layout, which never changes, so
     it is kept on the group (``Communicator.resolved``): a training loop asks the same every step, and
-    one dictionary look-up costs less than the table look-up and the multi-node test (~1,000
-    instructions less per call, benchmarks/README.md).
+    one dictionary look-up costs less than the table look-up and the multi-node test (~1,650
+    instructions less per call, docs/performance.md, "Counted").
     """
     key = (collective, algorithm, nbytes)
     chosen = group.resolved.get(key)

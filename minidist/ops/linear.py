@@ -3,7 +3,7 @@
 Written as transpose, matmul and add, a layer is three graph nodes, and the add allocates a second
 array of y's size. One op does the same arithmetic with one node, adds the bias into the matmul's
 fresh result in place, and skips the gradients nobody asked for (the input batch of the first
-layer needs none). Measured on the small MLP: benchmarks/README.md, "Cuts: the autograd core".
+layer needs none). Measured on a small MLP: docs/performance.md, "What the cuts took out".
 
     y = x W^T + b        dL/dx = g W,   dL/dW = g^T x,   dL/db = sum_rows g
 
@@ -47,8 +47,8 @@ class Linear(Function):
             x, weight = x.astype(np.float32), weight.astype(np.float32)
             bias = None if bias is None else bias.astype(np.float32)
         # One 2-D product over all leading axes: NumPy's matmul of a stack (B, T, in) @ (in, out) runs
-        # B small products, 1.1-2.2x slower than one (B T, in) @ (in, out) at a GPT's shapes (measured,
-        # benchmarks/README.md, "GPT"). The reshape is a view for a contiguous x.
+        # B small products, slower than one (B T, in) @ (in, out): 1.44 vs 1.17 ms for a GPT's c_attn
+        # (docs/performance.md, "Changes measured before and after"). A contiguous x reshapes as a view.
         y = _rows(x) @ weight.T
         if bias is not None:
             y += bias  # y is the matmul's own new array: add in place, no second array of its size
@@ -75,7 +75,7 @@ class Linear(Function):
 
 def _rows(a):
     """``a`` (..., n) as a matrix (rows, n), all leading axes as rows (a 1-D ``a`` as one row)."""
-    if a.ndim == 2:  # already one (every call of an MLP): no reshape (benchmarks/README.md, "after F2")
+    if a.ndim == 2:  # every call of an MLP: no reshape (docs/performance.md, "What the cuts took out")
         return a
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # not -1: a size-0 axis would be ambiguous
 

@@ -4,8 +4,8 @@ An MLP is Linear, ReLU, Linear, ReLU, ... Run as two ops, each pair records two 
 ``Function`` objects and two output tensors, and the ReLU writes its result into a second array of the
 layer's output size. Fused, the pair is one node, and the ReLU zeroes the negative entries of the
 matmul's own fresh result in place. On the small MLP (``benchmarks/small_mlp.py``) that is two graph
-nodes fewer per forward (of six) and per microbatch of a pipeline stage (benchmarks/README.md, "Linear +
-ReLU as one op"). GPUs do the same with a GEMM epilogue (cuBLASLt's
+nodes fewer per forward (of six) and per microbatch of a pipeline stage (docs/performance.md, "What each
+feature costs"). GPUs do the same with a GEMM epilogue (cuBLASLt's
 ``CUBLASLT_EPILOGUE_RELU_BIAS``); Megatron-LM fuses the bias add with the GeLU after it for the same
 reason (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", §4.2, operator fusion).

@@ -133,8 +133,8 @@ def cross_entropy(
         raise ValueError(f"cross_entropy: targets have shape {tuple(t.shape)}, expected ({shape[0]},)")
     if shape[0] == 0 and reduction == "mean":
         raise ValueError("cross_entropy: the mean over an empty batch is undefined")
-    # The common case costs two reductions (measured, benchmarks/README.md): every target is a class
-    # index and ignore_index (-100 by default) is none, so no target is ignored or out of range.
+    # The common case costs two reductions (docs/performance.md, "What the cuts took out"): every
+    # target is a class index and ignore_index (-100 by default) is none, so none is ignored or out of range.
     low, high = (int(t.min()), int(t.max())) if t.size else (0, 0)
     common = 0 <= low and high < shape[1] and not 0 <= ignore_index < shape[1]
     ignored = None if common else t == ignore_index

@@ -15,9 +15,10 @@ keeps the verdict in :attr:`StragglerMonitor.stragglers`.
 
 Cost: tracing must be on (the monitor turns it on with ``collectives=True`` if it is off): a few
 microseconds per span, ~10 spans per data-parallel step, plus one small all-gather per ``every`` steps,
-made between steps so it is not counted in any step (measured: docs/performance.md). Not creating a
-monitor costs nothing. The spans stay in the trace (a few hundred bytes each) so that a report or a
-timeline can be made at the end; for a very long run, re-``enable`` the trace from time to time.
+made between steps so it is not counted in any step (docs/performance.md, "The straggler monitor").
+Not creating a monitor costs nothing. The spans stay in the trace (a few hundred bytes each) so that a
+report or a timeline can be made at the end; for a very long run, re-``enable`` the trace from time to
+time.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def enter(channel: Any, ident: int) -> tuple:
 
     Sets ``channel.tag_base``, which ``watched.py`` adds to every message tag of the call. This and
     :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
-    benchmarks/README.md).
+    docs/performance.md, "The checks that are on by default").
     """
     seq = channel.calls_started = channel.calls_started + 1
     tag = ((seq % SEQ_WINDOW) << 16 | ident) if channel.use_tags else 0

@@ -31,9 +31,9 @@ class Job:
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn = fn
         self.error: BaseException | None = None
-        # Held from here until the job has finished; wait() blocks on it. A bare lock (any thread may
-        # release it) does what threading.Event would, in two C calls instead of an Event's Condition
-        # and its ten Python calls: DDP makes a job per bucket per step (benchmarks/README.md).
+        # Held until the job has finished; wait() blocks on it. A bare lock (any thread may release it)
+        # does what threading.Event would in two C calls, not a Condition's ten Python calls: DDP makes a
+        # job per bucket per step (docs/performance.md, "DDP's bookkeeping, counted").
         self._unfinished = threading.Lock()
         self._unfinished.acquire()
 

@@ -148,8 +148,8 @@ class DistributedDataParallel(Module):
         self.comm_stats = CommStats()  # bytes sent per bucket (comm_hooks/bucket.py)
         self._sync_enabled = True
         # The state of one backward pass: made once here and changed in place, never assigned anew, because
-        # DDP is a Module, whose __setattr__ (which registers parameters and submodules) costs ~4,000
-        # instructions per attribute (benchmarks/README.md), and this runs every step.
+        # DDP is a Module, whose __setattr__ (which registers parameters and submodules) costs ~4,500
+        # instructions per attribute (docs/performance.md, "DDP's bookkeeping, counted"): this runs each step.
         self._pass = SimpleNamespace(number=None)  # autograd.backward_pass_count() of the running pass
         self._ready = [False] * len(params)  # which gradients this pass has finished
         self._bucket_sizes = [len(b.params) for b in self._buckets]

@@ -2,8 +2,8 @@
 calling thread at its end (the lean path). The order is fixed by the bucket plan and the options.
 
 **The lean path: buckets that overlap cannot pay for.** Handing a bucket to the thread and waiting for
-it costs about 150 µs on the machine of ``benchmarks/README.md`` (waking the thread, passing the GIL
-back and forth), more than the whole all-reduce of a bucket under about 1 MiB takes on 2 ranks there.
+it costs ~155-200 µs on 2 cores (waking the thread, passing the GIL back and forth; docs/performance.md,
+"Buckets on the calling thread"), more than the whole all-reduce of a bucket under 1 MiB takes there.
 So two kinds of bucket never go to the thread; they are all-reduced at the end of backward, after the
 thread's buckets: the last bucket, which fills only when backward is (nearly) over, so there is nothing
 left to overlap it with; and every bucket under ``small_bucket_bytes``. A model whose gradients fit in
