@@ -24,7 +24,7 @@ flags and their checks are in train_gpt_args.py.
     mpirun -n 8 python examples/train_gpt.py --checkpoint-dir ckpt --max-iters 200   # then --resume
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --pp 2     # tensor x pipeline x data
     mpirun -n 8 python examples/train_gpt.py --dp 2 --tp 2 --cp 2 --sequence-parallel   # x context
-    mpirun -n 8 python examples/train_gpt.py --dtype bfloat16         # mixed precision (README.md)
+    mpirun -n 8 python examples/train_gpt.py --dtype bfloat16         # docs/mixed-precision.md
 
 What the flags cost and buy, measured with ``mpirun -n 8`` on a 2-core laptop (tokens/s over steps
 41-60 of a run; figures and conditions in docs/performance.md, "What the example's flags cost on 8

@@ -185,7 +185,7 @@ print(done.stdout.strip() or done.stderr[-2000:])
 # ## 5. Where next
 #
 # Halving every value's bytes is the other lever: bfloat16 or float16 compute with float32 master
-# weights ("Mixed precision" in the README). The same tracker shows what it saves: the activations the
+# weights (docs/mixed-precision.md). The same tracker shows what it saves: the activations the
 # low-precision products keep take 2 bytes a value; the parameters stay float32 (they are the master
 # weights: there is no separate copy) and so do their gradients and the optimizer state.
 #

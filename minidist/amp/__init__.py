@@ -2,7 +2,7 @@
 
 ``autocast`` lives in ``minidist/autograd/autocast.py`` (the ops consult it, so it sits at their
 layer); ``GradScaler`` here, one layer above ``distributed``, which it uses when given a ``group``.
-README.md, "Mixed precision", explains both.
+docs/mixed-precision.md explains both.
 """
 
 from minidist.amp.grad_scaler import GradScaler

@@ -1,4 +1,4 @@
-"""``minidist cluster``: up, run, status, down (package docstring; README, "Many machines").
+"""``minidist cluster``: up, run, status, down (package docstring; docs/many-machines.md).
 
 Exit status: 0 on success; ``run`` returns its command's status; 2 for bad input, a missing cluster or
 missing privileges (the message says which and what to do).

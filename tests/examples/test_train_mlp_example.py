@@ -1,4 +1,4 @@
-"""The README's example with every option: examples/train_mlp.py on real MPI ranks.
+"""The example with every option (docs/training.md): examples/train_mlp.py on real MPI ranks.
 
 The checkpoint tests at the end stop a run with ``--max-steps`` (or SIGKILL one rank through
 ``tests/workers/training/train_mlp_killed.py``), resume it with ``--resume``, and compare the parameters of
@@ -67,8 +67,9 @@ COPY = "copy"  # RUNS value (n, (COPY, source, destination)): copy a checkpoint 
 
 # Every run that ends normally, by name: (ranks, arguments), "{tmp}" standing for the fixture's folder.
 # In a launch the runs follow this order, so a run may resume from one listed before it.
-# "default" is the README's command exactly (8 ranks, its defaults): what a new user runs first, so it is
-# tested as written, although 8 ranks on 2 cores cost ~24 s of CPU where 2 would show the same accuracy.
+# "default" is docs/training.md's first command exactly (8 ranks, its defaults): what a new user runs
+# first, so it is tested as written, although 8 ranks on 2 cores cost ~24 s of CPU where 2 would show
+# the same accuracy.
 WORLD_SIZES = (1, 3, 4, 6)  # 3 and 6 do not divide the global batch of 128; 6 shares the launch of dp3 x pp2
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "default": (8, ()),
