@@ -85,7 +85,8 @@ def trace_step(schedule: str, m: int) -> dict | None:
         layers += [linear, nn.Tanh()]
     pipe = PipelineParallel(nn.Sequential(*layers), world, microbatches=m, schedule=schedule)
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((args.batch, args.width)), rng.integers(0, args.width, args.batch)
+    x = rng.standard_normal((args.batch, args.width), dtype=np.float32)  # the layers' dtype: no cast is made
+    y = rng.integers(0, args.width, args.batch)
     pipe.train_step(x, y, nn.functional.cross_entropy)  # warm-up: first-touch allocations, message headers
     world.barrier()
     trace.enable()  # right after a barrier: the ranks' clocks start together

@@ -21,18 +21,17 @@ The batch is cut into ``m`` equal microbatches; the last stage scales each micro
 ``1/m``, so the accumulated gradients equal those of one step on the whole batch and ``m`` stages
 train the same model as one process would.
 
-**With data parallelism** (``dp_group``, or ``mesh.dp_group``): every dp replica of a stage gets a
-different share of the global batch; after the *last* microbatch's backward, the stage's gradients are
-combined over ``dp_group`` once, with one ``dist.all_reduce`` of a flat buffer per dtype (Narayanan et
-al. 2021, §3: the data-parallel all-reduce happens once per batch, after the pipeline flush). Replica
-d's gradient (of the mean loss over its ``B_d`` samples) is weighted by ``B_d / sum(B)`` before the
-sum, so unequal shares (100 samples on 3 replicas: 34 + 33 + 33, with ``m = 1``) still give the
-gradient of the mean over the global batch; with equal shares this is the plain average. We do not
-reuse ``DistributedDataParallel``: its hooks reduce at the end of *every* backward call, i.e. once per
-microbatch here, and overlapping with backward would need ``no_sync`` around all but the last
-microbatch, which the executor does not know about; a single flat all-reduce at the end is simpler and
-costs one collective per step. At construction, each stage's parameters are broadcast from
-dp rank 0, as DDP does, so the replicas start equal.
+**With data parallelism** (``dp_group``, or ``mesh.dp_group``): every dp replica of a stage gets a different
+share of the global batch; after the *last* microbatch's backward, the stage's gradients are combined over
+``dp_group`` once, with one ``dist.all_reduce`` of a flat buffer per dtype (Narayanan et al. 2021, §3: the
+data-parallel all-reduce happens once per batch, after the pipeline flush). Replica d's gradient (of the mean
+loss over its ``B_d`` samples) is weighted by ``B_d / sum(B)`` before the sum, so unequal shares (100 samples
+on 3 replicas: 34 + 33 + 33, with ``m = 1``) still give the gradient of the mean over the global batch; with
+equal shares this is the plain average. We do not reuse ``DistributedDataParallel``: its hooks reduce at the
+end of *every* backward call, i.e. once per microbatch here, and overlapping with backward would need
+``no_sync`` around all but the last microbatch, which the executor does not know about; a single flat
+all-reduce at the end is simpler and costs one collective per step. At construction, each stage's parameters
+are broadcast from dp rank 0, as DDP does, so the replicas start equal.
 
 **Tied weights** (a GPT's token table, read by the embedding on the first stage and by the output head
 on the last; ``GPT.pipeline_layers()``): a Parameter used by layers on two ranks. The later rank gets
@@ -53,7 +52,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
-from minidist.autograd import Tensor
+from minidist.autograd import Tensor, tensor
 from minidist.distributed import Communicator
 from minidist.nn.layers import Sequential
 from minidist.nn.module import Parameter
@@ -89,24 +88,23 @@ class PipelineParallel:
             where virtual stages 1..pv-1 start); default: balanced by parameter count.
         virtual_stages: ``v``, model chunks per rank; more than 1 only with ``schedule="interleaved"``.
 
-    **Errors during a step.** ``train_step`` and ``predict`` begin with one small exchange over the
-    group that checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and
-    targets on the last stage, a callable ``loss_fn``, and that every rank called the same operation),
-    and with a dp group a second one over the dp group, so that every replica raises such an error
-    before its step and no gradient changes (``step_checks.py``: carrying the verdict in the all-reduce
-    that ends the step instead saves one collective, but the other replicas then raise only after
-    their backward, leaving partial gradients behind; "nothing is lost" comes first).
-    ``loss_fn`` itself runs on the last stage only, in the middle of the schedule: if it raises (e.g.
-    targets out of range, or layers that changed the batch size) or returns anything but a
-    one-element Tensor, the last stage finishes the schedule sending zero gradients, and the error is
-    then reported on every rank of the group (and of the dp group), so no rank is left waiting; the
-    step's gradients are incomplete then: call ``zero_grad`` before the next step. The same happens when
-    a stage's output changes shape or dtype from one microbatch to the next (a layer whose output shape
-    depends on the data): the stage sends zeros of the first microbatch's shape instead, and every rank
-    raises a ``ValueError`` naming the stage, the microbatch and both shapes; and when a stage's layers
-    raise in forward (e.g. an output that does not fit the next stage's first layer): every rank raises
-    that error's class (``RuntimeError`` for classes other than ``TypeError``/``ValueError``) naming the
-    stage, the microbatch and the input's shape (``checks.py``). Errors of the communication itself
+    **Errors during a step.** ``train_step`` and ``predict`` begin with one small exchange over the group that
+    checks what can be checked before the schedule (the batch sizes, inputs on stage 0 and targets on the last
+    stage, a callable ``loss_fn``, and that every rank called the same operation), and with a dp group a
+    second one over the dp group, so that every replica raises such an error before its step and no gradient
+    changes (``step_checks.py``: carrying the verdict in the all-reduce that ends the step instead saves one
+    collective, but the other replicas then raise only after their backward, leaving partial gradients behind;
+    "nothing is lost" comes first). ``loss_fn`` itself runs on the last stage only, in the middle of the
+    schedule: if it raises (e.g. targets out of range, or layers that changed the batch size) or returns
+    anything but a one-element Tensor, the last stage finishes the schedule sending zero gradients, and the
+    error is then reported on every rank of the group (and of the dp group), so no rank is left waiting; the
+    step's gradients are incomplete then: call ``zero_grad`` before the next step. The same happens when a
+    stage's output changes shape or dtype from one microbatch to the next (a layer whose output shape depends
+    on the data): the stage sends zeros of the first microbatch's shape instead, and every rank raises a
+    ``ValueError`` naming the stage, the microbatch and both shapes; and when a stage's layers raise in
+    forward (e.g. an output that does not fit the next stage's first layer): every rank raises that error's
+    class (``RuntimeError`` for classes other than ``TypeError``/``ValueError``) naming the stage, the
+    microbatch and the input's shape (``checks.py``). Errors of the communication itself
     (``minidist.distributed``) still end the job through minidist's excepthook
     (``minidist/distributed/safety/watchdog.py``).
 
@@ -197,8 +195,8 @@ class PipelineParallel:
 
         Args:
             inputs: the batch, shape ``(B, ...)``: a Tensor, or an array converted like ``md.tensor``
-                (floats to float32; integers, e.g. a GPT's token ids (B, T), kept). Needed on stage 0;
-                other stages may pass None.
+                (its dtype kept, as torch never casts a batch: a float64 model trains in float64, and a
+                float32 one raises on float64 data). Needed on stage 0; other stages may pass None.
             targets: shape ``(B, ...)``, what ``loss_fn`` takes as its second argument. Needed on the
                 last stage; others may pass None.
             loss_fn: ``loss_fn(output, targets_of_microbatch) -> scalar Tensor``, a *mean* over the
@@ -223,7 +221,7 @@ class PipelineParallel:
         size = batch // m
         xs = ys = None
         if s == 0:
-            data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
+            data = inputs.data if isinstance(inputs, Tensor) else tensor(inputs).data
             xs = [Tensor(data[i * size : (i + 1) * size]) for i in range(m)]
         if s == p - 1:
             ys = [targets[i * size : (i + 1) * size] for i in range(m)]
@@ -267,10 +265,7 @@ class PipelineParallel:
         down the stages once, then the last stage broadcasts). Raises ``ValueError`` on every rank of
         the group if stage 0 has no inputs.
         """
-        data = None
-        if inputs is not None:
-            data = inputs.data if isinstance(inputs, Tensor) else _as_float(inputs)
-        return forward_only(self.chunks, self.group, data)
+        return forward_only(self.chunks, self.group, None if inputs is None else tensor(inputs).data)
 
     def _combine_gradients_over_dp(self, weight: float) -> None:
         """One all-reduce(sum) per dtype of ``weight`` x this stage's flat gradients, after the backward."""
@@ -286,10 +281,3 @@ class PipelineParallel:
             flat = flatten(grads)
             flat *= weight
             unflatten_into(dist.all_reduce(flat, op="sum", group=self.dp_group), grads)
-
-
-def _as_float(array: Any) -> Any:
-    """A raw array (not a Tensor) of floats becomes float32, the default dtype of minidist's layers, so
-    ``train_step(np_array, ...)`` feeds a default model; pass ``md.tensor(x)`` to keep another dtype."""
-    array = backend.asarray(array)
-    return array.astype(np.float32) if array.dtype.kind == "f" and array.dtype != np.float32 else array
