@@ -1,24 +1,23 @@
 """DDP's checks: its options, agreed before it is built, and the bookkeeping that travels with the gradients.
 
-First, :func:`agreed_options`, the decorator of ``DistributedDataParallel.__init__`` (the one seam
-between DDP and its construction checks): the options decide which all-reduces a backward pass runs
-and in which order, so the ranks compare them before anything is broadcast or allocated.
+First, :func:`options`, run by ``@agreed_arguments`` before ``DistributedDataParallel.__init__`` (the one
+seam between DDP and its construction checks): the options decide which all-reduces a backward pass
+runs and in which order, so the ranks compare them (``minidist.distributed.agree``) before anything is
+broadcast or allocated.
 
 Two mistakes make the ranks of a data-parallel group disagree about which collectives to run, and so
 hang: a parameter that gets no gradient on some rank (its bucket never fills there), and a rank that
 runs out of batches before the others. Each rank writes ``P + 1`` flags at the end of its last bucket:
 one per parameter (1 = "this backward pass produced its gradient") and one "still training" flag (0
-from a rank that called ``join()``). The all-reduce with ``op="avg"`` turns them into fractions of the
-group; multiplied by ``n`` they are counts that *every* rank receives identically, so every rank raises
-the same error with the same message, and none is left waiting.
-(These flags ride on the gradient all-reduce that runs anyway, so the check costs no extra message
-per step; the options, checked once at construction, use ``minidist.distributed.agree`` instead.)
+from a rank that called ``join()``). The all-reduce with ``op="avg"`` (the gradients' own: no extra
+message per step) turns them into fractions of the group; multiplied by ``n`` they are counts that
+*every* rank receives identically, so every rank raises the same error with the same message.
 
 A rank missing a gradient starts the remaining buckets anyway at the end of backward (its own gradient,
 or zeros if it has none), so all collectives complete before anyone raises. A rank with no batches left
 calls ``DistributedDataParallel.join``, which takes part in the same bucket all-reduces with zeros and a
-"not training" flag (:func:`join_pass`): if another rank was still training, both sides learn it from the
-same numbers and raise ``CollectiveMismatchError`` instead of hanging.
+"not training" flag (:func:`join_pass`): if another rank was still training, both sides learn it from
+the same numbers and raise ``CollectiveMismatchError`` instead of hanging.
 """
 
 from __future__ import annotations
@@ -42,26 +41,32 @@ def options(module: Any, group: Any, **rest: Any) -> dict[str, Any]:
 
     ``TypeError`` (on this rank) if ``module`` is not a Module; then ``group`` None becomes the world and
     the ranks agree on the options (:func:`agree_on_options`, collective), so a rank with a bad or
-    different option raises with all the others before anything is broadcast or allocated. Returns the
-    arguments, ``group`` resolved.
+    different option, or a module without a trainable parameter, raises with all the others before
+    anything is broadcast or allocated. Returns the arguments, ``group`` resolved.
     """
     if not isinstance(module, Module):
         raise TypeError(f"DistributedDataParallel wraps a Module, got a {type(module).__name__}")
     group = group if group is not None else dist.init()
-    agree_on_options(group, rest["bucket_cap_mb"], rest["overlap"], rest["small_bucket_bytes"])
+    trains = any(p.requires_grad for p in module.parameters())
+    agree_on_options(group, rest["bucket_cap_mb"], rest["overlap"], rest["small_bucket_bytes"], trains)
     return {"module": module, "group": group, **rest}
 
 
-def agree_on_options(group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int) -> None:
-    """Collective over ``group``: raise ``ValueError`` on every rank if some rank passed a value out of
-    range (``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``) or if the ranks passed different options.
-
-    The options decide which all-reduces a backward pass runs and in which order (the bucket plan, and
-    which buckets go to the communication thread), so ranks with different ones would hang. One
-    all-gather of a few hundred bytes, once per DDP construction.
-    """
-    error = None
-    if not bucket_cap_mb > 0:
+def agree_on_options(
+    group: Any, bucket_cap_mb: float, overlap: bool, small_bucket_bytes: int, trains: bool = True
+) -> None:
+    """Collective over ``group``: raise on every rank if some rank's module has no parameter that requires a
+    gradient (``RuntimeError``, torch's message; it would have no bucket), passed a value out of range
+    (``ValueError``: ``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``), or if the ranks passed different
+    options (``ValueError``: they decide the bucket plan and which buckets go to the thread, so ranks with
+    different ones would hang). One all-gather of a few hundred bytes per DDP."""
+    error: Exception | None = None
+    if not trains:
+        error = RuntimeError(
+            "DistributedDataParallel is not needed when a module doesn't have any parameter that requires "
+            "a gradient."
+        )
+    elif not bucket_cap_mb > 0:
         error = ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
     elif not small_bucket_bytes >= 0:
         error = ValueError(f"small_bucket_bytes must be >= 0, got {small_bucket_bytes}")

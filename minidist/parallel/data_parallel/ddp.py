@@ -7,31 +7,27 @@ batch, up to float rounding). What it adds is how the gradients travel, and the 
 
 **Buckets and overlap** (Li et al., "PyTorch Distributed", VLDB 2020, §3.2). Gradients are grouped into
 buckets of about ``bucket_cap_mb`` (``buckets.py``). A hook on every parameter fires when backward has
-finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts at
-once (on the communication thread, see "Where each bucket runs"), while backward goes on computing
-earlier layers. Buckets start strictly in index order: a bucket that fills early waits until every
-earlier bucket has started, so all ranks issue the same collectives in the same order even if their
-gradients arrive in different orders. A callback queued with ``autograd.queue_callback`` runs when
-backward ends; it waits for the buckets the thread has, all-reduces the others itself, and only then
-does ``loss.backward()`` return. ``overlap=False`` keeps the simple version for teaching and comparison:
-nothing is sent during backward, and the callback all-reduces the buckets one after another. Overlap
-needs an autograd engine that accumulates each parameter's gradient (and runs its hook) as soon as that
-gradient is complete, i.e. right after its layer's backward; one that accumulates every leaf only at the
-end of backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case
-you are in).
+finished its gradient; when the last gradient of a bucket arrives, the bucket's all-reduce starts at once (on
+the communication thread, see "Where each bucket runs"), while backward goes on computing earlier layers.
+Buckets start strictly in index order: a bucket that fills early waits until every earlier bucket has started,
+so all ranks issue the same collectives in the same order even if their gradients arrive in different orders.
+A callback queued with ``autograd.queue_callback`` runs when backward ends; it waits for the buckets the
+thread has, all-reduces the others itself, and only then does ``loss.backward()`` return. ``overlap=False``
+keeps the simple version for teaching and comparison: nothing is sent during backward, and the callback
+all-reduces the buckets one after another. Overlap needs an autograd engine that accumulates each parameter's
+gradient (and runs its hook) right after its layer's backward; one that accumulates every leaf only at the end
+of backward leaves nothing to overlap with (the timeline from ``minidist.trace`` shows which case you are in).
 
-**Where each bucket runs** (``launch.py``): big buckets on the communication thread during
-backward; the last bucket and every bucket under ``small_bucket_bytes`` on the calling thread at its end
-(the lean path: handing a small bucket to the thread costs more than its all-reduce), in an order that
-depends only on the bucket plan and the options. That file also says why a thread and not MPI's
-non-blocking requests.
+**Where each bucket runs** (``launch.py``, which also says why a thread and not MPI's non-blocking requests):
+big buckets on the communication thread during backward; the last bucket and every bucket under
+``small_bucket_bytes`` on the calling thread at its end (the lean path: handing a small bucket to the thread
+costs more than its all-reduce), in an order that depends only on the bucket plan and the options.
 
 **Checks** (``checks.py``, read last). ``__init__`` runs only once the ranks agree on the options
-(``@agreed_arguments(checks.options)``): ranks with different ones would start different all-reduces
-and hang. A
-parameter without a gradient on some rank, or a rank that ran out of batches (and called :meth:`join`),
-would do the same; flags carried in the last bucket tell every rank the same counts instead, so every
-rank raises the same error, at no extra message per step.
+(``@agreed_arguments(checks.options)``): ranks with different ones would start different all-reduces and hang.
+A parameter without a gradient on some rank, or a rank that ran out of batches (and called :meth:`join`),
+would do the same; flags carried in the last bucket tell every rank the same counts instead, so every rank
+raises the same error, at no extra message per step.
 
 **Communication hooks** (``comm_hooks/``, PyTorch's ``register_comm_hook``). A registered hook replaces
 the bucket's all-reduce, wherever it runs (the thread or the lean path), and may compress: float16,
@@ -68,31 +64,28 @@ class DistributedDataParallel(Module):
             the cap gets a bucket of its own. Every bucket is one ``dist.all_reduce(op="avg")``.
         overlap: start each bucket's all-reduce during backward, in a communication thread (True), or
             all-reduce every bucket after backward on the calling thread (False).
-        find_unused_parameters: if False, a backward pass in which some parameter got no gradient on
-            some rank raises ``RuntimeError`` on every rank. If True, a missing gradient counts as
-            zeros: that parameter's ``.grad`` becomes the average over ranks with zeros for the ranks
-            that lacked it (all zeros if no rank had one). Buckets after such a parameter start only
-            at the end of backward.
-        small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling
-            thread at the end of backward instead of on the communication thread during it (the lean
-            path, ``launch.py``; 0: every bucket but the last overlaps). The default, 1 MiB, is about
-            where an all-reduce on 2 ranks takes as long as the hand-off to the thread on the benchmark
-            machine.
+        find_unused_parameters: if False, a backward pass in which some parameter got no gradient on some rank
+            raises ``RuntimeError`` on every rank. If True, a missing gradient counts as zeros: that
+            parameter's ``.grad`` becomes the average over ranks with zeros for the ranks that lacked it (all
+            zeros if no rank had one). Buckets after such a parameter start only at the end of backward.
+        small_bucket_bytes: a bucket of fewer gradient bytes than this is all-reduced on the calling thread at
+            the end of backward, not on the communication thread during it (the lean path, ``launch.py``; 0:
+            every bucket but the last overlaps). The default, 1 MiB, is about where an all-reduce on 2 ranks
+            takes as long as the hand-off to the thread on the benchmark machine.
 
-    Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1``
-    elements of bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket
-    (no copy back, like PyTorch's ``gradient_as_bucket_view=True``): the next backward overwrites it,
-    so ``.copy()`` a gradient you want to keep. ``state_dict()`` names start with ``"module."``, as in
-    PyTorch.
+    Memory: one flat buffer per bucket, as many bytes as all gradients together (plus ``P + 1`` elements of
+    bookkeeping). After a synchronising backward each ``.grad`` is a *view* of its bucket (no copy back, like
+    PyTorch's ``gradient_as_bucket_view=True``): the next backward overwrites it, so ``.copy()`` a gradient
+    you want to keep. ``state_dict()`` names start with ``"module."``, as in PyTorch.
 
     Raises (from ``loss.backward()``, identically on every rank):
         RuntimeError: some parameter got no gradient on some rank (names it; see above).
         CollectiveMismatchError: some rank had called :meth:`join` (it had no batches left) while
             this one ran another backward pass.
-        ValueError (at construction, on every rank): ``bucket_cap_mb <= 0``, ``small_bucket_bytes < 0``,
-            or the ranks passed different ``bucket_cap_mb``, ``overlap`` or ``small_bucket_bytes`` (they
-            would start their all-reduces in different orders and hang). TypeError: ``module`` is not a
-            Module.
+        At construction, on every rank: ValueError for ``bucket_cap_mb <= 0``, ``small_bucket_bytes
+            < 0``, or ranks that passed different ``bucket_cap_mb``, ``overlap`` or ``small_bucket_bytes``
+            (they would all-reduce in different orders and hang); RuntimeError for a module without a
+            parameter that requires a gradient (torch's message). TypeError: ``module`` is not a Module.
 
     Limitation: a rank whose backward reaches *none* of the parameters runs no hook, so it does not
     take part at all and the other ranks wait for it.
@@ -116,12 +109,11 @@ class DistributedDataParallel(Module):
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in self._named]
 
-        # Rule 1: identical start. One broadcast of all parameters packed together.
+        # Rule 1: identical start. One broadcast of all parameters packed together (checks.options: >= 1).
         all_params = [p.data for p in module.parameters()]
-        if all_params:
-            flat = flatten(all_params)
-            dist.broadcast(flat, src=0, group=self.group)
-            unflatten_into(flat, all_params)
+        flat = flatten(all_params)
+        dist.broadcast(flat, src=0, group=self.group)
+        unflatten_into(flat, all_params)
 
         # The same plan on every rank: it depends only on the parameters' sizes and dtypes.
         plan = plan_buckets([p.data.nbytes for p in params], [p.dtype for p in params], bucket_cap_mb * 2**20)
@@ -133,9 +125,8 @@ class DistributedDataParallel(Module):
         self._index_of = {id(p): i for i, p in enumerate(params)}
 
         # A private channel for gradient traffic (collective: every rank duplicates together), and the
-        # thread that uses it. A group of one rank has nothing to communicate.
-        communicates = self.group.size > 1 and bool(params)
-        self._comm = self.group.dup(name=self.group.name) if communicates else None  # (named for traces)
+        # thread that uses it. A group of one rank has nothing to communicate. (Named for traces.)
+        self._comm = self.group.dup(name=self.group.name) if self.group.size > 1 else None
         # Which buckets the thread all-reduces during backward, and the order of all (launch.py).
         self._launcher = Launcher(self._buckets, overlap, self._comm is not None, small_bucket_bytes)
         self.overlap = self._launcher.overlap  # False without MPI_THREAD_MULTIPLE (with a warning)
@@ -165,11 +156,10 @@ class DistributedDataParallel(Module):
     def no_sync(self) -> Iterator[None]:
         """Skip gradient communication inside this block: gradients accumulate locally in ``.grad``.
 
-        The first backward outside the block all-reduces the accumulated sums. Averaging semantics: k
-        micro-steps of local batch b on N ranks, each micro-step's mean loss divided by k (k - 1 of them
-        inside ``no_sync``), give the same gradient as one step on one process with the mean loss over
-        the k*N*b samples. No communication happens inside, so :meth:`join` and the unused-parameter
-        check only look at the synchronising backward.
+        The first backward outside the block all-reduces the accumulated sums: k micro-steps of local batch b
+        on N ranks, each micro-step's mean loss divided by k (k - 1 of them inside ``no_sync``), give the
+        gradient of one step on one process with the mean loss over the k*N*b samples. Nothing is sent inside,
+        so :meth:`join` and the unused-parameter check only look at the synchronising backward.
         """
         previous, self._sync_enabled = self._sync_enabled, False
         try:
@@ -181,17 +171,16 @@ class DistributedDataParallel(Module):
         """Average each bucket with ``hook(state, bucket)`` instead of a plain all-reduce (PyTorch's name).
 
         ``hook`` gets ``state`` and a :class:`~minidist.parallel.comm_hooks.bucket.GradBucket` (the bucket's
-        flat local gradient, its parameters, ``bucket.group`` to communicate on) and returns the averaged
-        flat gradient, an array of the bucket's shape and dtype. Ours are *synchronous*: a hook returns
-        the array, not a Future (PyTorch's return a ``torch.futures.Future``). Built-in hooks in
-        ``minidist.parallel.comm_hooks``: ``allreduce_hook``, ``fp16_compress_hook``,
-        ``bf16_compress_hook`` (state: None) and ``powerSGD_hook`` (state: a ``PowerSGDState``). On a
-        group of one rank DDP communicates nothing, so the hook never runs.
+        flat local gradient, its parameters, ``bucket.group`` to communicate on) and returns the averaged flat
+        gradient, an array of the bucket's shape and dtype: synchronously (PyTorch's hooks return a
+        ``torch.futures.Future``). Built-in hooks in ``minidist.parallel.comm_hooks``: ``allreduce_hook``,
+        ``fp16_compress_hook``, ``bf16_compress_hook`` (state: None) and ``powerSGD_hook`` (state: a
+        ``PowerSGDState``). On a group of one rank DDP communicates nothing, so the hook never runs.
 
-        Collective over the group: call it on every rank, once, before the first backward pass.
-        Raises on every rank: ``RuntimeError`` (a hook is registered already, or a backward pass ran),
-        ``TypeError`` (``hook`` not callable), ``ValueError`` (the ranks' hooks or PowerSGD arguments
-        differ, or ``state``'s process group is not DDP's group) (``comm_hooks/registration.py``).
+        Collective over the group: call it on every rank, once, before the first backward pass. Raises on
+        every rank (``comm_hooks/registration.py``): ``RuntimeError`` (a hook is registered already, or a
+        backward pass ran), ``TypeError`` (``hook`` not callable), ``ValueError`` (the ranks' hooks or
+        PowerSGD arguments differ, or ``state``'s process group is not DDP's group).
         """
         self._comm_hook = register(
             self.group, state, hook, registered=self._comm_hook is not None, backward_ran=self._backward_ran
@@ -200,10 +189,10 @@ class DistributedDataParallel(Module):
     def join(self) -> None:
         """Declare that this rank has no batches left; call it on every rank after its last batch.
 
-        Collective over the group. If every rank calls it, it costs one all-reduce of zeros per bucket
-        and returns. If some rank instead runs another backward pass (it had more batches), this rank
-        takes part in that pass's all-reduces with zeros, and both sides raise the same
-        ``CollectiveMismatchError`` rather than hang. Raises ``RuntimeError`` if called during backward.
+        Collective over the group. If every rank calls it, it costs one all-reduce of zeros per bucket and
+        returns. If some rank instead runs another backward pass (it had more batches), this rank takes part
+        in its all-reduces with zeros, and both sides raise the same ``CollectiveMismatchError`` rather than
+        hang. Raises ``RuntimeError`` if called during backward.
         """
         if self._pass.number is not None:
             raise RuntimeError("join() was called during a backward pass; call it after the last batch")
@@ -244,10 +233,8 @@ class DistributedDataParallel(Module):
 
     def _abandon_failed_pass(self) -> None:
         """Forget a pass whose backward raised, after letting its started buckets finish (errors dropped).
-
         Without this, the flag "callback queued" would stay set forever and every later backward would
-        skip communication: replicas would drift apart silently.
-        """
+        skip communication: replicas would drift apart silently."""
         self._launcher.discard()
         self._reset_pass()
 

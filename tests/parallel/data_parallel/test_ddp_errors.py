@@ -12,6 +12,10 @@ import json
 import pytest
 from mpi_utils import run_mpi
 
+NOT_NEEDED = (  # torch's words for a module without a parameter that requires a gradient
+    "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a gradient."
+)
+
 
 def caught(tmp_path, world_size: int) -> list[dict[str, str]]:
     return [json.loads((tmp_path / f"errors_rank{r}.json").read_text()) for r in range(world_size)]
@@ -43,6 +47,9 @@ def test_errors_are_raised_on_every_rank_with_the_same_message(tmp_path, world_s
     assert (
         first["negative_small"] == "ValueError: rank 0 of the group: small_bucket_bytes must be >= 0, got -1"
     )
+    # Nothing to average: torch's message, on every rank; one rank's frozen model stops them all.
+    assert first["all_frozen"] == first["no_parameters"] == f"RuntimeError: rank 0 of the group: {NOT_NEEDED}"
+    assert first["frozen_on_rank_1"] == f"RuntimeError: rank 1 of the group: {NOT_NEEDED}"
     names = json.loads(first["state_dict_names"])  # DDP is a Module wrapping ddp.module, as in PyTorch
     assert names == sorted(f"module.{m}.{p}" for m in ("trunk", "head", "extra") for p in ("weight", "bias"))
     assert first["zeros_if_unused"] == "[true, true]"  # find_unused_parameters=True: zeros, not None
@@ -61,3 +68,5 @@ def test_one_rank_checks_unused_parameters_too(tmp_path):
     assert "'extra.weight' (missing on 1 of 1 ranks)" in seen["unused_everywhere"]
     assert seen["unused_on_rank_1"] == seen["still_works"] == seen["uneven_batches"] == "no error"
     assert seen["zeros_if_unused"] == "[true, true]"
+    assert seen["all_frozen"] == seen["no_parameters"] == f"RuntimeError: {NOT_NEEDED}"
+    assert seen["frozen_on_rank_1"] == "no error"

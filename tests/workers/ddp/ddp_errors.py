@@ -10,6 +10,9 @@ error was raised and caught):
   uneven_batches    the last rank runs one step fewer and calls join(); the others run another step
   options_differ    the ranks pass different small_bucket_bytes (they would all-reduce in different orders)
   negative_small    only rank 0 passes small_bucket_bytes=-1: every rank raises its error
+  all_frozen        a model whose parameters all have requires_grad=False: nothing to average
+  no_parameters     a model without parameters (nn.Tanh())
+  frozen_on_rank_1  only rank 1's model is frozen: every rank raises rank 1's error
 (and state_dict_names: the names of the wrapped model's state_dict)
 """
 
@@ -75,6 +78,25 @@ for name, small in (("options_differ", world.rank), ("negative_small", -1 if wor
         DistributedDataParallel(ddp_common.TwoHeads(0, np.float64), group=world, small_bucket_bytes=small)
         seen[name] = "no error"
     except ValueError as error:
+        seen[name] = f"{type(error).__name__}: {error}"
+
+
+def frozen(everything: bool) -> nn.Module:
+    module = ddp_common.TwoHeads(0, np.float64)
+    for p in module.parameters():
+        p.requires_grad = not everything
+    return module
+
+
+for name, module in (
+    ("all_frozen", frozen(True)),
+    ("no_parameters", nn.Tanh()),
+    ("frozen_on_rank_1", frozen(world.rank == 1)),
+):
+    try:
+        DistributedDataParallel(module, group=world)
+        seen[name] = "no error"
+    except RuntimeError as error:
         seen[name] = f"{type(error).__name__}: {error}"
 
 batches = 2 if world.rank == world.size - 1 else 3
