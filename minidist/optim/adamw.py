@@ -17,8 +17,8 @@ class AdamW(Optimizer):
     p = p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 
     Defaults are PyTorch's. ``params``: tensors, or parameter groups (dicts, as PyTorch) whose values
-    override these arguments. Raises ``ValueError`` (for the arguments or any group) for betas outside
-    [0, 1), or eps/weight_decay < 0.
+    override these arguments. Raises ``ValueError`` as torch does (for the arguments or any group): lr,
+    eps or weight_decay below 0, betas outside [0, 1), any of them NaN.
     """
 
     def __init__(
@@ -33,11 +33,13 @@ class AdamW(Optimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
-        betas, eps, weight_decay = group["betas"], group["eps"], group["weight_decay"]
-        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"AdamW: betas must lie in [0, 1), got {betas}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError(f"AdamW: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
+        if not 0.0 <= group["eps"]:
+            raise ValueError(f"Invalid epsilon value: {group['eps']}")
+        for k, beta in enumerate(group["betas"]):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {k}: {beta}")
+        if not 0.0 <= group["weight_decay"]:
+            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
 
     def step(self) -> None:
         """Update every parameter that has a gradient, in place, with its group's values."""

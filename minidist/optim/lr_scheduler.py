@@ -22,13 +22,13 @@ from typing import Any
 class LRScheduler:
     """Base class: subclasses define ``lr_at(base_lr, t)``, the rate after ``t`` calls of ``step()``.
 
-    ``last_epoch`` counts the calls (PyTorch's name; it counts whatever you step per: steps or
-    epochs). Raises ``TypeError`` for an object without ``param_groups``.
-    """
+    ``last_epoch`` counts the calls (PyTorch's name; it counts whatever you step per: steps or epochs).
+    Arguments get torch's checks and messages (NaN fails each); one torch takes but crashes on at the first
+    ``step()`` is refused, with our message. Raises ``TypeError`` for an object without ``param_groups``."""
 
     def __init__(self, optimizer: Any) -> None:
         if not hasattr(optimizer, "param_groups"):
-            raise TypeError(f"{type(self).__name__} needs an optimizer, got a {type(optimizer).__name__}")
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
         self.optimizer = optimizer
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])  # a second scheduler starts from the same base
@@ -63,16 +63,13 @@ class LRScheduler:
 
 
 class LambdaLR(LRScheduler):
-    """lr = base_lr * lr_lambda(t); ``lr_lambda`` one function, or a list of one per group.
-
-    Raises ``ValueError`` if a list has another length than ``param_groups``.
-    """
+    """lr = base_lr * lr_lambda(t); ``lr_lambda`` one function, or a list of one per group (or ValueError)."""
 
     def __init__(self, optimizer: Any, lr_lambda: Callable[[int], float] | Sequence[Callable]) -> None:
         n = len(optimizer.param_groups)
         lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
         if len(lambdas) != n:
-            raise ValueError(f"LambdaLR: {len(lambdas)} lr_lambdas for {n} parameter groups")
+            raise ValueError(f"Expected {n} lr_lambdas, but got {len(lambdas)}")
         self.lr_lambdas = lambdas
         super().__init__(optimizer)
 
@@ -89,7 +86,7 @@ class StepLR(LRScheduler):
     """lr = base_lr * gamma^floor(t / step_size). Raises ``ValueError`` for step_size < 1."""
 
     def __init__(self, optimizer: Any, step_size: int, gamma: float = 0.1) -> None:
-        if step_size < 1:
+        if not step_size >= 1:
             raise ValueError(f"StepLR: step_size must be >= 1, got {step_size}")
         self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer)
@@ -100,18 +97,19 @@ class StepLR(LRScheduler):
 
 class LinearLR(LRScheduler):
     """lr = base_lr * (s + (e - s) * min(t, total_iters) / total_iters), s/e the start/end factors.
-
-    Raises ``ValueError`` unless 0 < start_factor <= 1, 0 <= end_factor <= 1 and total_iters >= 1.
-    """
+    Raises ``ValueError`` unless 0 < start_factor <= 1, 0 <= end_factor <= 1 and total_iters >= 1."""
 
     def __init__(
         self, optimizer: Any, start_factor: float = 1 / 3, end_factor: float = 1.0, total_iters: int = 5
     ) -> None:
-        if not 0 < start_factor <= 1 or not 0 <= end_factor <= 1 or total_iters < 1:
+        if not 0 < start_factor <= 1:
             raise ValueError(
-                f"LinearLR: needs 0 < start_factor <= 1, 0 <= end_factor <= 1, total_iters >= 1; got "
-                f"{start_factor}, {end_factor}, {total_iters}"
+                "Starting multiplicative factor expected to be greater than 0 and less or equal to 1."
             )
+        if not 0 <= end_factor <= 1:
+            raise ValueError("Ending multiplicative factor expected to be between 0 and 1.")
+        if not total_iters >= 1:
+            raise ValueError(f"LinearLR: total_iters must be >= 1, got {total_iters}")
         self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, total_iters
         super().__init__(optimizer)
 
@@ -122,12 +120,10 @@ class LinearLR(LRScheduler):
 
 class CosineAnnealingLR(LRScheduler):
     """lr = eta_min + (base_lr - eta_min) (1 + cos(pi t / T_max)) / 2 (SGDR, eq. 5, without restarts).
-
-    Raises ``ValueError`` for T_max < 1.
-    """
+    Raises ``ValueError`` for T_max < 1."""
 
     def __init__(self, optimizer: Any, T_max: int, eta_min: float = 0.0) -> None:  # noqa: N803 (torch's name)
-        if T_max < 1:
+        if not T_max >= 1:
             raise ValueError(f"CosineAnnealingLR: T_max must be >= 1, got {T_max}")
         self.T_max, self.eta_min = T_max, eta_min
         super().__init__(optimizer)
@@ -137,20 +133,28 @@ class CosineAnnealingLR(LRScheduler):
 
 
 class SequentialLR(LRScheduler):
-    """``schedulers[k]`` from step ``milestones[k-1]`` on, restarted at its own step 0 there.
-
-    Raises ``ValueError`` unless there is one milestone fewer than schedulers, milestones increase,
-    and every scheduler drives ``optimizer``.
-    """
+    """``schedulers[k]`` from step ``milestones[k-1]`` on, restarted at its own step 0 there. Raises
+    ``ValueError`` unless there is a scheduler, every one drives ``optimizer``, and there is one
+    milestone fewer than schedulers (torch's checks), the milestones increasing (ours)."""
 
     def __init__(self, optimizer: Any, schedulers: Sequence[LRScheduler], milestones: Sequence[int]) -> None:
-        if len(milestones) != len(schedulers) - 1 or list(milestones) != sorted(milestones):
+        if not schedulers:
+            raise ValueError("SequentialLR expects at least one scheduler, but got no scheduler.")
+        for k, s in enumerate(schedulers):
+            if s.optimizer is not optimizer:
+                raise ValueError(
+                    "SequentialLR expects all schedulers to belong to the same optimizer, but got scheduler "
+                    f"{type(s).__name__} at index {k} has {s.optimizer}, which is different from "
+                    f"{type(optimizer).__name__}."
+                )
+        if len(milestones) != len(schedulers) - 1:
             raise ValueError(
-                f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} increasing "
-                f"milestones, got {list(milestones)}"
+                "Sequential Schedulers expects number of schedulers provided to be one more than the number "
+                f"of milestone points, but got number of schedulers {len(schedulers)} and the number of "
+                f"milestones to be equal to {len(milestones)}"
             )
-        if any(s.optimizer is not optimizer for s in schedulers):
-            raise ValueError("SequentialLR: every scheduler must drive the optimizer passed to SequentialLR")
+        if list(milestones) != sorted(milestones):
+            raise ValueError(f"SequentialLR: milestones must increase, got {list(milestones)}")
         self.schedulers, self.milestones = list(schedulers), list(milestones)
         for scheduler in self.schedulers:  # undo their construction steps: the first starts at step 0 below
             scheduler.last_epoch -= 1
@@ -181,10 +185,8 @@ def cosine_with_warmup(
     optimizer: Any, warmup_steps: int, total_steps: int, eta_min: float = 0.0, start_factor: float = 1e-3
 ) -> SequentialLR:
     """Linear warmup from ``start_factor * lr`` to ``lr`` over ``warmup_steps``, then cosine decay to
-    ``eta_min`` at ``total_steps``: ``SequentialLR([LinearLR, CosineAnnealingLR], [warmup_steps])``,
-    the same schedule as that composition in PyTorch. Raises ``ValueError`` unless
-    1 <= warmup_steps < total_steps.
-    """
+    ``eta_min`` at ``total_steps``: ``SequentialLR([LinearLR, CosineAnnealingLR], [warmup_steps])``, the
+    same schedule as that composition in PyTorch. ``ValueError`` unless 1 <= warmup_steps < total_steps."""
     if not 1 <= warmup_steps < total_steps:
         raise ValueError(
             f"cosine_with_warmup: needs 1 <= warmup_steps < total_steps, got {warmup_steps}, {total_steps}"

@@ -9,6 +9,7 @@ changes ``optimizer.param_groups[k]["lr"]`` and the next step uses it.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,21 +19,20 @@ from minidist.autograd import Tensor
 
 class Optimizer:
     """Base class. Subclasses implement ``step()`` and may check a group's values in ``check_group``;
-    updates happen in place on ``param.data``.
-
-    ``params`` is an iterable of tensors (one group) or of dicts (one group each, with a ``"params"``
-    key). ``self.params`` lists every parameter, group after group, and ``state[i]`` holds the arrays
-    of the i-th (e.g. a momentum buffer), so that ``state_dict()`` names them by index, as PyTorch does.
+    updates happen in place on ``param.data``. ``params`` is an iterable of tensors (one group) or of
+    dicts (one group each, with a ``"params"`` key). ``self.params`` lists every parameter, group after
+    group, and ``state[i]`` holds the arrays of the i-th (e.g. a momentum buffer), so that
+    ``state_dict()`` names them by index, as PyTorch does. ``defaults`` fills in groups added later.
 
     Raises ``ValueError`` for an empty parameter list (an empty group is fine, as in torch), a parameter
-    in two groups, a group without ``"params"`` or a non-positive learning rate, and ``TypeError`` for
-    something that is not a tensor.
+    in two groups, a group without ``"params"`` or an invalid value (torch's checks and messages, on every
+    group: ``lr`` must be >= 0, and NaN never is), and ``TypeError`` for something that is not a tensor.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], defaults: dict[str, Any]) -> None:
         if isinstance(params, Tensor):
             raise TypeError("optimizers take an iterable of tensors (model.parameters()), got one Tensor")
-        self.defaults = dict(defaults)
+        self.defaults = Defaults(defaults)
         self.check_group(self.defaults)
         self.param_groups: list[dict[str, Any]] = []
         self.params: list[Tensor] = []
@@ -83,9 +83,10 @@ class Optimizer:
         self.params.extend(unique)
 
     def check_group(self, group: dict[str, Any]) -> None:
-        """Raise ``ValueError`` for hyperparameters that make no sense; subclasses add their own."""
-        if group.get("lr", 1.0) <= 0:
-            raise ValueError(f"learning rate must be positive, got lr={group['lr']}")
+        """Raise ``ValueError`` as torch does for a bad value; subclasses add their own. Written as
+        ``not 0.0 <= value``, as torch's Adam writes them: any comparison with NaN is False."""
+        if not 0.0 <= group.get("lr", 0.0):
+            raise ValueError(f"Invalid learning rate: {group['lr']}")
 
     def indexed_groups(self) -> Iterable[tuple[dict[str, Any], int, Tensor]]:
         """``(group, i, parameter)`` for every parameter, ``i`` its index into ``params`` and ``state``."""
@@ -125,31 +126,31 @@ class Optimizer:
     def load_state_dict(self, state_dict: dict[str, Any], copy: bool = True) -> None:
         """Restore what ``state_dict()`` returned; nothing changes unless all of it fits.
 
-        Each group's hyperparameters (a scheduled ``lr`` included) are restored from
-        ``"param_groups"``; a saved group without ``"params"`` restores values only (checkpoints do
-        this, as ZeRO's groups hold a different number of shards at another data-parallel size). The
-        older layout with ``"defaults"`` instead of ``"param_groups"`` sets every group's values.
+        Each group's hyperparameters (a scheduled ``lr`` included) are restored from ``"param_groups"``;
+        a saved group without ``"params"`` restores values only (checkpoints do this, as ZeRO's groups
+        hold a different number of shards at another data-parallel size). The older layout with
+        ``"defaults"`` instead of ``"param_groups"`` sets every group's values. The arrays are copied,
+        so the caller's dict stays independent of the optimizer (as in PyTorch); ``copy=False`` takes
+        them over instead, for a caller whose arrays nobody else holds (``minidist.checkpoint.load``,
+        with freshly read arrays, saves copying the whole state).
 
-        The arrays are copied, so the caller's dict stays independent of the optimizer (as in
-        PyTorch). ``copy=False`` takes them over instead, for a caller whose arrays nobody else holds:
-        ``minidist.checkpoint.load`` passes freshly read arrays and saves copying the whole state.
-
-        Raises ``ValueError`` if the state names a parameter index that does not exist, holds an array
-        whose shape differs from its parameter's (it belongs to another model), or has another number
-        of groups or of parameters in a group.
+        Raises ``ValueError`` if the state has another number of groups or of parameters in a group
+        (torch's messages, then the numbers), names a parameter index that does not exist, or holds an
+        array whose shape differs from its parameter's (it belongs to another model).
         """
         saved_groups = state_dict.get("param_groups")
         if saved_groups is not None:
             if len(saved_groups) != len(self.param_groups):
                 raise ValueError(
-                    f"the optimizer state has {len(saved_groups)} parameter groups, this optimizer "
-                    f"{len(self.param_groups)}; build it with the same groups as the saved one"
+                    f"loaded state dict has a different number of parameter groups ({len(saved_groups)} "
+                    f"saved, {len(self.param_groups)} here); build the optimizer with the saved groups"
                 )
             for k, (saved, ours) in enumerate(zip(saved_groups, self.param_groups)):
                 if "params" in saved and len(saved["params"]) != len(ours["params"]):
                     raise ValueError(
-                        f"parameter group {k} has {len(saved['params'])} parameters in the optimizer "
-                        f"state but {len(ours['params'])} here; build it with the same groups"
+                        "loaded state dict contains a parameter group that doesn't match the size of "
+                        f"optimizer's group (group {k}: {len(saved['params'])} saved, "
+                        f"{len(ours['params'])} here)"
                     )
         for i, s in state_dict["state"].items():
             i = int(i)
@@ -176,6 +177,23 @@ class Optimizer:
                 for group in self.param_groups:
                     group.update(state_dict["defaults"])
         self.step_count = int(state_dict.get("step_count", self.step_count))
+
+
+class Defaults(dict):
+    """``optimizer.defaults``, the values that groups added later take: writing to it warns, once."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not self.__dict__.get("warned"):  # (a rate changed here would reach no existing group)
+            self.warned = True
+            warnings.warn(
+                "opt.defaults only fills in groups added later (add_param_group); to change the rate of "
+                "existing groups set group['lr'] for group in opt.param_groups",
+                stacklevel=2,
+            )
+        super().__setitem__(key, value)
+
+    def __reduce__(self) -> tuple:  # copies and pickles rebuild it from its items, without a warning
+        return type(self), (dict(self),)
 
 
 def _take(array: Any, copy: bool) -> Any:

@@ -18,14 +18,14 @@ class SGD(Optimizer):
     p = p - lr * g
 
     ``params``: tensors, or parameter groups (dicts, as PyTorch) whose values override these
-    arguments. Raises ``ValueError`` (for the arguments or any group) for negative momentum or weight
-    decay, or nesterov without momentum (or with dampening).
+    arguments. Defaults are torch's. Raises ``ValueError`` as torch does (for the arguments or any
+    group): lr, momentum or weight_decay below 0 or NaN, nesterov without momentum or with dampening.
     """
 
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.01,
+        lr: float = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
@@ -38,11 +38,11 @@ class SGD(Optimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
-        momentum, weight_decay = group["momentum"], group["weight_decay"]
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
-        if group["nesterov"] and (momentum <= 0 or group["dampening"] != 0):
-            raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
+        for name in ("momentum", "weight_decay"):  # torch's order
+            if not 0.0 <= group[name]:
+                raise ValueError(f"Invalid {name} value: {group[name]}")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def step(self) -> None:
         """Update every parameter that has a gradient, in place, with its group's values."""

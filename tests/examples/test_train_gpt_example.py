@@ -223,8 +223,10 @@ def test_a_text_without_a_newline_is_sampled_from_its_first_character(tmp_path):
         (("--data", "missing.txt"), "error on ranks 0-1: text file 'missing.txt' does not exist"),
         (("--data", "LATIN1"), "error on ranks 0-1: text file '{}' is not valid UTF-8 (byte 0xe9"),
         (("--data", "SHORT"), "error on ranks 0-1: the text's validation part (last 10 %) has 3 characters"),
+        # NaN passes every "lr <= 0" test; AdamW refuses it as torch's does, on every rank.
+        (("--lr", "nan", "--max-iters", "1"), "error on ranks 0-1: Invalid learning rate: nan"),
     ],
-    ids=["batch", "heads", "missing-file", "not-utf8", "short-validation"],
+    ids=["batch", "heads", "missing-file", "not-utf8", "short-validation", "nan-lr"],
 )
 def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
     latin1 = tmp_path / "latin1.txt"

@@ -206,6 +206,16 @@ def test_global_batch_larger_than_the_data_set_is_an_error_on_every_rank():
     assert result.stderr.startswith("error on ranks 0-1: --batch-size 100000 is larger than the training set")
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("flags", [(), ("--pp", "2")], ids=["ddp", "pipeline"])
+def test_a_nan_learning_rate_is_one_error_on_every_rank(flags):
+    # NaN passes the "--lr > 0" test of the command line (every comparison with NaN is False); SGD
+    # refuses it with torch's message, on every rank, before any step.
+    result = run_mpi(2, EXAMPLE, "--lr", "nan", "--max-steps", "1", *flags, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr == "error on ranks 0-1: Invalid learning rate: nan\n", result.stderr
+
+
 def test_bad_device_is_a_clean_error_not_a_traceback():
     result = run_one_process(env={"MINIDIST_DEVICE": "gpu"})
     assert result.returncode == 2

@@ -95,7 +95,7 @@ def test_scheduler_arguments_are_checked():
         sched.StepLR(opt, step_size=0)
     with pytest.raises(ValueError, match="1 <= warmup_steps < total_steps, got 10, 10"):
         sched.cosine_with_warmup(opt, warmup_steps=10, total_steps=10)
-    with pytest.raises(TypeError, match="needs an optimizer"):
+    with pytest.raises(TypeError, match="list is not an Optimizer"):
         sched.StepLR([nn.Parameter(np.zeros(2))], step_size=1)
 
 
@@ -133,7 +133,7 @@ def test_optimizer_state_dict_has_torchs_layout_and_restores_scheduled_rates():
     fresh = _two_groups(md, [nn.Parameter(np.ones(2)), nn.Parameter(np.ones(3))])
     fresh.load_state_dict(sd)
     assert [g["lr"] for g in fresh.param_groups] == [0.3, 0.01]
-    with pytest.raises(ValueError, match="has 2 parameter groups, this optimizer 1"):
+    with pytest.raises(ValueError, match=r"different number of parameter groups \(2 saved, 1 here\)"):
         optim.SGD([nn.Parameter(np.ones(2)), nn.Parameter(np.ones(3))], lr=0.1).load_state_dict(sd)
 
 
@@ -143,9 +143,9 @@ def test_param_group_mistakes_are_named():
         optim.SGD([{"params": [a, b]}, {"params": [b]}], lr=0.1)
     with pytest.raises(ValueError, match='must be a dict with a "params" key'):
         optim.SGD([{"params": [a]}, {"lr": 0.1}], lr=0.1)
-    with pytest.raises(ValueError, match="nesterov=True needs momentum > 0"):
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum and zero dampening"):
         optim.SGD([{"params": [a], "momentum": 0.0}], lr=0.1, momentum=0.9, nesterov=True)
-    with pytest.raises(ValueError, match="learning rate must be positive, got lr=-1"):
+    with pytest.raises(ValueError, match="Invalid learning rate: -1"):
         optim.AdamW([{"params": [a], "lr": -1}])
 
 
