@@ -1,11 +1,10 @@
 """Checks of the files on disk: every field of ``manifest.json``, and each shard file against it.
 
-``manifest.json`` is plain text that a person (or a failing disk) can change while it stays valid
-JSON: ``tensors`` turned into a list, an empty ``shards`` list, ``format_version`` written as the
-string ``"1"``, a shard's shape edited. Code that trusted the fields would then fail with an
-``AttributeError`` or ``IndexError`` far from the cause, or, worse, hand MPI a buffer of the wrong
+``manifest.json`` is plain text that a person (or a failing disk) can change while it stays valid JSON
+(``tensors`` turned into a list, ``format_version`` written as ``"1"``, a shard's shape or the step
+edited). Code that trusted the fields would fail far from the cause, or hand MPI a buffer of the wrong
 size on one rank. So :func:`check_manifest` checks every field that ``load``, ``save`` and the CLI read
-(``format.read_manifest`` calls it), and turns any problem into a ``CheckpointError`` naming the field;
+(``format.read_manifest`` calls it), raising a ``CheckpointError`` naming the field;
 ``load_latest(fallback=True)`` then steps back to an older checkpoint as for any other damage.
 
 A shard file is checked by its size and sha256 against the manifest's (:func:`read_shard`, the only
@@ -27,6 +26,7 @@ import numpy as np
 import safetensors
 
 from minidist import random as md_random
+from minidist.checkpoint.atomic import is_step_dirname
 from minidist.checkpoint.errors import CheckpointError
 from minidist.checkpoint.layout import piece_shape
 
@@ -40,13 +40,10 @@ def _is_int(value: Any, low: int = 0) -> bool:
 
 
 def check_manifest(manifest: Any, path: Path) -> None:
-    """Raise ``CheckpointError`` (naming ``path`` and the field) unless ``manifest`` is well formed.
-
-    Checks the types of every field the checkpoint code reads, that shard shapes assemble to the
-    global shape along ``tp_dim`` (their sum: pieces may be uneven; which piece goes where is split.py's
-    rule, checked when ``layout.local_piece`` assembles them), that every shard names a listed file,
-    and that ``ranks`` has one record per rank of the saved mesh.
-    """
+    """Raise ``CheckpointError`` (naming ``path`` and the field) unless ``manifest`` is well formed: the
+    types of every field the code reads, a step that matches a ``step_<n>`` folder's name, shard shapes
+    that sum to the global shape along ``tp_dim`` (which piece goes where is split.py's rule, checked by
+    ``layout.local_piece``), shards that name listed files, one ``ranks`` record per rank of the mesh."""
 
     def bad(field: str, why: str) -> CheckpointError:
         return CheckpointError(f"manifest field {field} {why} (corrupt or hand-edited manifest?)", path)
@@ -56,6 +53,8 @@ def check_manifest(manifest: Any, path: Path) -> None:
         raise bad("'format_version'", f"must be an int >= 1, got {version!r}")
     if not _is_int(manifest["step"]):
         raise bad("'step'", f"must be an int >= 0, got {manifest['step']!r}")
+    if is_step_dirname(folder := path.parent.name) and int(folder[5:]) != manifest["step"]:  # step_<n>
+        raise bad("'step'", f"is {manifest['step']}, but the folder is {folder}")
     mesh = manifest["mesh"]
     if not isinstance(mesh, dict) or not all(
         _is_int(mesh.get(k), 1) for k in ("dp", "tp", "pp", "world_size")

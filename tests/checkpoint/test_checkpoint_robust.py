@@ -103,6 +103,8 @@ MALFORMED = {
     "global shape": (edit(lambda m: first_tensor(m).update(global_shape=[8, 5])), "one shard of the global"),
     "version a string": (edit(lambda m: m.update(format_version="1")), "must be an int >= 1, got '1'"),
     "step a string": (edit(lambda m: m.update(step="x")), "'step' must be an int >= 0, got 'x'"),
+    # a resumed run would otherwise count steps (and draw batches) from the edited number
+    "step edited": (edit(lambda m: m.update(step=7)), "'step' is 7, but the folder is step_000000003"),
     "file name escapes": (edit(lambda m: m.update(files={"../x": {}})), "plain file name"),
     "dtype": (edit(lambda m: first_tensor(m).update(dtype="complex128")), "int/float dtype"),
     "rng state": (edit(lambda m: m["ranks"][0]["rng"].update(state="zzz")), "malformed random-gen"),
