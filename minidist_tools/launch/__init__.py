@@ -12,13 +12,33 @@ box (``--cluster NAME --nodes MIN:MAX``) it continues on the nodes still alive. 
     result.returncode, result.restarts, result.events
 
 Reading order: supervisor.py (the loop) -> job.py (one attempt, its output) -> processes.py (ending
-every process of a job) -> checkpoints.py (progress, the newest checkpoint that verifies) -> nodes.py
-(node health, the nodes of each attempt) -> events.py (the log) -> env.py (what the ranks are told)
--> __main__.py (the command line). After TorchElastic (``torchrun --max-restarts``, ``--nnodes MIN:MAX``).
+every process of a job) -> reaper.py (ending it when the launcher itself is killed) -> lock.py (one
+live job per checkpoint folder) -> checkpoints.py (progress, the newest checkpoint that verifies) ->
+nodes.py (node health, the nodes of each attempt) -> events.py (the log) -> env.py (what the ranks are
+told) -> __main__.py (the command line). After TorchElastic (``torchrun --max-restarts``, ``--nnodes
+MIN:MAX``).
+
+``launch`` and ``LaunchResult`` are imported on first use: the reaper (``python -m
+minidist_tools.launch.reaper``) passes through this file and must start in a fraction of a second,
+without the framework the supervisor imports (checkpoints.py reads manifests with it).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import read_log
-from minidist_tools.launch.supervisor import LaunchResult, launch
+
+if TYPE_CHECKING:
+    from minidist_tools.launch.supervisor import LaunchResult, launch
 
 __all__ = ["LaunchError", "LaunchResult", "launch", "read_log"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("LaunchResult", "launch"):
+        from minidist_tools.launch import supervisor  # noqa: PLC0415  (the heavy part, on first use)
+
+        return getattr(supervisor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

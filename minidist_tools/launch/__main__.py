@@ -1,7 +1,9 @@
 """``minidist launch -n N [--max-restarts K] [--nodes MIN:MAX --cluster NAME] -- COMMAND...``
 
 Exit code: the command's when it succeeds; when every restart is used, the last failure's (1 if it had
-none); 2 for bad arguments; 130 after Ctrl-C, 143 after SIGTERM (the job is ended first).
+none); 1 when another launch's job still uses the checkpoint folder; 2 for bad arguments; 130 after
+Ctrl-C, 143 after SIGTERM (the job is ended first). If the launcher is killed outright (SIGKILL), its
+reaper ends the job.
 """
 
 from __future__ import annotations

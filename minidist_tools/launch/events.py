@@ -17,6 +17,9 @@ restart     the next attempt is about to start (``restart`` = its number, ``node
 done        the command succeeded (``returncode`` 0, ``restarts``)
 give_up     no restart left, or too few nodes: ``returncode``, ``detail``
 interrupted the launcher got Ctrl-C or SIGTERM and ended the job
+reaped      written by the reaper (reaper.py): the launcher died without ending the job (SIGKILL, the
+            OOM killer) and the reaper killed every process of it: ``killed``, ``seconds``,
+            ``launcher_pid`` (``error`` and ``killed`` None if some survived SIGKILL)
 ==========  ========================================================================================
 
 JSON lines (one ``json.loads`` per line) so that a test, a notebook or ``jq`` can read a log that is

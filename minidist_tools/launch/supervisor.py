@@ -13,6 +13,9 @@
 The same loop as TorchElastic's agent (``torchrun --max-restarts``: all workers are stopped and started
 again, "the elastic agent restarts the whole worker group"), over MPI. The launcher never tells the
 ranks where to resume from: the checkpoint is the contract. It only checks the folder, for the log.
+
+Around the loop, ``launch`` takes the checkpoint folder for this run (lock.py: one live job per folder)
+and starts the reaper (reaper.py), which ends the job if the launcher itself is killed outright.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from minidist_tools.cluster import Cluster
 from minidist_tools.cluster.launch import sigterm_raises
-from minidist_tools.launch import checkpoints, env, nodes, processes
+from minidist_tools.launch import checkpoints, env, lock, nodes, processes, reaper
 from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import EventLog
 from minidist_tools.launch.job import Job
@@ -75,7 +78,9 @@ def launch(
     ``MINIDIST_RUN_ID`` (env.py). Returns a :class:`LaunchResult`: returncode 0 on success, else the
     last failure's exit code (1 if it had none, e.g. killed for a stall). Raises ``ValueError`` for bad
     arguments (no command, n < 1, MIN > MAX, ``nodes`` without ``cluster``...), ``LaunchError`` if the
-    cluster does not exist; ``KeyboardInterrupt`` / ``SystemExit(143)`` (SIGTERM) after ending the job.
+    cluster does not exist or another launch's job still uses the checkpoint folder (lock.py);
+    ``KeyboardInterrupt`` / ``SystemExit(143)`` (SIGTERM) after ending the job. If this process is
+    killed outright (SIGKILL, the OOM killer), its reaper ends the job within a second (reaper.py).
     """
     plan = check_arguments(list(cmd), n, max_restarts, nodes, cluster, monitor_interval, stall_timeout)
     run_id = uuid.uuid4().hex[:12]
@@ -85,17 +90,31 @@ def launch(
     if ckpt is not None and not ckpt.is_absolute():
         ckpt = Path(cwd or ".") / ckpt
     log_path = Path(log) if log is not None else (ckpt or Path(cwd or ".")) / "launch.log"
-    events = EventLog(log_path.absolute(), run_id)
-    supervisor = _Supervisor(
-        list(cmd), plan, max_restarts, events, ckpt, monitor_interval, stall_timeout, cwd
-    )
-    with sigterm_raises():  # SIGTERM -> SystemExit, so the job is ended as for Ctrl-C
-        return supervisor.run()
+    # One live job per folder (lock.py): LaunchError if another launch's job still writes to it.
+    folder = None if ckpt is None else lock.acquire(ckpt.absolute(), run_id, list(cmd))
+    try:
+        events = EventLog(log_path.absolute(), run_id)
+        # If this process dies by a signal it cannot catch, the reaper ends the job (reaper.py).
+        lifeline = reaper.Lifeline(run_id, events.path, holds=None if folder is None else folder.fd)
+        if folder is not None:
+            folder.record(reaper=lifeline.proc.pid)
+        supervisor = _Supervisor(
+            list(cmd), plan, max_restarts, events, ckpt, monitor_interval, stall_timeout, cwd, lifeline
+        )
+        try:
+            with sigterm_raises():  # SIGTERM -> SystemExit, so the job is ended as for Ctrl-C
+                return supervisor.run()
+        finally:  # every way out ended the job; "done" only if a last look agrees
+            lifeline.release(job_gone=not processes.job_processes(run_id))
+    finally:
+        if folder is not None:
+            folder.close()
 
 
 class _Supervisor:
-    def __init__(self, cmd, plan, max_restarts, events, ckpt, interval, stall_timeout, cwd) -> None:  # noqa: ANN001
+    def __init__(self, cmd, plan, max_restarts, events, ckpt, interval, stall_timeout, cwd, lifeline) -> None:  # noqa: ANN001
         self.cmd, self.plan, self.max_restarts, self.events = cmd, plan, max_restarts, events
+        self.lifeline = lifeline
         self.ckpt, self.interval, self.stall_timeout, self.cwd = ckpt, interval, stall_timeout, cwd
         self.job: Job | None = None
         self.used: list[str] = []  # the cluster nodes of the current attempt
@@ -147,6 +166,7 @@ class _Supervisor:
             self.used, problems = nodes.choose_nodes(c, wanted, minimum)  # LaunchError: too few
             n, where = len(self.used) * c.ranks_per_node, nodes.describe(self.used, c.ranks_per_node)
             prefix = c.mpiexec_command(n, nodes=self.used)
+            self.lifeline.nodes(self.used)  # the reaper's sweep covers the namespaces of this attempt
             if problems:
                 self.events.write(
                     "nodes", "left out: " + "; ".join(f"{k}: {v}" for k, v in problems.items()), dead=problems

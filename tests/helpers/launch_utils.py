@@ -77,12 +77,34 @@ class Launcher:
             time.sleep(0.05)
         raise AssertionError(f"{n} ranks of attempt {restart} never ran:\n{self.output()}")
 
+    def wait_for_output(self, text: str, count: int = 1, timeout: float = 120) -> None:
+        """Wait until the job's output (passed through the launcher's stdout) holds ``text`` ``count``
+        times: a readiness line the ranks print."""
+        deadline = time.monotonic() + timeout
+        while self.out_path.read_text().count(text) < count:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"the launcher ended (exit {self.proc.returncode}) first:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{count} x {text!r} not printed within {timeout} s:\n{self.output()}")
+            time.sleep(0.05)
+
     def wait(self, timeout: float) -> int:
+        """The launcher's exit code. Past ``timeout`` it gets SIGABRT (with ``PYTHONFAULTHANDLER=1`` in
+        its environment it then prints every thread's Python stack on stderr) and the test fails, showing
+        where it was stuck."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            state = _process_state(self.proc.pid)
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
             raise AssertionError(
-                f"the launcher did not finish within {timeout} s:\n{self.output()}"
+                f"the launcher did not finish within {timeout} s ({state}):\n{self.output()}"
             ) from None
 
     def output(self) -> str:
@@ -96,6 +118,17 @@ class Launcher:
         started = self.events("start")
         if started:
             kill_job(started[0]["run_id"])
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's word on ``pid``: its state and where it sleeps (for a test that timed out)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except FileNotFoundError:
+        return "gone"
+    wanted = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt", "Threads")
+    return "; ".join(line for line in status if line.split(":")[0] in wanted) + f"; wchan {wchan}"
 
 
 def leftovers(run_id: str) -> list[int]:

@@ -11,8 +11,9 @@ test gives :func:`run_mpi` (``run_mpi(2, "ddp/ddp_trace.py", ...)``):
 * ``ddp/``, ``zero/``, ``tensor_parallel/``, ``pipeline/``, ``mesh/``: ``minidist.parallel``;
 * ``checkpoint/``: ``minidist.checkpoint``;
 * ``training/``: end-to-end runs (the GPU backend, ``examples/train_mlp.py`` with a killed rank).
-* ``failures/``: faults injected into ``examples/train_mlp.py`` for the launcher's restarts, and an
-  all-reduce loop whose link a test cuts (tests/test_failures*.py).
+* ``failures/``: faults injected into ``examples/train_mlp.py`` for the launcher's restarts, an
+  all-reduce loop whose link a test cuts (tests/tools/launch/test_failures*.py), and a silent job
+  whose launcher a test kills (tests/tools/launch/test_launcher_killed.py).
 
 ``tests/workers/`` itself holds the modules shared by several workers and tests: ``dist_worker_utils``
 (run a rank's main, abort the job on an error, write results) and ``ddp_common``, ``zero_common``,

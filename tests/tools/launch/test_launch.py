@@ -39,8 +39,8 @@ TRAIN = ["--epochs", "3", "--hidden", "32", "32", "--checkpoint-every", "4"]
 def launcher(tmp_path):
     started: list[Launcher] = []
 
-    def start(args: list[str], command: list[str], name: str = "launch") -> Launcher:
-        started.append(Launcher(args, command, tmp_path / f"{name}.log"))
+    def start(args: list[str], command: list[str], name: str = "launch", env: dict | None = None) -> Launcher:
+        started.append(Launcher(args, command, tmp_path / f"{name}.log", env=env))
         return started[-1]
 
     yield start
@@ -132,12 +132,19 @@ def test_a_silent_job_counts_as_hung(launcher):
 @pytest.mark.mpi
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_stopping_the_launcher_ends_every_rank(launcher, signum, code):
-    run = launcher(
-        ["-n", "2", "--monitor-interval", "0.2"], [sys.executable, "-c", "import time; time.sleep(120)"]
-    )
-    run.ranks(2)
+    # Each rank says "ready" once it runs the command; the launcher passes that on to its stdout, so
+    # the job is up and the launcher is watching it when the signal comes.
+    ready = "import os, time; os.write(1, b'ready\\n'); time.sleep(300)"
+    run = launcher(["-n", "2", "--monitor-interval", "0.2"], [sys.executable, "-c", ready],
+                   env={"PYTHONFAULTHANDLER": "1"})  # fmt: skip
+    run.wait_for_output("ready\n", count=2, timeout=120)
+    stopped = time.monotonic()
     run.proc.send_signal(signum)  # Ctrl-C sends SIGINT to the launcher (the job has its own session)
-    assert run.wait(30) == code
+    # It stops in 0.3-0.8 s (measured at load 3; SIGTERM to the job, which may take up to 2 s before
+    # SIGKILL); a loaded CI machine once took past a fixed 30 s. The test waits for the exit itself; past 300 s the launcher prints
+    # its threads' stacks (SIGABRT, PYTHONFAULTHANDLER) and the test fails with them.
+    assert run.wait(300) == code
+    print(f"{signum.name} -> the launcher exited after {time.monotonic() - stopped:.2f} s")
     assert run.events()[-1]["event"] == "interrupted"
     assert leftovers(run.run_id) == []
 

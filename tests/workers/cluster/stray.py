@@ -19,7 +19,9 @@ pid_dir, mode = Path(sys.argv[1]), sys.argv[2]
 quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 stray = subprocess.Popen(["sleep", "300"], start_new_session=True, **quiet)
 rank = os.environ["PMI_RANK"]  # set by MPICH's launcher for every rank
-(pid_dir / f"rank{rank}.pids").write_text(f"{os.getpid()} {stray.pid}\n")
+# Whole or not at all: a test reading the folder never sees half a file (a name, then a rename).
+(pid_dir / f".rank{rank}.tmp").write_text(f"{os.getpid()} {stray.pid}\n")
+(pid_dir / f".rank{rank}.tmp").rename(pid_dir / f"rank{rank}.pids")
 if mode == "fail":
     sys.exit(3)
 time.sleep(300)
