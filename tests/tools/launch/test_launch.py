@@ -141,8 +141,8 @@ def test_stopping_the_launcher_ends_every_rank(launcher, signum, code):
     stopped = time.monotonic()
     run.proc.send_signal(signum)  # Ctrl-C sends SIGINT to the launcher (the job has its own session)
     # It stops in 0.3-0.8 s (measured at load 3; SIGTERM to the job, which may take up to 2 s before
-    # SIGKILL); a loaded CI machine once took past a fixed 30 s. The test waits for the exit itself; past 300 s the launcher prints
-    # its threads' stacks (SIGABRT, PYTHONFAULTHANDLER) and the test fails with them.
+    # SIGKILL); a loaded CI machine once took past a fixed 30 s. The test waits for the exit itself; past
+    # 300 s the launcher prints its threads' stacks (SIGABRT, PYTHONFAULTHANDLER); the test fails with them.
     assert run.wait(300) == code
     print(f"{signum.name} -> the launcher exited after {time.monotonic() - stopped:.2f} s")
     assert run.events()[-1]["event"] == "interrupted"
