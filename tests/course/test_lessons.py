@@ -440,6 +440,47 @@ def test_a_wrong_answer_gets_a_question_first_and_a_different_nudge_after(capsys
     checks.reset_hints()
 
 
+def test_a_first_miss_names_the_input_and_the_broken_property_not_the_expected_value(capsys):
+    """A trial user's m*n for the job's MTBF got "got 7200.0, expected 1800.0", which gives m/n away."""
+    checks.reset_hints()
+    answer = "def system_mtbf(node_mtbf, nodes):\n    return node_mtbf * nodes"
+    first, second, third = (_message(answer, "checks.system_mtbf(system_mtbf)") for _ in range(3))
+    assert "nodes=2" in first and "7200" in first and "1800" not in first and "expected" not in first
+    assert "grows with the number of nodes" in first and "shrink as nodes are added" in first
+    assert "1800" not in second and "1800" in third  # a student stuck after three tries may work back
+    # Every wrong answer's first two messages leave the expected value out.
+    for stem, key, call, _check, answers in _exercises():
+        for wrong in answers["wrong"]:
+            checks.reset_hints()
+            for text in (_message(wrong, call), _message(wrong, call)):
+                leaks = ("value expected there", ", expected", "the mesh says")
+                assert not [w for w in leaks if w in text], f"{stem}/{key}:\n{text}"
+    checks.reset_hints()
+
+
+def test_figures_after_an_exercise_use_the_students_answer_once_it_passes(capsys):
+    def system_mtbf(node_mtbf, nodes):
+        return node_mtbf / nodes
+
+    assert checks.yours_or_minidists(system_mtbf) is system_mtbf
+    assert "use your system_mtbf" in capsys.readouterr().out
+
+    def young_interval(save_cost, mtbf):
+        raise NotImplementedError
+
+    fallback = checks.yours_or_minidists(young_interval)
+    assert "use minidist's young_interval" in capsys.readouterr().out
+    assert fallback is not young_interval and abs(fallback(1.0, 2.0) - 2.0) < 1e-12
+    assert not fallback.__doc__  # the library's docstring is not one help() away from the exercise
+    with pytest.raises(AssertionError):  # the quiet check counted no miss: the next one gets hint 1
+        checks.young_interval(lambda save_cost, mtbf: mtbf)
+    checks.reset_hints()
+    for source in SOURCES:  # no reference function is fetched right below an exercise any more
+        text = source.read_text()
+        for name in ("system_mtbf", "young_interval", "inter_node_bytes", "powersgd_values"):
+            assert f'stand_in("{name}")' not in text, f"{source.stem} uses minidist's {name} unasked"
+
+
 def test_no_hint_states_the_formula_of_its_exercise(capsys):
     for stem, key, call, check, answers in _exercises():
         formulas = [_squash(f) for f in FORMULAS[key]] + _solution_expressions(answers["solution"][0])

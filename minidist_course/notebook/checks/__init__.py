@@ -3,15 +3,16 @@
 Each exercise of ``lessons/NN_name.ipynb`` is a cell holding a placeholder, followed by a check cell
 such as ``checks.ring_time(ring_time)``. A check prints ``NOT DONE YET`` for an untouched placeholder (so
 a notebook runs top to bottom before any exercise is done), ``CORRECT`` and what it checked for a right
-answer, and raises ``AssertionError`` for a wrong one, naming the inputs, the answer and the expected
-value, with a hint that escalates: a question on the first miss, a nudge after, never the formula
+answer, and raises ``AssertionError`` for a wrong one, naming the input that failed, the answer and the
+property of the right answer it breaks (not the expected value, which only a third miss shows), with a
+hint that escalates: a question on the first miss, a nudge after, never the formula
 (:mod:`minidist_course.notebook.checks.harness`; ``reset_hints()`` starts the count over).
 
 The checks live in the installed package, one module per lesson, not beside the notebooks: a student
 browsing their copy of the lessons in Jupyter does not come across the code that computes the expected
 values. (Nothing here is secret, as ``minidist/distributed/algorithms/ring.py`` is not: it is code to read
-after trying.) :func:`stand_in` gives the cells after an exercise a working function while the exercise is
-not done.
+after trying.) :func:`yours_or_minidists` gives the cells after an exercise the student's function once it
+passes, minidist's until then; :func:`stand_in` gives minidist's whatever the student wrote.
 """
 
 from minidist_course.notebook.checks.harness import reset_hints
@@ -38,7 +39,7 @@ from minidist_course.notebook.checks.lesson11_transformer_parallelism import (
 from minidist_course.notebook.checks.lesson12_network_bottleneck import inter_node_bytes, powersgd_values
 from minidist_course.notebook.checks.lesson13_failures import system_mtbf, waits, young_interval
 from minidist_course.notebook.checks.lesson14_memory import block_activation_bytes
-from minidist_course.notebook.checks.stand_ins import stand_in
+from minidist_course.notebook.checks.stand_ins import stand_in, yours_or_minidists
 
 __all__ = [
     "block_activation_bytes",
@@ -71,5 +72,6 @@ __all__ = [
     "vocab_parallel_loss",
     "waits",
     "young_interval",
+    "yours_or_minidists",
     "zero_bytes",
 ]

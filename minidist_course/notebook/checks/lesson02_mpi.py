@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist_course.notebook.checks.harness import NotDone, call, exercise
+from minidist_course.notebook.checks.harness import NotDone, call, exercise, holds, same
 
 
 @exercise(
@@ -21,7 +21,20 @@ def ring_neighbors(fn: Callable[[int, int], tuple[int, int]]) -> None:
         for r in range(n):
             got = tuple(call(fn, r, n))
             want = ((r - 1) % n, (r + 1) % n)
-            assert got == want, f"ring_neighbors({r}, {n}) = {got}, expected (left, right) = {want}."
+            holds(len(got) == 2, f"ring_neighbors({r}, {n})", got, "return two ranks: (left, right)")
+            for side, mine in zip(("left", "right"), got):
+                holds(
+                    0 <= mine < n,
+                    f"ring_neighbors({r}, {n})",
+                    got,
+                    f"the {side} neighbour is not in [0, {n})",
+                )
+            same(
+                got,
+                want,
+                f"ring_neighbors({r}, {n})",
+                "a neighbour is not one step away, or left and right are swapped",
+            )
 
 
 @exercise(
@@ -35,6 +48,9 @@ def ring_pass(received: list[Any]) -> None:
         raise NotDone()  # the ring pass was skipped because ring_neighbors is not written yet
     n = len(received)
     for r, token in enumerate(received):
-        assert float(np.ravel(token)[0]) == float((r - 1) % n), (
-            f"rank {r} holds {np.ravel(token)[0]}, expected the token of rank {(r - 1) % n}."
+        same(
+            float(np.ravel(token)[0]),
+            float((r - 1) % n),
+            f"rank {r}'s token after the pass",
+            "each rank must end with the token of the neighbour it receives from",
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds, same
 from minidist_tools.perfmodel import step as perfmodel
 
 
@@ -23,7 +23,9 @@ def reduce_scatter_send_chunk(fn: Callable[[int, int, int], int]) -> None:
             for r in range(n):
                 got = call(fn, r, s, n)
                 want = (r - s - 1) % n  # as ring_reduce_scatter in minidist/distributed/algorithms/ring.py
-                assert got == want, f"send_chunk(rank={r}, step={s}, n={n}) = {got}, expected {want}."
+                context = f"send_chunk(rank={r}, step={s}, n={n})"
+                holds(isinstance(got, int) and 0 <= got < n, context, got, f"a chunk index is in [0, {n})")
+                same(got, want, context, "the chunk that arrives next is not the one this rank just reduced")
 
 
 @exercise(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds, same
 
 
 @exercise(
@@ -22,9 +22,11 @@ def tp_shard_shape(fn: Callable[[int, int, int, str], tuple[int, int]]) -> None:
     for out_f, in_f, tp in [(8, 4, 2), (12, 6, 3), (1024, 4096, 8), (6, 6, 1)]:
         for kind, want in [("column", (out_f // tp, in_f)), ("row", (out_f, in_f // tp))]:
             got = tuple(int(v) for v in call(fn, out_f, in_f, tp, kind))
-            assert got == want, (
-                f"shard_shape(out={out_f}, in={in_f}, tp={tp}, {kind!r}) = {got}, expected {want}."
+            context = f"shard_shape(out={out_f}, in={in_f}, tp={tp}, {kind!r})"
+            holds(
+                got[0] * got[1] * tp == out_f * in_f, context, got, f"{tp} such shards do not hold the weight"
             )
+            same(got, want, context, f"a {kind}-parallel layer splits the other axis")
 
 
 @exercise(

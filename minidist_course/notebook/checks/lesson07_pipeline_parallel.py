@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds, same
 
 
 @exercise(
@@ -40,6 +40,11 @@ def peak_activations_1f1b(fn: Callable[[int, int, int], int]) -> None:
         peaks = peak_activations(one_f_one_b(p, m))
         for s in range(p):
             got = call(fn, p, m, s)
-            assert got == peaks[s], (
-                f"peak_activations_1f1b(p={p}, m={m}, s={s}) = {got}, the schedule holds at most {peaks[s]}."
+            context = f"peak_activations_1f1b(p={p}, m={m}, s={s})"
+            holds(1 <= got <= m, context, got, f"a stage holds between 1 and all {m} microbatches")
+            same(
+                got,
+                peaks[s],
+                context,
+                "it is " + ("more" if got > peaks[s] else "fewer") + " than the schedule holds",
             )

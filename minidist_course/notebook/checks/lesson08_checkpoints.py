@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist_course.notebook.checks.harness import call, exercise
+from minidist_course.notebook.checks.harness import call, exercise, holds, same
 
 
 @exercise(
@@ -23,10 +23,9 @@ def files_before_latest(fn: Callable[[int, list[int]], set[str]]) -> None:
         folder = f"step_{step:09d}"
         want = {f"{folder}/manifest.json"} | {f"{folder}/rank{r:05d}.safetensors" for r in writers}
         got = set(call(fn, step, writers))
-        assert got == want, (
-            f"files_before_latest(step={step}, writers={writers}): expected {sorted(want)}, "
-            f"got {sorted(got)}."
-        )
+        context = f"files_before_latest(step={step}, writers={writers})"
+        holds(not got - want, context, sorted(got), f"{sorted(got - want)} is not a file this step writes")
+        same(got, want, context, f"{len(want - got)} of the step's files are missing")
 
 
 @exercise(

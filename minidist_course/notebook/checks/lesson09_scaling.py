@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds, same
 
 
 @exercise(
@@ -24,10 +24,11 @@ def mesh_rank(fn: Callable[[int, int, int, int, int], int]) -> None:
             for t in range(tp):
                 for s in range(pp):
                     got, want = call(fn, d, t, s, dp, tp), reference(d, t, s, dp, tp)
-                    assert got == want, (
-                        f"mesh_rank(dp_rank={d}, tp_rank={t}, pp_rank={s}, dp={dp}, tp={tp}) = {got}, "
-                        f"the mesh says {want}."
+                    context = f"mesh_rank(dp_rank={d}, tp_rank={t}, pp_rank={s}, dp={dp}, tp={tp})"
+                    holds(
+                        0 <= got < dp * tp * pp, context, got, f"this mesh has ranks 0 to {dp * tp * pp - 1}"
                     )
+                    same(got, want, context, "another coordinate of this mesh has that rank")
 
 
 @exercise(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds, same
 
 
 def _one_process_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -107,7 +107,9 @@ def mesh_rank4(fn: Callable[..., int]) -> None:
         for want in range(dp * tp * pp * cp):
             d, t, s, c = mesh_coords4(want, dp, tp, pp, cp)
             got = call(fn, d, t, s, c, dp, tp, cp)
-            assert got == want, (
-                f"mesh_rank4(dp_rank={d}, tp_rank={t}, pp_rank={s}, cp_rank={c}, dp={dp}, tp={tp}, cp={cp}) "
-                f"= {got}, the mesh says {want}."
+            context = (
+                f"mesh_rank4(dp_rank={d}, tp_rank={t}, pp_rank={s}, cp_rank={c}, dp={dp}, tp={tp}, cp={cp})"
             )
+            size = dp * tp * pp * cp
+            holds(0 <= got < size, context, got, f"this mesh has ranks 0 to {size - 1}")
+            same(got, want, context, "another coordinate of this mesh has that rank")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minidist_course.notebook.checks.harness import call, close, exercise
+from minidist_course.notebook.checks.harness import call, close, exercise, holds
 
 YEAR = 365.25 * 86400.0
 
@@ -49,9 +49,22 @@ def system_mtbf(fn: Callable[[float, int], float]) -> None:
     from minidist_tools.perfmodel.failures import system_mtbf as reference
 
     for node_mtbf in (3600.0, 5 * YEAR, 10 * YEAR):
+        before = None  # (nodes, answer) of the previous, smaller job
         for nodes in (1, 2, 1024, 16384, 100_000):
             want, got = reference(node_mtbf, nodes), call(fn, node_mtbf, nodes)
-            close(got, want, f"system_mtbf(node_mtbf={node_mtbf:g} s, nodes={nodes})", rtol=1e-9)
+            context = f"system_mtbf(node_mtbf={node_mtbf:g} s, nodes={nodes})"
+            if before is not None and isinstance(got, (int, float)):
+                grows = "grows with" if got > before[1] else "does not change with"
+                holds(
+                    got < before[1],
+                    context,
+                    got,
+                    f"your answer {grows} the number of nodes (it was {before[1]!r} on {before[0]});"
+                    " the time between failures should shrink as nodes are added",
+                    want,
+                )
+            close(got, want, context, rtol=1e-9)
+            before = (nodes, got)
 
 
 @exercise(
@@ -69,4 +82,13 @@ def young_interval(fn: Callable[[float, float], float]) -> None:
     for save_cost in (1.0, 60.0, 300.0, 1800.0):
         for mtbf in (600.0, 3600.0, 154_089.84375, 5 * YEAR):
             want, got = reference(save_cost, mtbf), call(fn, save_cost, mtbf)
-            close(got, want, f"young_interval(save_cost={save_cost:g} s, mtbf={mtbf:g} s)", rtol=1e-9)
+            context = f"young_interval(save_cost={save_cost:g} s, mtbf={mtbf:g} s)"
+            dearer = call(fn, 4 * save_cost, mtbf)
+            holds(
+                dearer > got,
+                context,
+                got,
+                f"with saves 4 times as dear your answer is {dearer!r}; dearer saves should be rarer",
+                want,
+            )
+            close(got, want, context, rtol=1e-9)

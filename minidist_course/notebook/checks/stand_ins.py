@@ -1,6 +1,11 @@
 """Stand-ins: working versions of an exercise's function, for the cells after the exercise to use while
 it is not done yet.
 
+A figure after an exercise calls ``checks.yours_or_minidists(fn)``: the student's own function when it
+passes its check (so the figure is theirs), else minidist's, and it prints which. The notebook then
+holds no reference function one cell below the exercise; ``checks.stand_in(NAME)`` is for cells that
+need a working function whatever the student wrote (a figure that must not bend with a slip).
+
 A lesson runs top to bottom before its exercises are written, so a cell that needs an exercise's
 function falls back on ``checks.stand_in(NAME)``. The stand-ins live here, in the installed package,
 rather than in the notebook: a notebook that defined one two cells below the exercise would show the
@@ -69,3 +74,26 @@ def stand_in(name: str) -> Callable[..., Any]:
             f"no stand-in called {name!r}; there are stand-ins for: {', '.join(sorted(_STAND_INS))}"
         )
     return _STAND_INS[name]
+
+
+def yours_or_minidists(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an exercise's function, found by its name) if it passes its exercise's check, else
+    minidist's stand-in for it; prints which one the cells below use. The check runs quietly: a failing
+    answer here counts as no miss and prints no hint (the check cell above gives those)."""
+    from minidist_course.notebook import checks  # the package imports this module: import at call time
+
+    name = getattr(fn, "__name__", "")
+    check = getattr(checks, name, None)
+    if name not in _STAND_INS or not hasattr(check, "passes"):
+        raise ValueError(f"no exercise function {name!r} with a stand-in; those are: {', '.join(_STAND_INS)}")
+    if check.passes(fn):
+        print(f"the cells below use your {name} (it passes its check)")
+        return fn
+    print(f"the cells below use minidist's {name}: yours does not pass its check yet")
+    reference = _STAND_INS[name]
+
+    def minidists(*args: Any) -> Any:  # a plain wrapper: the library's docstring stays in the library
+        return reference(*args)
+
+    minidists.__name__ = minidists.__qualname__ = f"minidists_{name}"
+    return minidists
