@@ -109,6 +109,7 @@ def _run_tests(specs: list[TestSpec], folder: Path, limit: float, env: dict, tmp
     key = {s: f"{folder.name}/{s.file}::{s.name}" for s in specs}
     records: dict[str, list[dict]] = {k: [] for k in key.values()}
     collect_errors: dict[str, str] = {}
+    parts: dict[str, list[dict]] = {}  # nodeid -> the part events of a test graded by property
     pending = list(dict.fromkeys(key.values()))
     round_no = 0
     fallback = ""
@@ -122,6 +123,8 @@ def _run_tests(specs: list[TestSpec], folder: Path, limit: float, env: dict, tmp
         for e in events:
             if e["event"] == "result":
                 records.setdefault(e["nodeid"].split("[")[0], []).append(e)
+            elif e["event"] == "part":
+                parts.setdefault(e["nodeid"].split("[")[0], []).append(e)
             elif e["event"] == "collect_error":
                 collect_errors[e["nodeid"]] = e["message"]
         started = {e["nodeid"].split("[")[0] for e in events if e["event"] == "start"}
@@ -147,7 +150,24 @@ def _run_tests(specs: list[TestSpec], folder: Path, limit: float, env: dict, tmp
     for s in specs:
         recs = records[key[s]]
         results[s] = _judge(s, recs, collect_errors.get(f"{folder.name}/{s.file}"), fallback)
+        if s.parts and not results[s].passed:
+            results[s] = _by_part(results[s], parts.get(key[s], []))
     return results
+
+
+def _by_part(result: TestResult, events: list[dict]) -> TestResult:
+    """A failed test graded by property: each part that was checked (in every parametrization and
+    example) and never failed earns its points; the message and hint are the first failed part's."""
+    failed = {e["part"]: e["message"] for e in reversed(events) if not e["passed"]}  # the first kept
+    checked = {e["part"] for e in events}
+    passing = [p for p in result.spec.parts if p.name in checked and p.name not in failed]
+    result.partial = sum(p.points for p in passing)
+    first = next((p for p in result.spec.parts if p.name in failed), None)
+    if first is not None:
+        result.part_hint = first.hint
+        kept = f" (passing: {', '.join(p.name for p in passing)})" if passing else ""
+        result.message = f"{first.name}: {plain(failed[first.name])}{kept}"
+    return result
 
 
 def _judge(spec: TestSpec, recs: list[dict], collect_error: str | None, fallback: str) -> TestResult:

@@ -33,23 +33,33 @@ HIDDEN_NOTE = "Hidden tests are graded too; their results appear when your instr
 
 @dataclass
 class TestResult:
-    """One test's outcome: passed or not, and why not in plain words."""
+    """One test's outcome: passed or not, and why not in plain words. A test graded by property
+    (``spec.parts``) that failed still earns the points of its parts that passed (``partial``), and its
+    hint is the first failed part's (``part_hint``)."""
 
     spec: TestSpec
     passed: bool
     message: str = ""  # the failure in plain words, "" when passed
     seconds: float = 0.0
+    partial: float = 0.0  # points of the parts that passed, when the test as a whole did not
+    part_hint: str = ""  # the hint of the part that failed first ("": the test's own hint)
+
+    @property
+    def earned(self) -> float:
+        """Points earned: all of them when the test passed, else those of its passing parts."""
+        return self.spec.points if self.passed else self.partial
 
     @property
     def hint(self) -> str:
-        """The task file's hint, for a wrong answer only: not for code not written yet, a broken rule, or
-        a file that does not compile (the algorithm is not what went wrong)."""
+        """The task file's hint (the failed part's, for a test graded by property), for a wrong answer
+        only: not for code not written yet, a broken rule, or a file that does not compile (the algorithm
+        is not what went wrong)."""
         unhelpful = (
             self.message.startswith("not implemented yet")
             or "'Not allowed'" in self.message
             or "the file does not compile" in self.message
         )
-        return "" if self.passed or unhelpful else self.spec.hint
+        return "" if self.passed or unhelpful else (self.part_hint or self.spec.hint)
 
 
 @dataclass
@@ -65,8 +75,8 @@ class TaskResult:
 
     @property
     def points(self) -> float:
-        """Points earned: the sum over passed tests."""
-        return sum(r.spec.points for r in self.results if r.passed)
+        """Points earned: the sum over tests (a test graded by property earns its passing parts' points)."""
+        return sum(r.earned for r in self.results)
 
     @property
     def max_points(self) -> float:
@@ -159,7 +169,7 @@ class GradeReport:
                     {
                         "name": f"{t.task.id} {t.task.name}: {r.spec.label}",
                         "number": t.task.id,
-                        "score": r.spec.points if r.passed else 0,
+                        "score": r.earned,
                         "max_score": r.spec.points,
                         "output": output,
                         "visibility": "after_published" if r.spec.hidden else "visible",

@@ -16,6 +16,21 @@
     name = "test_reduce_scatter"      # a test function (all its parametrizations must pass)
     points = 3
     hint = "which chunk does rank r hold after step s?"   # a question, shown with a wrong answer
+
+A test may be graded by property instead of all or nothing: its ``[[test.part]]`` entries (``name``,
+``points``, ``hint``) score separately, and the test's points are their sum (a ``points`` field, if
+given, must equal it). The test marks each property with ``gradelib.parts()`` (``with part("dx"):
+...``); a part scores when it was checked and never failed, and the hint shown is the failed part's::
+
+    [[test]]
+    task = "A8.1"
+    file = "public/test_a8_transformer.py"
+    name = "test_layer_norm_backward"
+    hint = "..."                       # shown when the test fails outside every part (a crash)
+    [[test.part]]
+    name = "dx"
+    points = 2
+    hint = "does your dx follow all three paths from x to y?"
 """
 
 from __future__ import annotations
@@ -33,8 +48,18 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 @dataclass(frozen=True)
+class PartSpec:
+    """One property of a test that scores on its own: its name (as the test marks it), points, hint."""
+
+    name: str
+    points: float
+    hint: str
+
+
+@dataclass(frozen=True)
 class TestSpec:
-    """One graded test: its task, file, pytest name, points and whether it is hidden."""
+    """One graded test: its task, file, pytest name, points, whether it is hidden, and the parts that
+    score separately (empty: all or nothing)."""
 
     task: str
     file: str  # relative to the assignment folder
@@ -42,6 +67,7 @@ class TestSpec:
     points: float
     hint: str
     hidden: bool
+    parts: tuple[PartSpec, ...] = ()
 
     @property
     def label(self) -> str:
@@ -105,16 +131,22 @@ def load(folder: Path, include_hidden: bool = True) -> Assignment:
     for path, entries, hidden in sources:
         for entry in entries:
             try:
+                parts = tuple(
+                    PartSpec(p["name"], float(p["points"]), p.get("hint", "")) for p in entry.get("part", [])
+                )
+                total = sum(p.points for p in parts)
+                points = float(entry["points"]) if "points" in entry or not parts else total
                 spec = TestSpec(
-                    entry["task"],
-                    entry["file"],
-                    entry["name"],
-                    float(entry["points"]),
-                    entry.get("hint", ""),
-                    hidden,
+                    entry["task"], entry["file"], entry["name"], points, entry.get("hint", ""), hidden, parts
                 )
             except KeyError as e:
-                raise ValueError(f"{path}: a [[test]] lacks the field {e}") from None
+                raise ValueError(f"{path}: a [[test]] or [[test.part]] lacks the field {e}") from None
+            if parts and abs(points - total) > 1e-9:
+                raise ValueError(
+                    f"{path}: test {spec.name} has points = {points:g} but its parts add up to {total:g}"
+                )
+            if len({p.name for p in parts}) != len(parts):
+                raise ValueError(f"{path}: test {spec.name} names a part twice")
             if spec.task not in tasks:
                 raise ValueError(
                     f"{path}: test {spec.name} names task {spec.task}, not listed in {main_file}"

@@ -378,6 +378,41 @@ def test_a_plausible_mistake_loses_the_task_and_is_named(
         assert report.seconds < 4 * timeout + 30, f"a hang blocked the grader for {report.seconds:.0f} s"
 
 
+def test_a_test_graded_by_property_scores_each_part_and_hints_at_the_failed_one(tmp_path, compiled):
+    """A8.1's public test grades dx, dgamma and dbeta separately: a dgamma off by a factor keeps the
+    points of dx and dbeta, and the hint is dgamma's, not the one about dx's three paths."""
+    copy = tmp_path / "student"
+    shutil.copytree(REPO / "minidist", copy / "minidist")
+    target = copy / "minidist/ops/layer_norm.py"
+    old = "(ones @ dy_xhat).reshape(inputs[1].shape)"
+    assert target.read_text().count(old) == 1
+    target.write_text(target.read_text().replace(old, "(2 * (ones @ dy_xhat)).reshape(inputs[1].shape)"))
+    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    report = grade("A8", copy, only_tasks=["A8.1"], include_hidden=False)
+    (result,) = report.tasks[0].results
+    parts = {p.name: p for p in result.spec.parts}
+    assert set(parts) == {"dx", "dgamma", "dbeta"}, result.spec.parts
+    assert report.points_of("A8.1") == parts["dx"].points + parts["dbeta"].points, report.table()
+    feedback = report.feedback_of("A8.1")
+    assert feedback.startswith(f"{result.spec.label}: dgamma:") and "times the right one" in feedback
+    assert parts["dgamma"].hint in feedback and parts["dx"].hint not in feedback, feedback
+    entry = report.gradescope()["tests"][0]
+    assert entry["score"] == report.points_of("A8.1") and entry["max_score"] == 4
+
+
+def test_task_files_check_that_parts_add_up(tmp_path):
+    folder = tmp_path / "A0"
+    (folder / "public").mkdir(parents=True)
+    (folder / "public" / "test_a.py").write_text("def test_a():\n    pass\n")
+    head = '[[task]]\nid = "A0.1"\nname = "t"\n[[test]]\ntask = "A0.1"\nfile = "public/test_a.py"\n'
+    parts = '[[test.part]]\nname = "x"\npoints = 1\n[[test.part]]\nname = "y"\npoints = 2\n'
+    (folder / "tasks.toml").write_text(head + 'name = "test_a"\n' + parts)
+    assert load(folder).tasks[0].tests[0].points == 3
+    (folder / "tasks.toml").write_text(head + 'name = "test_a"\npoints = 4\n' + parts)
+    with pytest.raises(ValueError, match="add up to 3"):
+        load(folder)
+
+
 # -- hints escalate and never give the answer; the graders enforce the handouts' rules --------------------
 
 

@@ -4,6 +4,8 @@ it with central finite differences, naming a constant factor when that is all th
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 from gradelib import assert_close, numerical_gradient
@@ -83,9 +85,18 @@ def compare(got: np.ndarray | None, want: np.ndarray, what: str) -> None:
 
 
 def check_against_finite_differences(
-    forward: Callable[..., md.Tensor], arrays: list[np.ndarray], g: np.ndarray, what: str, names: list[str]
+    forward: Callable[..., md.Tensor],
+    arrays: list[np.ndarray],
+    g: np.ndarray,
+    what: str,
+    names: list[str],
+    part: Callable[[str], Any] | None = None,
 ) -> None:
-    """Every input's gradient from the backward equals the central differences (see the test modules)."""
+    """Every input's gradient from the backward equals the central differences (see the test modules).
+
+    ``part`` (from ``gradelib.parts()``): each input's gradient is its own part, ``d<name>`` (``dx``,
+    ``dgamma``, ...), so that a wrong dgamma costs dgamma's points only."""
     grads = run_backward(forward, arrays, g)
     for grad, want, name in zip(grads, numeric_gradients(forward, arrays, g), names):
-        compare(grad, want, f"{what}: dL/d{name}")
+        with part(f"d{name}") if part else nullcontext():
+            compare(grad, want, f"{what}: dL/d{name}")

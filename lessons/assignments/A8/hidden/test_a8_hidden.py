@@ -15,6 +15,7 @@ from minidist.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a8lib.py
 from a8lib import check_against_finite_differences, compare, numeric_gradients, run_backward  # noqa: E402
+from gradelib import parts  # noqa: E402
 
 
 @given(st.integers(1, 4), st.integers(2, 9), st.floats(-50, 50), st.integers(0, 99))
@@ -22,40 +23,45 @@ def test_layer_norm_any_shape_and_offset(rows, n, offset, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, n)) * rng.uniform(0.3, 3) + offset
     w, b, g = rng.standard_normal(n), rng.standard_normal(n), rng.standard_normal((rows, n))
-    check_against_finite_differences(
-        lambda x, w, b: F.layer_norm(x, (n,), w, b),
-        [x, w, b],
-        g,
-        f"LayerNorm ({rows}, {n}), offset {offset:.1f}",
-        ["x", "gamma", "beta"],
-    )
+    with parts() as part:
+        check_against_finite_differences(
+            lambda x, w, b: F.layer_norm(x, (n,), w, b),
+            [x, w, b],
+            g,
+            f"LayerNorm ({rows}, {n}), offset {offset:.1f}",
+            ["x", "gamma", "beta"],
+            part,
+        )
 
 
 def test_layer_norm_without_parameters_and_over_two_axes():
     rng = np.random.default_rng(20)
     x, g = rng.standard_normal((3, 2, 4)), rng.standard_normal((3, 2, 4))
-    check_against_finite_differences(
-        lambda x: F.layer_norm(x, (4,)), [x], g, "LayerNorm, no gamma/beta", ["x"]
-    )
     w = rng.standard_normal(4)
-    check_against_finite_differences(
-        lambda x, w: F.layer_norm(x, (4,), w), [x, w], g, "LayerNorm, gamma only", ["x", "gamma"]
-    )
     w2, b2 = rng.standard_normal((2, 4)), rng.standard_normal((2, 4))
-    check_against_finite_differences(
-        lambda x, w, b: F.layer_norm(x, (2, 4), w, b),
-        [x, w2, b2],
-        g,
-        "LayerNorm over the last two axes (2, 4)",
-        ["x", "gamma", "beta"],
-    )
-    grads = run_backward(
-        lambda x, w, b: F.layer_norm(x, (4,), w, b),
-        [x, w, rng.standard_normal(4)],
-        g,
-        requires_grad=[True, False, True],
-    )
-    assert grads[1] is None, "LayerNorm: gamma does not require a gradient, yet it received one"
+    with parts() as part:
+        with part("no parameters"):
+            check_against_finite_differences(
+                lambda x: F.layer_norm(x, (4,)), [x], g, "LayerNorm, no gamma/beta", ["x"]
+            )
+            check_against_finite_differences(
+                lambda x, w: F.layer_norm(x, (4,), w), [x, w], g, "LayerNorm, gamma only", ["x", "gamma"]
+            )
+            grads = run_backward(
+                lambda x, w, b: F.layer_norm(x, (4,), w, b),
+                [x, w, rng.standard_normal(4)],
+                g,
+                requires_grad=[True, False, True],
+            )
+            assert grads[1] is None, "LayerNorm: gamma does not require a gradient, yet it received one"
+        with part("two axes"):
+            check_against_finite_differences(
+                lambda x, w, b: F.layer_norm(x, (2, 4), w, b),
+                [x, w2, b2],
+                g,
+                "LayerNorm over the last two axes (2, 4)",
+                ["x", "gamma", "beta"],
+            )
 
 
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.booleans(), st.integers(0, 99))

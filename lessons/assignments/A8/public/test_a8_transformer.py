@@ -4,7 +4,8 @@ Each test runs the op forward (``F.layer_norm``, ``F.scaled_dot_product_attentio
 that require gradients, calls ``backward(g)`` with a random upstream gradient g, and compares every
 input's ``.grad`` with the central difference of sum(g * forward(inputs)) (eps = 1e-6: accurate to about
 1e-9 for these smooth functions; rtol 1e-5 still catches any wrong term, factor or sign). Before that,
-properties that every correct backward has and typical mistakes break, each failing with its own words:
+properties that every correct backward has and typical mistakes break, each failing with its own words
+(LayerNorm's dx, dgamma and dbeta are graded as separate parts: a wrong dgamma costs its points only):
 a row of LayerNorm's dx sums to 0 and is orthogonal to xhat; attention's key gradients sum to 0 over the
 keys; under the causal mask a query's gradient reaches no key it cannot see.
 
@@ -24,6 +25,7 @@ from minidist.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a8lib.py, beside this folder
 from a8lib import check_against_finite_differences, run_backward  # noqa: E402
+from gradelib import parts  # noqa: E402
 
 
 def layer_norm(shape, eps=1e-5):
@@ -40,6 +42,15 @@ def test_layer_norm_backward():
     x = rng.standard_normal((2, 3, n)) * 3 + 2  # every row of 8 normalised on its own: 6 rows
     w, b, g = rng.uniform(0.5, 1.5, n), rng.standard_normal(n), rng.standard_normal((2, 3, n))
     dx, _, _ = run_backward(layer_norm((n,), eps=1e-12), [x, w, b], g)  # eps ~ 0: the properties are exact
+    with parts() as part:  # dx, dgamma and dbeta score separately (A8/tasks.toml)
+        with part("dx"):
+            _layer_norm_dx_properties(dx, x, n)
+        check_against_finite_differences(
+            layer_norm((n,)), [x, w, b], g, "LayerNorm (2, 3, 8)", ["x", "gamma", "beta"], part
+        )
+
+
+def _layer_norm_dx_properties(dx, x, n):
     rows, centred = dx.reshape(-1, n), (x - x.mean(-1, keepdims=True)).reshape(-1, n)
     scale = np.abs(rows).max()
     if np.abs(rows.sum(-1)).max() > 1e-8 * scale:
@@ -55,9 +66,6 @@ def test_layer_norm_backward():
             f"mean changes no output), but its component along xhat is {along.round(6)}. Check the term "
             "that carries the gradient through the standard deviation sigma."
         )
-    check_against_finite_differences(
-        layer_norm((n,)), [x, w, b], g, "LayerNorm (2, 3, 8)", ["x", "gamma", "beta"]
-    )
 
 
 def test_attention_backward():
