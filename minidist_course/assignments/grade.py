@@ -157,12 +157,17 @@ def _run_tests(specs: list[TestSpec], folder: Path, limit: float, env: dict, tmp
 
 def _by_part(result: TestResult, events: list[dict]) -> TestResult:
     """A failed test graded by property: each part that was checked (in every parametrization and
-    example) and never failed earns its points; the message and hint are the first failed part's."""
-    failed = {e["part"]: e["message"] for e in reversed(events) if not e["passed"]}  # the first kept
+    example) and never failed earns its points; the message and hint are those of the part the test
+    found wrong first (tests check the telling properties before the values)."""
+    failed: dict[str, str] = {}  # part -> its first failure, in the order the test found them
+    for e in events:
+        if not e["passed"]:
+            failed.setdefault(e["part"], e["message"])
     checked = {e["part"] for e in events}
     passing = [p for p in result.spec.parts if p.name in checked and p.name not in failed]
     result.partial = sum(p.points for p in passing)
-    first = next((p for p in result.spec.parts if p.name in failed), None)
+    by_name = {p.name: p for p in result.spec.parts}
+    first = next((by_name[name] for name in failed if name in by_name), None)
     if first is not None:
         result.part_hint = first.hint
         kept = f" (passing: {', '.join(p.name for p in passing)})" if passing else ""

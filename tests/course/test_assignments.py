@@ -473,11 +473,12 @@ def test_hints_ask_and_never_give_the_solution():
     for assignment in ASSIGNMENTS:
         for task in load(layout.assignment_dir(assignment)).tasks:
             for spec in task.tests:
-                where = f"{assignment} {spec.name}: {spec.hint!r}"
-                assert "?" in spec.hint, f"a hint asks a question: {where}"
-                assert not _formulas_shared(spec.hint, solution), (
-                    f"{where} gives away {_formulas_shared(spec.hint, solution)}"
-                )
+                for hint in [spec.hint, *(part.hint for part in spec.parts)]:  # a failed part's hint too
+                    where = f"{assignment} {spec.name}: {hint!r}"
+                    assert "?" in hint, f"a hint asks a question: {where}"
+                    assert not _formulas_shared(hint, solution), (
+                        f"{where} gives away {_formulas_shared(hint, solution)}"
+                    )
 
 
 # Solutions that compute the right numbers with what the handout forbids: they lose the test, and the
