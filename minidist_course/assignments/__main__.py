@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from minidist_course.assignments import batch, layout
+from minidist_course.assignments import batch, instructor, layout
 from minidist_course.assignments.environment import install_command
 from minidist_course.assignments.grade import grade
 from minidist_course.assignments.markers import regions_in
@@ -48,6 +48,21 @@ def _parser() -> argparse.ArgumentParser:
     rel.add_argument("assignment", help="e.g. A2")
     rel.add_argument("--out", required=True, type=Path, help="folder to create")
     rel.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    rel.add_argument(
+        "--gradescope",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="also write Gradescope's autograder (setup.sh, run_autograder, the grader's tree) into OUT: "
+        "it holds the solutions; upload it, never hand it out",
+    )
+    rel.add_argument(
+        "--hidden",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --gradescope: your own hidden tests (laid out as A2/hidden/), instead of the repository's",
+    )
     gr = sub.add_parser(
         "grade",
         help="run an assignment's tests against a minidist and score them",
@@ -64,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     gr.add_argument("--task", action="append", default=None, help="grade only this task (repeatable)")
     gr.add_argument("--public-only", action="store_true", help="skip the hidden tests")
+    gr.add_argument(
+        "--hidden",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="your own hidden tests, kept outside the repository (laid out as A2/hidden/): graded instead "
+        "of the repository's, which students can read",
+    )
     gr.add_argument("--timeout", type=float, default=None, help="seconds before a test counts as a hang")
     gr.add_argument("--results", type=Path, default=None, help="write Gradescope's results.json here")
     gr.add_argument("--batch", action="store_true", help="grade every submission in --path (one per student)")
@@ -81,10 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print(_list())
         elif args.command == "release":
+            if args.hidden is not None and args.gradescope is None:
+                raise ValueError("--hidden is for --gradescope (or for grade)")
+            if args.hidden is not None:
+                instructor.check_hidden_dir(args.hidden)
             report = release(args.assignment, args.out, force=args.force)
             print(report.summary())
             command = install_command(report.out, pip="pip")
             print(f"students install it with ONE command (also the first lines of its README): {command}")
+            if args.gradescope is not None:
+                written = instructor.write_gradescope(args.assignment, args.gradescope, args.hidden)
+                print(
+                    f"wrote Gradescope's autograder in {args.gradescope} "
+                    f"({', '.join(p.name for p in written)}, grader/): zip that folder's contents and "
+                    "upload them; it holds the solutions and any hidden tests, so never hand it to students"
+                )
         elif args.command == "summary":
             out = args.out if args.out is not None else args.results / batch.SUMMARY
             print(f"wrote {out} ({len(batch.write_summary(args.results, out))} students)")
@@ -98,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _grade(args: argparse.Namespace) -> int:
     def one(path: Path | None):
-        return grade(args.assignment, path, args.task, not args.public_only, args.timeout)
+        return grade(args.assignment, path, args.task, not args.public_only, args.timeout, hidden=args.hidden)
 
+    if args.hidden is not None:
+        if args.public_only:
+            raise ValueError("--hidden and --public-only contradict each other")
+        instructor.check_hidden_dir(args.hidden)
     if args.path is not None and not args.path.exists():  # a typo: a usage error, not an ungradable upload
         raise ValueError(f"--path {args.path} does not exist")
     if args.batch:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minidist_course.assignments import environment, layout, submission, tasks
+from minidist_course.assignments import environment, instructor, layout, submission, tasks
 from minidist_course.assignments.environment import STARTUP_LIMIT_S, SetupProblem, last_error_line
 from minidist_course.assignments.report import (
     NOT_GRADED,
@@ -46,6 +46,7 @@ def grade(
     include_hidden: bool = True,
     timeout: float | None = None,
     root: Path | None = None,
+    hidden: Path | str | None = None,
 ) -> GradeReport:
     """Run ``assignment``'s tests against the submission at ``path`` (default: this reference).
 
@@ -56,6 +57,8 @@ def grade(
         include_hidden: also run ``hidden/`` tests when this tree has them.
         timeout: seconds one test may run before it counts as a hang (default: the task file's).
         root: the tree whose ``lessons/assignments`` holds the tests (default: the grader's own).
+        hidden: the instructor's own hidden tests, a folder laid out as ``A2/hidden/`` (kept outside
+            any repository students can read): graded instead of the repository's hidden tests.
 
     Returns a report whose ``status`` is ``"graded"``, ``"setup problem"`` (the environment lacks e.g.
     pytest: nothing graded, the message names the install command) or ``"not graded"`` (files that
@@ -64,8 +67,27 @@ def grade(
     Raises ``ValueError`` for an unknown assignment or task id; ``RuntimeError`` if the child process
     imports minidist from somewhere other than the submission.
     """
+    if hidden is not None:  # the tests, with the instructor's hidden ones, in a copy of their own
+        with tempfile.TemporaryDirectory(prefix="minidist-tests-") as tests:
+            folder = instructor.with_hidden(
+                layout.assignment_dir(assignment, root), Path(hidden), Path(tests)
+            )
+            return _grade(assignment, folder, path, only_tasks, include_hidden, timeout, root)
+    return _grade(
+        assignment, layout.assignment_dir(assignment, root), path, only_tasks, include_hidden, timeout, root
+    )
+
+
+def _grade(
+    assignment: str,
+    folder: Path,
+    path: Path | str | None,
+    only_tasks: list[str] | None,
+    include_hidden: bool,
+    timeout: float | None,
+    root: Path | None,
+) -> GradeReport:
     started = time.monotonic()
-    folder = layout.assignment_dir(assignment, root)
     spec = tasks.load(folder, include_hidden)
     chosen = spec.tasks
     if only_tasks:
