@@ -3,6 +3,11 @@
     python lessons/copy_lessons.py ~/my-lessons           # then: jupyter lab ~/my-lessons
     python lessons/copy_lessons.py ~/my-lessons --force   # refresh a copy you already have
 
+It ends by printing the command that starts JupyterLab on the copy: as root that command carries
+``--allow-root`` (JupyterLab refuses to start as root without it). Root is what lessons 12 and 13 need
+for their cluster parts (network namespaces, a Linux feature only root may create); every other cell,
+and those two lessons without root, run as any user.
+
 Why a copy: the notebooks in ``lessons/`` are generated from ``lessons/src/`` by ``build.py`` and
 committed. Running and saving one in place changes a file the repository tracks (the test suite then
 reports it out of date), and a rebuild would replace it. Your copy is yours: nothing in the repository
@@ -24,6 +29,7 @@ written beside it: nothing in your folder is ever overwritten or deleted.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -93,6 +99,27 @@ def _free_name(path: Path) -> Path:
     return candidate
 
 
+def jupyter_command(folder: Path, as_root: bool | None = None) -> str:
+    """The command that starts JupyterLab on ``folder``: with ``--allow-root`` when run as root (default:
+    whether this process is), since JupyterLab refuses to start as root without it."""
+    as_root = (os.geteuid() == 0) if as_root is None else as_root
+    return f"jupyter lab {shlex.quote(str(folder))}" + (" --allow-root" if as_root else "")
+
+
+def root_note(as_root: bool | None = None) -> str:
+    """What running as root (or not) means for the lessons, in two lines."""
+    as_root = (os.geteuid() == 0) if as_root is None else as_root
+    if as_root:
+        return (
+            "You are root: lessons 12 and 13 build a cluster of network namespaces (real links between\n"
+            "nodes), and JupyterLab needs --allow-root to start."
+        )
+    return (
+        "Not root: everything runs, but lessons 12 and 13 simulate their nodes on this machine (a cluster\n"
+        "of network namespaces needs root: sudo, or a container run as root; see lessons/README.md)."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path, help="your folder for the lessons, e.g. ~/my-lessons")
@@ -107,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("\n".join(report))
     print(f"\nYour lessons are in {args.folder.expanduser().resolve()}. Start with:")
-    print(f"    jupyter lab {shlex.quote(str(args.folder))}")
+    print(f"    {jupyter_command(args.folder)}")
+    print(root_note())
     return 0
 
 

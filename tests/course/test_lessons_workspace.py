@@ -57,6 +57,27 @@ def test_copy_holds_what_the_notebooks_need_and_never_the_solutions(tmp_path):
     assert f"jupyter lab {dest}" in proc.stdout, proc.stdout
 
 
+def test_the_printed_jupyter_command_allows_root_only_as_root(tmp_path):
+    """JupyterLab refuses to start as root without --allow-root; lessons 12 and 13 need root for their
+    cluster parts, so a student there must be given the command that starts."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("copy_lessons", LESSONS / "copy_lessons.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = Path("~/my lessons")
+    assert module.jupyter_command(folder, as_root=True) == "jupyter lab '~/my lessons' --allow-root"
+    assert module.jupyter_command(folder, as_root=False) == "jupyter lab '~/my lessons'"
+    assert "network namespaces" in module.root_note(True) and "simulate" in module.root_note(False)
+    proc = _copy(tmp_path / "copy")
+    as_root = os.geteuid() == 0
+    assert ("--allow-root" in proc.stdout) == as_root, proc.stdout
+    for readme in (LESSONS / "README.md", REPO / "docs" / "lessons" / "index.md"):
+        text = " ".join(readme.read_text().split())
+        assert "--allow-root" in text and "network namespaces" in text, readme
+
+
 def test_solutions_are_not_beside_the_lessons_in_jupyters_file_browser():
     """Jupyter's browser hides dot-folders (ContentsManager.allow_hidden is off by default)."""
     visible = [
