@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 _misses: dict[str, int] = {}  # wrong attempts per check, in this kernel
+CHECKS: dict[str, Callable[..., None]] = {}  # every decorated check, by its name
 REVEAL_AFTER = 3  # the miss from which the expected value of the failing input is shown
 
 
@@ -94,6 +95,7 @@ def exercise(question: str, nudge: str) -> Callable[[Callable[..., None]], Calla
 
         run.hints = (question, nudge)  # type: ignore[attr-defined]
         run.passes = passes  # type: ignore[attr-defined]
+        CHECKS[check.__name__] = run
         return run
 
     return wrap

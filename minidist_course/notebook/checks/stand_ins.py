@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist_course.notebook.checks.harness import CHECKS
 from minidist_tools.perfmodel import failures as perfmodel_failures
 from minidist_tools.perfmodel import network as perfmodel_network
 
@@ -80,10 +81,8 @@ def yours_or_minidists(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (an exercise's function, found by its name) if it passes its exercise's check, else
     minidist's stand-in for it; prints which one the cells below use. The check runs quietly: a failing
     answer here counts as no miss and prints no hint (the check cell above gives those)."""
-    from minidist_course.notebook import checks  # the package imports this module: import at call time
-
     name = getattr(fn, "__name__", "")
-    check = getattr(checks, name, None)
+    check = CHECKS.get(name)  # the checks register themselves when the lesson modules are imported
     if name not in _STAND_INS or not hasattr(check, "passes"):
         raise ValueError(f"no exercise function {name!r} with a stand-in; those are: {', '.join(_STAND_INS)}")
     if check.passes(fn):
