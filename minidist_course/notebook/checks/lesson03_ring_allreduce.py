@@ -40,4 +40,13 @@ def ring_time(fn: Callable[[float, int, float, float], float]) -> None:
     for nbytes, n, alpha, beta in [(1e6, 2, 1e-5, 1e-10), (4e8, 8, 5e-6, 4e-11), (1e3, 64, 2e-6, 1e-9)]:
         want = perfmodel.ring_all_reduce_time(nbytes, n, alpha, beta)
         got = call(fn, nbytes, n, alpha, beta)
-        close(got, want, f"ring_time(nbytes={nbytes:g}, n={n}, alpha={alpha:g}, beta={beta:g})", rtol=1e-9)
+        context = f"ring_time(nbytes={nbytes:g}, n={n}, alpha={alpha:g}, beta={beta:g})"
+        bigger = call(fn, 2 * nbytes, n, alpha, beta)
+        holds(
+            bigger > got,
+            context,
+            got,
+            f"twice the bytes take {bigger!r}; a bigger vector should take longer to all-reduce",
+            want,
+        )
+        close(got, want, context, rtol=1e-9)
