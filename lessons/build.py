@@ -175,7 +175,7 @@ def advice(stale: list[tuple[Path, bool]]) -> str:
             "work: build.py leaves it alone. Lessons are worked through in a copy of your own. To keep the",
             "work, copy the lessons as they are now (an existing folder is never overwritten; add --force",
             "to refresh one, and your changed files there are kept renamed):",
-            "    python lessons/copy_lessons.py ~/my-lessons && jupyter lab ~/my-lessons",
+            "    python lessons/copy_lessons.py ~/my-lessons   # it prints the jupyter lab command to run",
             "then give lessons/ back its generated notebooks:",
             f"    git checkout -- {' '.join(work)} && python lessons/build.py",
         ]
