@@ -17,10 +17,11 @@ class CollectiveMismatchError(DistributedError):
     """Ranks of one group called collectives that do not match.
 
     For example one rank calls ``all_reduce`` while another calls ``broadcast``, or the ranks pass arrays
-    of different lengths or dtypes. MPI itself cannot always tell; unchecked, such a mismatch gives wrong
-    numbers or a hang. Raised on every rank of the group, with the same message, in debug mode
-    (``MINIDIST_DEBUG=1``, see ``debug.py``). Without debug mode, the liveness watchdog (``liveness.py``)
-    reports a different collective, ``src``/``dst``, ``op`` or dtype and ends the job instead.
+    of different lengths or dtypes; unchecked, wrong numbers or a hang. Raised on every rank of the
+    group, with the same message, in debug mode (``MINIDIST_DEBUG=1``, ``debug.py``). By default, by a
+    collective's receive that takes a message of another call (its tag names it: a different
+    collective, ``src``/``dst``, ``op`` or dtype, ``safety/watched.py``); what no receive takes, the
+    liveness watchdog (``safety/liveness.py``) reports, ending the job.
     """
 
 

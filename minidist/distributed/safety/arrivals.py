@@ -1,21 +1,15 @@
 """The arrival record: which collective each rank of a group entered last, readable by every rank.
 
-When a collective times out (``watchdog.py``), the rank that gives up knows only the peer it was waiting
-for, and in a ring that peer is usually just waiting too. To say *who never arrived*, each communicator
-created while ``MINIDIST_TIMEOUT`` is set gets an arrival record: an MPI one-sided (RMA) window with
-one slot per rank holding the sequence number and name of the last collective that rank entered.
-
-* Entering a collective is a store into this rank's own slot: no message, nothing to wait for.
-* Only a rank that timed out *reads* the slots (``MPI_Rget`` from every rank). A one-sided read needs
-  nothing from the rank that owns the slot, not even that it calls MPI, so it works exactly when it is
-  needed: when some rank is stuck in a computation, or waiting somewhere else.
-
-Why a window and not messages? Announcing "I entered collective #k" to the others would cost ``n - 1``
-sends per rank per collective, and those messages would pile up unread unless every rank kept draining
-them. The window costs one store per collective.
-
-One rule of RMA shapes this file: a window must be freed, collectively, before ``MPI_Finalize`` (MPICH
-fails at exit otherwise), so every record is freed by :func:`free_records` at interpreter exit.
+When a collective times out (``watchdog.py``), the rank that gives up knows only the peer it waited for,
+and in a ring that peer is usually just waiting too. To say *who never arrived*, each communicator
+created while ``MINIDIST_TIMEOUT`` is set gets an arrival record: an MPI one-sided (RMA) window with one
+slot per rank holding the number and name of the last collective that rank entered. Entering is a store
+into this rank's own slot (no message, no wait). Only a rank that timed out *reads* the slots
+(``MPI_Rget`` from every rank), which needs nothing from the slot's owner, not even that it calls MPI:
+it works exactly when some rank is stuck in a computation or waiting somewhere else. (Announcing "I
+entered #k" by message would cost ``n - 1`` sends per rank per collective, piling up unread unless every
+rank kept draining them.) RMA's one rule here: a window must be freed, collectively, before
+``MPI_Finalize`` (MPICH fails at exit otherwise): :func:`free_records` frees them at interpreter exit.
 """
 
 from __future__ import annotations
@@ -31,9 +25,7 @@ SLOT = np.dtype([("seq", np.int64), ("name", "S24")])  # one rank's entry: 32 by
 
 class ArrivalRecord:
     """Every rank's last entered collective, in an RMA window each rank can read without the others' help.
-
-    Creating one is collective over ``mpi_comm`` (``MPI_Win_allocate``). The window holds one
-    :data:`SLOT` (int64 sequence number, 24 bytes of name) per rank, and every rank keeps it in a
+    Collective to create (``MPI_Win_allocate``): one :data:`SLOT` per rank, which every rank keeps in a
     passive-target epoch (``MPI_Win_lock_all``) for its whole life, so a read never waits for the owner.
     """
 
@@ -51,11 +43,9 @@ class ArrivalRecord:
         self.window.Sync()  # make the store visible to readers (in MPI's "unified" model, a memory fence)
 
     def read(self, patience: float = 1.0) -> list[tuple[int, str] | None]:
-        """Every rank's ``(seq, name)``, or None for a rank whose slot could not be read in ``patience`` s.
-
-        On shared memory a read is immediate; on a network whose one-sided operations need help from
-        the target's MPI library, a target that never calls MPI may not answer: hence the limit.
-        """
+        """Every rank's ``(seq, name)``, or None for a rank whose slot could not be read in ``patience`` s
+        (immediate on shared memory; on a network whose one-sided operations need the target's MPI
+        library, a target that never calls MPI may not answer)."""
         slots = np.zeros(self.size, dtype=SLOT)
         raw = slots.view(np.uint8).reshape(self.size, SLOT.itemsize)
         requests = [self.window.Rget([raw[r], MPI.BYTE], r) for r in range(self.size)]
@@ -77,10 +67,8 @@ _records: list[ArrivalRecord] = []  # in creation order, which is the same on ev
 
 def free_records() -> None:
     """Free every arrival record before ``MPI_Finalize`` (Python runs this before mpi4py finalizes).
-
-    Collective: the records are freed in creation order, an order every rank shares because creating a
-    communicator is itself collective, so no two ranks can wait on each other in different windows.
-    """
+    Collective, in creation order, which every rank shares (creating a communicator is collective): no
+    two ranks can wait on each other in different windows."""
     while _records and not MPI.Is_finalized():
         _records.pop(0).free()
 
@@ -91,12 +79,10 @@ def ranks(group_ranks: list[int]) -> str:
 
 
 def describe_arrivals(slots: Sequence[tuple[int, str] | None], seq: int, name: str) -> str:
-    """Say where the ranks are relative to collective ``seq`` (``name``), from :meth:`ArrivalRecord.read`.
-
-    E.g. ``"Arrival record of #3 all_reduce: ranks [0, 1, 2] entered it; not yet arrived: rank 3 (last
-    entered #2 all_reduce)."`` A rank at ``seq`` with another name is in a *different* collective: the
-    ranks disagree about the order of their calls.
-    """
+    """Say where the ranks are relative to collective ``seq`` (``name``), from :meth:`ArrivalRecord.read`:
+    ``"Arrival record of #3 all_reduce: ranks [0, 1, 2] entered it; not yet arrived: rank 3 (last entered
+    #2 all_reduce)."`` A rank at ``seq`` with another name is in a *different* collective (the ranks
+    disagree about the order of their calls)."""
     here, behind, elsewhere, unknown = [], [], [], []
     for rank, slot in enumerate(slots):
         if slot is None:

@@ -1,12 +1,8 @@
 """The wrapper the safety net puts around every public collective: number the call, tag it, check it.
 
 ``seam.py`` hands each collective that ``collectives.py`` marks to :func:`collective_call`, once, when
-``minidist.distributed`` is imported. It costs about 1 us per call (docs/performance.md, "The checks that
-are on by default"): it marks the call's start and end for the liveness watchdog and sets the tag its
-messages carry (``liveness.enter``/``leave``, ``tags.py``); under ``trace.enable(collectives=True)`` it
-records a span with the bytes the call sent (``traffic.py``); with ``MINIDIST_DEBUG`` or
-``MINIDIST_TIMEOUT`` set it runs the call inside ``debug.collective_scope`` (fingerprints compared, a
-deadline set). A collective of your own can wear it too: ``@dist.collective_call("my_collective")``.
+``minidist.distributed`` is imported. A collective of your own can wear it too:
+``@dist.collective_call("my_collective")``.
 """
 
 from __future__ import annotations
@@ -31,15 +27,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 def collective_call(name: str, *, same_shape: bool = True) -> Callable[[F], F]:
     """Decorator for a public collective: number every call, tag its messages, run the checks asked for.
 
-    Always: it marks the call's start and end for the liveness watchdog and sets the tag of the call's
-    messages from its name, ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``,
-    ``tags.py``); about 1 us per call (docs/performance.md, "The checks that are on by default"). With
-    ``MINIDIST_DEBUG`` or ``MINIDIST_TIMEOUT`` set it also runs the call inside :func:`collective_scope`,
-    described by the function's first parameter (the array; none if that parameter is ``group``), its
-    parameters named ``op``, ``src``, ``dst`` and ``algorithm``, and (debug mode) the user's line that
-    made the call (:func:`call_site`); ``group`` (``None`` = the world) says which ranks compare.
-    ``same_shape=False`` for collectives whose ranks may pass arrays of different shapes
-    (``all_gather``): then only the dtype must agree.
+    Always (about 1 us per call: docs/performance.md, "The checks that are on by default"): it marks the
+    call's start and end for the liveness watchdog and sets the tag of its messages from its name,
+    ``op``, ``src``/``dst`` and the array's dtype (``liveness.enter``, ``tags.py``). Under
+    ``trace.enable(collectives=True)``, a span with the bytes the call sent (``traffic.py``). With
+    ``MINIDIST_DEBUG`` or ``MINIDIST_TIMEOUT`` set, it runs the call inside :func:`collective_scope`
+    (fingerprints compared, a deadline set), described by the function's first parameter (the array;
+    none if that parameter is ``group``), its parameters ``op``, ``src``, ``dst`` and ``algorithm``, and
+    (debug mode) the user's line that made the call (:func:`call_site`); ``group`` (``None`` = the world)
+    says which ranks compare. ``same_shape=False`` for collectives whose ranks may pass arrays of
+    different shapes (``all_gather``): then only the dtype must agree.
     """
 
     def decorate(fn: F) -> F:

@@ -2,52 +2,42 @@
 
 Every rank of a group must call the same collectives, in the same order, with matching arguments. When
 one does not (an ``all_reduce`` inside ``if rank == 0:``, a loop one step shorter on one rank, a tensor
-of another shape), MPI rarely notices: the messages of two different collectives can match each other,
-and the program computes wrong numbers or hangs, far from the mistake.
+of another shape), MPI rarely notices: the program computes wrong numbers or hangs, far from the mistake.
 
-In debug mode every collective first builds a *fingerprint* of the call on this rank: its sequence
-number on the communicator (the k-th collective called on it), its name, its arguments that must agree
-(``op``, ``src``/``dst``, the array's shape and dtype, and the algorithm when not ``"auto"``) and the
-identity of the group (its size and the world ranks of its members), and the *call site*: the file and
-line of the user's program that made the call (:func:`call_site`, the first frame outside minidist, its
-tools and course, and the standard library)::
+In debug mode every collective first builds a *fingerprint* of the call: its number on the communicator
+(the k-th collective called on it), its name, the arguments that must agree (``op``, ``src``/``dst``,
+the array's shape and dtype, the algorithm when not ``"auto"``), the group (its size and its members'
+world ranks) and the *call site*, the file and line of the user's program that made it
+(:func:`call_site`: the first frame outside minidist, its tools and course, and the standard library)::
 
     #17 all_reduce(op=sum, shape=(100,), float32) at train.py:42
 
-The call site is what tells apart two same-shape calls made in a different order (``all_reduce(loss)``
-then ``all_reduce(acc)`` on rank 0, the other way round on rank 1). It cannot tell apart calls made
-from the *same* line in a different order (a loop over a set of metric names, whose order differs per
-process): those fingerprints are identical, and the numbers come out swapped. The price of comparing
-sites: in debug mode every rank must make a collective from the same line.
+The site tells apart two same-shape calls made in a different order (``all_reduce(loss)`` then
+``all_reduce(acc)`` on rank 0, the other way round on rank 1); not calls from the *same* line in a
+different order (a loop over a set of metric names, ordered differently per process): the numbers come
+out swapped. The price: in debug mode every rank must make a collective from the same line.
 
-The ranks of the group then gather everyone's fingerprint with MPI's own ``MPI_Iallgather`` (debugging
-infrastructure, not an algorithm we teach) over the group's ``collective_channel``. MPI never matches a
-collective with point-to-point messages, so this exchange cannot be confused with the algorithms' or the
-user's messages. Each rank now holds all the fingerprints, so if they differ *every* rank raises the same
-``CollectiveMismatchError``::
+The ranks then gather every fingerprint with MPI's own ``MPI_Iallgather`` (debugging infrastructure,
+not an algorithm we teach) over the ``collective_channel``; MPI never matches a collective with
+point-to-point messages, so it cannot be confused with the algorithms' or the user's. If they differ,
+*every* rank raises the same ``CollectiveMismatchError``::
 
     collective #17 mismatch on a group of 4 ranks: ranks [0, 1, 3] called all_reduce(op=sum,
     shape=(100,), float32) at train.py:42; rank 2 called all_gather(float32) at train.py:40
 
-``all_gather`` compares only the dtype: its chunks may have different lengths on different ranks.
+``all_gather`` compares only the dtype: its chunks may differ in length between ranks. (Argument checks
+elsewhere agree through ``agreement.py``, on our own ``all_gather``; this check runs *inside* every
+collective, that one included, and must wait with a deadline: MPI's non-blocking built-in it is.)
 
-(Argument checks elsewhere agree through ``agreement.py``, which runs on our own ``all_gather``. This
-check cannot: it runs *inside* every collective, our ``all_gather`` included, and must wait with a
-deadline, so it uses MPI's non-blocking built-in on a channel of its own.)
-
-The end of the program counts as one more call on the world communicator (:func:`check_at_exit`, run
-at interpreter exit), so a rank that skipped the last collective and finished is reported ("rank 2
-reached the end of the program") instead of leaving the others waiting.
-
-With ``MINIDIST_TIMEOUT`` set (``watchdog.py``) the exchange waits at most until the collective's
-deadline, so a rank that never arrives gives a ``CollectiveTimeoutError`` naming it. Debug mode cannot
-see ranks that call collectives on *different* groups: they never meet in one exchange, and each
-exchange waits for its missing members (the timeout turns that into an error).
-
-Cost: one latency-bound all-gather of 256 bytes per rank per collective. For debugging, not for speed.
-
-Every public collective runs these checks through the wrapper of ``calls.py``, which the safety net
-puts around it (``seam.py``).
+The end of the program counts as one more call on the world (:func:`check_at_exit`, at interpreter
+exit), so a rank that skipped the last collective and finished is reported ("rank 2 reached the end of
+the program") instead of leaving the others waiting. With ``MINIDIST_TIMEOUT`` (``watchdog.py``) the
+exchange waits at most until the collective's deadline: a rank that never arrives gives a
+``CollectiveTimeoutError`` naming it. Ranks in collectives on *different* groups never meet in one
+exchange; each waits for its missing members (the timeout, or by default the heartbeats of
+``waits.py``, turn that into an error). Cost: a latency-bound all-gather of 256 bytes per rank per
+collective, for debugging, not speed. Every public collective runs these checks through ``calls.py``'s
+wrapper, which the safety net puts around it (``seam.py``).
 """
 
 from __future__ import annotations
@@ -122,13 +112,9 @@ def describe_call(
     name: str, array: Any = None, *, same_shape: bool = True, site: str | None = None, **args: Any
 ) -> str:
     """The human-readable part of a fingerprint, e.g. ``all_reduce(op=sum, shape=(100,), float32) at
-    train.py:42``.
-
-    ``args`` (``op``, ``src``, ``dst``, ``algorithm``) are shown in that order; ``algorithm`` only when
-    it is not ``"auto"``. ``array`` contributes its shape (unless ``same_shape`` is False) and dtype;
-    something that is not an array contributes its type name (the collective will reject it anyway).
-    ``site`` (:func:`call_site`) is where the user's program made the call.
-    """
+    train.py:42``: ``args`` (``op``, ``src``, ``dst``, then ``algorithm`` unless ``"auto"``); ``array``'s
+    shape (unless ``same_shape`` is False) and dtype, or the type name of a non-array (the collective
+    will reject it anyway); ``site`` (:func:`call_site`), where the user's program made the call."""
     if name == EXIT:
         return "the end of the program"
     algorithm = args.pop("algorithm", "auto")
@@ -144,11 +130,9 @@ def describe_call(
 
 
 def fingerprint(seq: int, text: str, world_ranks: list[int]) -> bytes:
-    """``"seq|group|text"`` as exactly :data:`FINGERPRINT_BYTES` bytes; equal calls give equal bytes.
-
-    The group is its size and a hash of its members' world ranks. A text too long to fit (a shape with
-    dozens of dimensions) is cut and followed by a hash of the whole, so comparison stays exact.
-    """
+    """``"seq|group|text"`` as exactly :data:`FINGERPRINT_BYTES` bytes; equal calls give equal bytes. The
+    group is its size and a hash of its members' world ranks. A text too long to fit (a shape with dozens
+    of dimensions) is cut and followed by a hash of the whole, so comparison stays exact."""
     group = f"{len(world_ranks)}:{hashlib.sha1(str(world_ranks).encode()).hexdigest()[:12]}"
     record = f"{seq}|{group}|{text}".encode()
     if len(record) > FINGERPRINT_BYTES:
@@ -168,12 +152,11 @@ def collective_scope(
 ) -> Iterator[None]:
     """Run the ``with`` block as collective ``name`` on ``group``, with the checks the environment asks for.
 
-    With neither ``MINIDIST_DEBUG`` nor ``MINIDIST_TIMEOUT`` set, or on a group of one rank, this does
-    nothing. Otherwise it numbers the call, records this rank's arrival and sets the deadline
-    (``watchdog.CallTracker.call``) and, in debug mode, compares fingerprints first. ``array`` and
-    ``args`` are as for :func:`describe_call`. Raises ``CollectiveMismatchError`` on every rank if the
-    fingerprints differ, ``CollectiveTimeoutError`` if a rank does not arrive before the deadline.
-    """
+    Nothing without ``MINIDIST_DEBUG`` and ``MINIDIST_TIMEOUT``, or on one rank. Otherwise it numbers the
+    call, records this rank's arrival and sets the deadline (``watchdog.CallTracker.call``), and in debug
+    mode compares fingerprints first (``array``, ``args``: as for :func:`describe_call`). Raises
+    ``CollectiveMismatchError`` on every rank if they differ, ``CollectiveTimeoutError`` if a rank does
+    not arrive before the deadline."""
     debug = debug_enabled()
     if group.size == 1 or not (debug or timeout_seconds() is not None):
         yield
@@ -200,10 +183,8 @@ def check_fingerprints(group: Communicator, info: CallInfo, text: str) -> None:
 
 def mismatch_message(records: list[str], world_ranks: list[int] | None = None) -> str:
     """Group the ranks by the fingerprint they sent and say who called what (the same text on every rank).
-
-    ``records[r]`` is rank ``r``'s decoded fingerprint; ``world_ranks`` (None for the world itself)
-    names the group's members in the header, for sub-groups.
-    """
+    ``records[r]``: rank ``r``'s decoded fingerprint; ``world_ranks`` (None for the world itself): the
+    group's members, named in the header of a sub-group's message."""
     callers: dict[str, list[int]] = {}
     for rank, record in enumerate(records):
         callers.setdefault(record, []).append(rank)
@@ -228,13 +209,11 @@ def mismatch_message(records: list[str], world_ranks: list[int] | None = None) -
 def check_at_exit() -> None:
     """At interpreter exit, in debug mode: tell ranks still waiting in a collective that this one ended.
 
-    Every rank takes part in one last exchange on the world, named :data:`EXIT`; ranks that all end
-    normally just pass it. It has no deadline, even with ``MINIDIST_TIMEOUT``: a rank that is merely
-    slower to finish (rank 0 writing the results) must not be killed; ranks stuck in a collective time
-    out there by themselves. An exception cannot leave an exit handler (Python would print it and still
-    exit with code 0), so a mismatch is printed and the job aborted. Registered by ``safety.install``
-    last, so it runs first (exit handlers run last-registered first).
-    """
+    Every rank takes part in one last exchange on the world, named :data:`EXIT`, which ranks ending
+    normally just pass. No deadline, even with ``MINIDIST_TIMEOUT``: a rank merely slower to finish (rank
+    0 writing the results) must not be killed; ranks stuck in a collective time out there by themselves.
+    An exception cannot leave an exit handler (Python would print it and exit with code 0): a mismatch is
+    printed and the job aborted. ``safety.install`` registers it last, so it runs first."""
     if not world.is_initialized() or MPI.Is_finalized() or not debug_enabled():
         return
     everyone = world.init()

@@ -21,19 +21,16 @@ _departing: list[Any] = []  # channels whose peers' notices are still to receive
 
 def announce_departure(wait: bool = True) -> None:
     """At interpreter exit: stop the thread, look once more for stray messages, tell every peer we left,
-    and (``wait``) receive every peer's notice (:func:`receive_departures`).
-
-    Registered by ``safety.install`` after ``arrivals.free_records``, so it runs before that
-    collective clean-up, which would wait for the others. In debug mode ``debug.check_at_exit`` calls it
-    first with ``wait=False``, then its own exchange on the world (which a rank stuck in a collective
-    must be able to join), then :func:`receive_departures`. Runs once (the second call returns at once).
-    """
+    and (``wait``) receive every peer's notice (:func:`receive_departures`). Runs once. ``safety.install``
+    registers it after ``arrivals.free_records``, so it runs before that collective clean-up, which would
+    wait for the others. In debug mode ``debug.check_at_exit`` calls it first with ``wait=False``, then
+    its own exchange on the world (which a rank stuck in a collective must be able to join), then
+    :func:`receive_departures`."""
     channels = liveness.stop()
     if channels is None:
         return
     for channel in channels:  # a stale message that arrived since the last tick
-        problem = liveness.inspect_channel(channel, None, heartbeats=False)
-        if problem:
+        if problem := liveness.inspect_channel(channel, None, heartbeats=False):
             abort_job(MPI.COMM_WORLD, problem + "\n")
     requests = [request for channel in channels for request in departures.notices(channel)]
     MPI.Request.Waitall(requests)  # small messages: sent eagerly, they need no receiver to complete
@@ -52,11 +49,10 @@ def receive_departures() -> None:
 def announce_drop(channel: Any) -> None:
     """A channel garbage-collected before exit (``WatchedCommunicator.__del__``): tell its peers we left it.
 
-    A rank whose group object is gone can never call a collective on that group again, so for the
-    group it has left, just as at exit. Without this, a rank that ``return``s early out of a function
-    holding its sub-group (``dp = world.split(...)``) lost its notice as soon as Python collected the
-    group, and the ranks still waiting on that group hung until the deadline instead of a tick.
-    """
+    A rank whose group object is gone can never call a collective on it again: it left the group, as at
+    exit. Without this, a rank that ``return``s early out of a function holding its sub-group (``dp =
+    world.split(...)``) lost its notice once Python collected the group, and the ranks still waiting on
+    that group hung until the deadline instead of a tick."""
     if not liveness.running() or MPI.Is_finalized() or getattr(channel, "size", 1) < 2:
         return
     try:

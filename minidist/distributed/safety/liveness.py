@@ -1,42 +1,31 @@
 """The liveness watchdog: by default, no rank waits forever for a rank that left, fell behind or disagrees.
 
-Without help, a rank that leaves the program (``sys.exit``, a ``return`` out of the training loop) while
-the others wait in a collective hangs the whole job forever, with no output. So does a rank whose
-collectives do not match the others'. ``dist.init()`` therefore starts, on every rank of a job with
-more than one rank, a daemon thread that wakes every :data:`TICK` seconds and looks at each
-communicator's ``collective_channel`` (the same idea as PyTorch's NCCL watchdog, which by default
-fires after 10 minutes). It ends the job with ``MPI_Abort`` (``watchdog.abort_job``: every line of the
-message prefixed ``[rank r]``, after the grace period) when it sees one of:
+A rank that leaves (``sys.exit``, a ``return`` out of the training loop) while the others wait in a
+collective, or whose collectives do not match theirs, hangs the whole job forever, silently. So
+``dist.init()`` starts, on every rank of a job of several, a daemon thread that looks at every
+``collective_channel`` each :data:`TICK` seconds (PyTorch's NCCL watchdog, which fires after 10 minutes,
+is the same idea) and ends the job (``watchdog.abort_job``: ``MPI_Abort`` after the grace period, every
+line prefixed ``[rank r]``) on:
 
-* **A rank that left.** At interpreter exit (or when Python collects a group it dropped, see
-  ``leaving.announce_drop``) every rank sends each member of each of its groups a *departure notice*
-  on the group's channel (tag :data:`~minidist.distributed.safety.tags.DEPARTURE_TAG`, payload: how many
-  collectives it called on the group). A rank waiting in collective #k on a group that receives a
-  notice saying "I called k-1" knows #k can never finish. Detected within a tick. Before it
-  finalizes, every rank also receives its peers' notices (``departures.py``).
-* **A message of another call.** Every message of a collective carries the call's sequence number and
-  identity in its tag (``tags.py``), so a mismatched message is never received; it waits in MPI's
-  queue, where ``MPI_Iprobe`` finds it: a message of *this* call number with another name, op,
-  src/dst or dtype, or one of a call this rank has already finished (a *stale* message: this rank
-  never received it, so the two ranks disagreed about that call).
-* **A call that takes too long** (``MINIDIST_WATCHDOG`` seconds, default :data:`DEFAULT_DEADLINE`):
-  some rank is stuck in a computation, in a collective on another group, or in a loop that will not
-  end. The message names the rank this rank was last waiting for. ``MINIDIST_WATCHDOG=off`` (or
-  ``0``) stops the thread, and with it these four checks; tags stay on.
-* **A rank that cannot be reached** (``heartbeat.py``): while a collective (or a send or receive of
-  the group's own, ``p2p_wait``) runs longer than a second, the thread pings the peers it waits for;
-  one whose answer is ``MINIDIST_PEER_TIMEOUT`` seconds (default 30) late has lost its node or its
-  link, or is frozen. The message names it and its host.
+* **A rank that left**, within a tick: its *departure notice* (``departures.py``; sent at exit, or when
+  Python collects a group it dropped, ``leaving.py``) says it called k-1 collectives on the group while
+  this rank waits in #k, which can never finish.
+* **A message of another call** (``tags.py``) found waiting by ``MPI_Iprobe``: of this call number with
+  another name, op, src/dst or dtype, or *stale*, of a call this rank finished without receiving it.
+  A collective's receive that comes first takes it and raises at once (``watched.py``).
+* **A call that takes too long** (``MINIDIST_WATCHDOG`` s, default :data:`DEFAULT_DEADLINE`): a rank
+  stuck in a computation or a loop; named: the rank this one last waited for. ``MINIDIST_WATCHDOG=off``
+  (or ``0``) stops the thread and every check here; tags stay on.
+* **A rank that cannot be reached** (``heartbeat.py``): pinged after a second of waiting in a collective
+  or a send or receive of the group's own (``p2p_wait``), it did not answer for ``MINIDIST_PEER_TIMEOUT``
+  s (default 30): its node or link is down, or it is frozen. Named with its host.
+* **Two ranks waiting for each other** in different calls, as their heartbeats tell (``waits.py``).
 
-Why a thread and not a deadline in the wait loop (``MINIDIST_TIMEOUT``, ``watchdog.py``)? Polling
-every wait costs latency on every message; the thread costs nothing per message: the collectives keep
-MPI's blocking calls, and a collective pays only :func:`enter`/:func:`leave` (a few attribute stores).
-The price is that the thread cannot *raise* in the main thread, which is blocked inside MPI; it ends
-the job. With ``MINIDIST_TIMEOUT`` set, waits raise ``CollectiveTimeoutError`` as before.
-
-Not covered: a point-to-point ``recv`` from a rank that *left* (only collectives are numbered; a
-waiting send or receive gets heartbeats, so a rank that cannot be reached is found; use
-``MINIDIST_TIMEOUT``), and a rank that leaves while no other rank ever calls a collective again.
+Why a thread, not a deadline in each wait (``MINIDIST_TIMEOUT``, ``watchdog.py``, whose polling costs
+latency per message)? The collectives keep MPI's blocking calls and pay only :func:`enter`/:func:`leave`
+(a few attribute stores); but the thread cannot raise in a main thread blocked in MPI: it ends the job.
+Not covered: a ``recv`` from a rank that *left* (only collectives are numbered; use ``MINIDIST_TIMEOUT``),
+and a rank that leaves while no other rank ever calls a collective again.
 """
 
 from __future__ import annotations
@@ -50,15 +39,8 @@ from typing import Any
 from mpi4py import MPI
 
 from minidist.distributed import world
-from minidist.distributed.safety import departures, heartbeat
-from minidist.distributed.safety.tags import (
-    DEPARTURE_TAG,
-    NAME_BITS,
-    SEQ_WINDOW,
-    describe,
-    seq_offset,
-    tags_supported,
-)
+from minidist.distributed.safety import departures, heartbeat, waits
+from minidist.distributed.safety.tags import NAME_BITS, SEQ_WINDOW, describe, seq_offset, tags_supported
 from minidist.distributed.safety.watchdog import abort_job, seconds_setting
 
 WATCHDOG_ENV = "MINIDIST_WATCHDOG"
@@ -79,19 +61,21 @@ def deadline_seconds() -> float | None:
 
 def watch(channel: Any) -> None:
     """Start tracking a new collective channel (called by ``Communicator.__init__``)."""
-    # phase = (seq, outer, tag): the last call's number; the outermost running call's number (None
-    # when no call runs); the running (or last) call's tag. One tuple, replaced whole, so the thread
-    # never reads half of an update. No clock is read per call: the thread notes when it first saw a
-    # call running (`seen`), which is at most one tick late.
+    # phase = (seq, outer, tag): the last call's number, the outermost running one's (None: none runs),
+    # the running (or last) call's tag; one tuple, replaced whole: the thread never reads half an update.
+    # No clock is read per call: the thread notes when it first saw a call running (`seen`, a tick late).
     channel.calls_started = 0
     channel.phase = (0, None, 0)
     channel.seen = (0, 0.0)  # (seq, time.monotonic() when the thread first saw it running)
     channel.peer = -1  # the rank the channel last waited for (set per receive in watched.py)
     channel.departed = {}  # group rank -> number of collectives it called before it left
     channel.dropped = set()  # group ranks that left by dropping the group (they receive on it no more)
-    channel.p2p_wait = None  # peers of a send/recv of the group's own that is waiting (watched.py), or None
+    channel.p2p_wait, channel.p2p_kind = None, ""  # peers and kind of a waiting send/recv of the group's own
     channel.p2p_seen = (None, 0.0)  # (that p2p_wait, time.monotonic() when the thread first saw it)
     channel.use_tags = tags_supported()
+    # Pings, pongs, departure notices travel apart: no collective's receive takes one. (One rank: no
+    # peers, so no communicator spent on them; MPICH allows a process about 2,000.)
+    channel.control = channel.mpi.Dup() if channel.size > 1 else channel.mpi
     heartbeat.setup(channel)
     _channels.append(weakref.ref(channel))
 
@@ -99,10 +83,9 @@ def watch(channel: Any) -> None:
 def enter(channel: Any, ident: int) -> tuple:
     """Mark the start of a collective with identity ``ident`` (``tags.identity``); return the old phase.
 
-    Sets ``channel.tag_base``, which ``watched.py`` adds to every message tag of the call. This and
-    :func:`leave` run for every collective, so they are kept to a few attribute stores (cost:
-    docs/performance.md, "The checks that are on by default").
-    """
+    Sets ``channel.tag_base``, which ``watched.py`` adds to every message tag of the call. Runs for every
+    collective, as :func:`leave` does: a few attribute stores (docs/performance.md, "The checks that are
+    on by default")."""
     seq = channel.calls_started = channel.calls_started + 1
     tag = ((seq % SEQ_WINDOW) << 16 | ident) if channel.use_tags else 0
     previous = channel.phase
@@ -133,8 +116,7 @@ def start() -> None:
 def _run() -> None:
     while not _stop.wait(TICK) and not MPI.Is_finalized():  # (a program may finalize MPI itself)
         for channel in _live_channels():
-            problem = inspect_channel(channel, deadline_seconds())
-            if problem:
+            if problem := inspect_channel(channel, deadline_seconds()):
                 abort_job(MPI.COMM_WORLD, problem + "\n")
 
 
@@ -144,20 +126,17 @@ def _live_channels() -> list[Any]:
 
 def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = True) -> str | None:
     """One look at ``channel``: the text of the problem found (see the module doc), or None.
-
-    ``heartbeats=False`` (the last look at exit): answer pings, but send none.
-    """
+    ``heartbeats=False`` (the last look at exit): answer pings, but send none."""
     seq, outer, tag = channel.phase  # read first: every later message is judged against it
     if channel.use_tags:
-        heartbeat.answer(channel)
+        heartbeat.answer(channel, lambda peer: waits.report(channel, peer, _live_channels()))
     for peer in range(channel.size):
         if peer == channel.rank:
             continue
         status = MPI.Status()
         departures.receive(channel, peer)
         if channel.use_tags and channel.mpi.Iprobe(source=peer, tag=MPI.ANY_TAG, status=status):
-            problem = _stray(channel, peer, status.Get_tag(), seq, outer, tag)
-            if problem:
+            if problem := _stray(channel, peer, status.Get_tag(), seq, outer, tag):
                 return problem
     if outer is None:
         if heartbeats and channel.use_tags:
@@ -178,6 +157,8 @@ def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = Tru
         late, waited = heartbeat.overdue(channel, now - channel.seen[1], now)
         if late:
             return _unreachable(channel, late, waited, describe(tag, seq))
+        if cycle := waits.cycle(channel, _live_channels()):
+            return cycle
     if deadline is not None and time.monotonic() - channel.seen[1] > deadline:
         peer = channel.peer
         last = f"; it was last waiting for {_them(channel, peer)}" if peer >= 0 else ""
@@ -193,7 +174,7 @@ def inspect_channel(channel: Any, deadline: float | None, heartbeats: bool = Tru
 
 def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | None, tag: int) -> str | None:
     """The problem a waiting message from ``peer`` reveals, if any (see the module doc)."""
-    if message_tag == DEPARTURE_TAG or message_tag & NAME_BITS == 0:
+    if message_tag & NAME_BITS == 0:
         # Name code 0: a message sent on the channel outside any numbered collective (ring.py's
         # functions called directly, as the lessons and assignments do: tag_base is 0 then). It names
         # no call, so it cannot be judged; reading it as "call #0" aborted correct programs whenever
@@ -204,12 +185,11 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
     # finished. Numbers are modulo 4096, so "far behind" could also be "far ahead" (a root that runs
     # ahead through many broadcasts); only calls up to STALE_WINDOW behind count as finished.
     behind = -seq_offset(theirs, (seq + 1 if outer is None else outer) % SEQ_WINDOW)
-    stale = 0 < behind <= STALE_WINDOW
-    if stale:
+    if 0 < behind <= STALE_WINDOW:  # stale
         return (
             f"{_me(channel)}: {_them(channel, peer)} sent this rank a message of its call "
             f"{describe(message_tag)} on this group, which this rank never received: this rank's call with "
-            f"that number was different (its last call: {describe(tag, seq)}). " + _ADVICE
+            f"that number was different (its latest call: {describe(tag, seq)}). " + _ADVICE
         )
     if outer is not None and theirs == seq % SEQ_WINDOW and message_tag != tag:
         return (
@@ -217,6 +197,15 @@ def _stray(channel: Any, peer: int, message_tag: int, seq: int, outer: int | Non
             f"{describe(tag, seq)} on the same group. " + _ADVICE
         )
     return None
+
+
+def wrong_call(channel: Any, peer: int, message_tag: int) -> str:
+    """The problem a message of another call, taken by a receive of the running collective, reveals."""
+    seq, outer, tag = channel.phase
+    return _stray(channel, peer, message_tag, seq, outer, tag) or (
+        f"{_me(channel)}: {_them(channel, peer)} sent this rank a message of its call {describe(message_tag)}"
+        f" while this rank waits in {describe(tag, seq)} for its message of that call. " + _ADVICE
+    )
 
 
 def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
@@ -230,7 +219,9 @@ def _p2p_heartbeat(channel: Any, waiting: tuple[int, ...] | None) -> str | None:
         channel.p2p_seen = (waiting, now)
     late, waited = heartbeat.overdue(channel, now - channel.p2p_seen[1], now, waiting)
     ranks = " and ".join(f"rank {p}" for p in waiting)
-    return _unreachable(channel, late, waited, f"a send or receive with {ranks}") if late else None
+    if late:
+        return _unreachable(channel, late, waited, f"a send or receive with {ranks}")
+    return waits.cycle(channel, _live_channels())
 
 
 def host_of(channel: Any, peer: int) -> str:

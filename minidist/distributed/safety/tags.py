@@ -1,13 +1,10 @@
 """Message tags that name the collective a message belongs to, so that mismatched calls never pair up.
 
 Every hand-written collective moves its data with point-to-point messages on the group's
-``collective_channel``. MPI matches a receive with a message by (source, tag, communicator) only, so if
-every collective used tag 0, the messages of two *different* calls could match each other: rank 0 in a
-``broadcast(src=0)`` and rank 1 in a ``broadcast(src=1)`` each send the other their array, both calls
-"succeed", and the stale message is then received by the next ``all_reduce``, which returns wrong
-numbers with no error at all.
-
-So the tag of every message on a channel says which call it belongs to::
+``collective_channel``, and MPI matches a message by (source, tag, communicator) only. With tag 0 for
+all, rank 0 in a ``broadcast(src=0)`` and rank 1 in a ``broadcast(src=1)`` each send the other their
+array, both calls "succeed", and the next ``all_reduce`` takes the stale message: wrong numbers, no
+error. So the tag of every message on a channel says which call it belongs to::
 
     bits 16..27   the call's sequence number on the group, modulo 4096 (the k-th collective called on it)
     bits 13..15   which collective (all_reduce, reduce_scatter, all_gather, broadcast, reduce, barrier)
@@ -15,19 +12,18 @@ So the tag of every message on a channel says which call it belongs to::
     bits  6..10   src / dst, modulo 32
     bits  0..5    the dtype (NumPy's type number, modulo 64)
 
-A receive now matches only a message of the same call with the same arguments. A mismatched message is
-never consumed: it waits in MPI's queue, where the liveness watchdog (``liveness.py``) finds it with
-``MPI_Iprobe`` and names both calls. Building the tag costs a few integer operations per collective,
-nothing per message (the channel adds the same ``tag_base`` to every message of the call).
+A collective's receive takes its peer's next message whatever its tag and compares the tag (MPI keeps
+one sender's messages in order): one of another call raises ``CollectiveMismatchError`` there and then
+(``watched.py``). One that no receive takes waits in MPI's queue, where the liveness watchdog
+(``liveness.py``) finds it with ``MPI_Iprobe``. Either way both calls are named. Building the tag costs
+a few integer operations per collective, nothing per message (the channel adds ``tag_base`` to each).
 
 What the tag cannot tell apart: two calls with the same name, op, src/dst and dtype issued in a
 different order (the lengths may differ: then the receive's length check fails instead), a src or
-dtype that differs by a multiple of 32 or 64, and calls 4096 apart (a rank would have to run that far
-ahead of another; the watchdog judges only messages at most ``liveness.STALE_WINDOW`` calls old).
-Debug mode (``MINIDIST_DEBUG=1``) compares full fingerprints, call sites included. MPI's built-in
-collectives (``algorithm="mpi"``) carry no tags of ours.
-
-MPI guarantees tags only up to 32767; MPICH allows 2^29 - 1. On an MPI whose ``MPI_TAG_UB`` is below
+dtype that differs by a multiple of 32 or 64, and calls 4096 apart (the watchdog judges only messages
+at most ``liveness.STALE_WINDOW`` calls old). Debug mode (``MINIDIST_DEBUG=1``) compares full
+fingerprints, call sites included. MPI's built-in collectives (``algorithm="mpi"``) carry no tags of
+ours. MPI guarantees tags only up to 32767, MPICH up to 2^29 - 1; with an ``MPI_TAG_UB`` below
 :data:`PONG_TAG`, tags are not used (``tags_supported`` is False) and these checks are off.
 """
 
@@ -61,10 +57,7 @@ def name_code(name: str) -> int:
 
 def identity(name: str, op: Any = None, root: Any = None, dtype: Any = None) -> int:
     """The low 16 bits of a call's tags: which collective, op, src/dst and dtype (see the module doc).
-
-    Never raises: arguments the collective will reject (an unknown op, a non-int src) count as 0, so the
-    collective itself reports them.
-    """
+    Never raises: arguments the collective will reject (an unknown op, a non-int src) count as 0."""
     # isinstance, not `type(x) is`: ranks may pass the same root as an int and as a NumPy integer
     # (``src=np.argmax(...)`` on one rank, ``int(...)`` on another), or the op as a ``np.str_``; the
     # collective accepts both spellings, so their tags must be equal. (Runs once per distinct

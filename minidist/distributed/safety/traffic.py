@@ -1,25 +1,23 @@
 """Counting the bytes that leave this rank, for the trace: which group sent how much, in which call.
 
-Cost formulas (``minidist_tools.perfmodel.transformer``) count the bytes *one rank sends*; to compare them
-with a run, every point-to-point message minidist sends adds its size to ``Communicator.bytes_sent`` of
-the communicator it leaves by (``comm.py``: ``host_send``, ``host_sendrecv``, ``host_isend``): one
-integer addition per message, always on. A collective's messages leave by its group's
-``collective_channel``, so the channel's count before and after a call is what that call sent, which
-is what the algorithm ``"auto"`` chose really sent (a ring all-reduce of N bytes over n ranks sends
-``2 (n-1)/n N``, recursive doubling ``log2(n) N``), not the size of the array.
+Cost formulas (``minidist_tools.perfmodel.transformer``) count the bytes *one rank sends*. To compare, every
+point-to-point message minidist sends adds its size to ``bytes_sent`` of the communicator it leaves by
+(``host_send``, ``host_sendrecv``, ``host_isend`` of ``comm.py`` and ``watched.py``), always: one integer
+addition. A collective's messages leave by its ``collective_channel``, so the channel's count before and
+after a call is what the algorithm ``"auto"`` chose really sent (a ring all-reduce of N bytes over n
+ranks ``2 (n-1)/n N``, recursive doubling ``log2(n) N``), not the size of the array.
 
-Under ``trace.enable(messages=True)`` the calls also become trace spans (off otherwise: a span costs
-microseconds; checking costs one flag read); ``trace.enable(collectives=True)`` records the first kind only:
+Under ``trace.enable(messages=True)`` the calls also become trace spans (a span costs microseconds; off,
+one flag read); ``trace.enable(collectives=True)`` records the first kind only:
 
 * :func:`collective_span`: one ``trace.COLLECTIVE`` span per public collective (``calls.collective_call``
-  opens it), named after the collective, with ``args`` ``group`` (the group's ``name``), ``ranks``,
-  ``first`` (the world rank of the group's rank 0: with ``group`` and ``ranks`` it tells groups of the same
-  name apart, so ``minidist_tools.straggler`` can match the same call across ranks), ``payload`` (the array's
-  bytes; ``all_gather``: this rank's chunk), ``dtype``, ``algorithm`` and ``bytes``;
+  opens it), named after it, with ``args`` ``group`` (the group's ``name``), ``ranks``, ``first`` (the
+  world rank of the group's rank 0: with ``group`` and ``ranks`` it tells groups of one name apart, so
+  ``minidist_tools.straggler`` can match a call across ranks), ``payload`` (the array's bytes;
+  ``all_gather``: this rank's chunk), ``dtype``, ``algorithm`` and ``bytes`` (None for MPI's built-ins,
+  ``algorithm="mpi"``, which send outside these counters);
 * :func:`message_span`: one ``trace.MESSAGE`` span per point-to-point send (``send``, ``sendrecv``,
   ``isend``) with ``group``, ``bytes``, ``dtype`` and ``peer``.
-
-MPI's built-in collectives (``algorithm="mpi"``) send outside these counters: their ``bytes`` is None.
 """
 
 from __future__ import annotations

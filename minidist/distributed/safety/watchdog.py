@@ -1,34 +1,32 @@
 """The hang watchdog: deadlines for blocking calls, and ending the whole job when one rank fails.
 
 A distributed program that goes wrong rarely crashes: it *hangs*. One rank raises and exits, or skips a
-collective, and the others wait forever for a message that will never come. This module turns those
-hangs into errors. (The checks that are on by default, a rank that left and calls that do not match,
-live in ``liveness.py``; this module is the opt-in timeout and the abort on an uncaught exception.)
+collective, and the others wait forever for a message that will never come. (The checks on by default,
+a rank that left and calls that do not match, live in ``liveness.py``; here are the opt-in timeout and
+the abort on an uncaught exception.)
 
-**Timeouts** (``MINIDIST_TIMEOUT=seconds``; unset, empty or ``0`` means off, the default). With a
-timeout, ``watched.py`` replaces each blocking MPI call (``Send``, ``Recv``, ``Sendrecv``, ``Barrier``) by
-its non-blocking twin (``Isend``, ``Irecv``, ``Ibarrier``) and :meth:`CallTracker.wait`, a loop that
-tests the requests and sleeps a little in between (backing off up to :data:`MAX_PAUSE`) until they
-finish or the deadline passes, and then raises ``CollectiveTimeoutError``. Inside a collective the
-deadline is ``timeout`` seconds after the collective began (a ring of 14 steps does not get 14
-timeouts); a ``send``/``recv`` of the user's own gets ``timeout`` seconds per call. Without a timeout
-the blocking calls run exactly as before; the only cost is one cached function call per message. Like
+**Timeouts** (``MINIDIST_TIMEOUT=seconds``; unset, empty or ``0``: off, the default). ``watched.py`` then
+replaces each blocking MPI call (``Send``, ``Recv``, ``Sendrecv``, ``Barrier``) by its non-blocking twin
+and :meth:`CallTracker.wait`, which tests the requests, sleeping in between (backing off up to
+:data:`MAX_PAUSE`), until they finish or the deadline passes, and then raises
+``CollectiveTimeoutError``, naming the collective, its number on the group (the k-th called on it),
+what this rank waited for and, from the group's arrival record (``arrivals.py``), which ranks never
+reached it. The deadline is ``timeout`` seconds after the collective began (a ring of 14 steps does
+not get 14 timeouts); each ``send``/``recv`` of the user's own gets ``timeout`` seconds. Without a
+timeout the blocking calls run as before, for one cached function call per message. Like
 ``MINIDIST_DEBUG``, the variable is read once per process, at ``dist.init()``.
 
-The error names the collective, its sequence number on the group (the k-th collective called on it),
-what this rank was waiting for, and, from the group's arrival record (``arrivals.py``), which ranks have
-not reached the collective at all.
-
 **A rank that dies** (``MINIDIST_ABORT_GRACE=seconds``, default 1). :func:`install_excepthook`, called by
-``dist.init()`` when there is more than one rank, makes an uncaught exception print its traceback with
-every line prefixed ``[rank r]``, wait the grace period (so that ranks failing at the same moment can
-print theirs too) and call ``MPI_Abort``, which ends every rank: ``mpiexec`` exits non-zero instead of
-the job hanging. (``python -m mpi4py script.py`` does the same, without prefix and grace.) ``sys.exit``
-is not an uncaught exception: it still exits normally, with its own code.
+``dist.init()`` with more than one rank, makes an uncaught exception print its traceback with every
+line prefixed ``[rank r]``, wait the grace period (ranks failing at the same moment print theirs too)
+and call ``MPI_Abort``, which ends every rank: ``mpiexec`` exits non-zero instead of hanging. (``python
+-m mpi4py script.py`` does the same, without prefix and grace.) ``sys.exit`` is no uncaught exception:
+it still exits normally, with its own code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -51,10 +49,8 @@ MAX_PAUSE = 1e-3  # longest sleep between two tests of a request: the most laten
 
 
 def seconds_setting(name: str, default: float) -> float | None:
-    """Environment variable ``name`` as seconds (``default`` when unset); None for 0 or ``off``.
-
-    Raises ``ValueError`` naming the variable for anything but a finite number >= 0 or ``off``.
-    """
+    """Environment variable ``name`` as seconds (``default`` when unset); None for 0 or ``off``. Raises
+    ``ValueError`` naming the variable for anything but a finite number >= 0 or ``off``."""
     value = os.environ.get(name, "").strip().lower()
     if value in ("off", "false", "no"):
         return None
@@ -69,10 +65,8 @@ def seconds_setting(name: str, default: float) -> float | None:
 
 @functools.cache  # read once per process: a look-up in os.environ costs ~1 us, and this runs per message
 def timeout_seconds() -> float | None:
-    """``MINIDIST_TIMEOUT`` in seconds, or None when off. Raises ``ValueError`` if it is malformed.
-
-    Read once, the first time it is needed (normally by ``dist.init()``): set it before the job starts.
-    """
+    """``MINIDIST_TIMEOUT`` in seconds, or None when off (``ValueError`` if malformed). Read once, when
+    first needed (normally by ``dist.init()``): set it before the job starts."""
     return seconds_setting(TIMEOUT_ENV, 0.0)
 
 
@@ -87,14 +81,11 @@ class CallInfo:
 
 class CallTracker:
     """Per-communicator bookkeeping, shared by a :class:`~minidist.distributed.comm.Communicator` and its
-    channel.
-
-    ``seq`` counts the collectives entered on the group while checks are on (debug mode or a timeout);
-    ``current`` is the collective being run, if any; ``world_ranks[r]`` is the world rank of group rank
-    ``r``; ``arrivals`` is the group's :class:`~minidist.distributed.safety.arrivals.ArrivalRecord`, created
-    only if
-    ``MINIDIST_TIMEOUT`` is set when the communicator is created (creating it is collective, so every
-    rank must see the same setting, as ranks started by one ``mpiexec`` do).
+    channel: ``seq`` counts the collectives entered while checks are on (debug mode or a timeout),
+    ``current`` is the one running, ``world_ranks[r]`` the world rank of group rank ``r``, ``arrivals``
+    the group's :class:`~minidist.distributed.safety.arrivals.ArrivalRecord`, made only with
+    ``MINIDIST_TIMEOUT`` set at the communicator's creation (collective: every rank must see the same
+    setting, as ranks started by one ``mpiexec`` do).
     """
 
     def __init__(self, mpi_comm: MPI.Comm) -> None:
@@ -106,10 +97,8 @@ class CallTracker:
 
     @contextmanager
     def call(self, name: str, *, timed: bool = True) -> Iterator[CallInfo]:
-        """Number the collective ``name``, record the arrival and set its deadline, for the ``with`` block.
-
-        ``timed=False``: no deadline, even with ``MINIDIST_TIMEOUT`` set.
-        """
+        """Number the collective ``name``, record the arrival and set its deadline, for the ``with`` block
+        (``timed=False``: no deadline, even with ``MINIDIST_TIMEOUT`` set)."""
         self.seq += 1
         timeout = timeout_seconds() if timed else None
         info = CallInfo(name, self.seq, None if timeout is None else time.monotonic() + timeout)
@@ -128,27 +117,20 @@ class CallTracker:
     def wait(
         self, requests: Sequence[MPI.Request], waiting_for: Sequence[str], statuses: Sequence[Any] = ()
     ) -> None:
-        """Complete every request, or raise ``CollectiveTimeoutError`` when the deadline passes.
-
-        The deadline is the current collective's, or ``timeout`` seconds from now outside a collective;
-        without a timeout this simply blocks (``MPI_Waitall``). ``waiting_for[i]`` says in words what
-        request ``i`` waits for ("a message from rank 3 (tag 0)"), for the error; ``statuses[i]``
-        (optional) receives request ``i``'s status. An MPI error of a request (e.g. ``MPI_ERR_TRUNCATE``)
-        propagates as ``mpi4py.MPI.Exception``. After a timeout the unfinished requests are cancelled
-        (best effort), so that a late message cannot land in a receive buffer; the group should not be
-        used again (its other ranks are in an unknown state).
-        """
-        if self.current is not None:
-            deadline = self.current.deadline
-        else:
-            timeout = timeout_seconds()
-            deadline = None if timeout is None else time.monotonic() + timeout
+        """Complete every request, or raise ``CollectiveTimeoutError`` when the deadline passes: the
+        current collective's, or ``timeout`` seconds from now outside one; without a timeout, simply block
+        (``MPI_Waitall``). ``waiting_for[i]`` says what request ``i`` waits for ("a message from rank 3
+        (tag 0)"), for the error; ``statuses[i]`` (optional) receives its status. An MPI error of a request
+        (``MPI_ERR_TRUNCATE``) propagates as ``mpi4py.MPI.Exception``. After a timeout the unfinished
+        requests are cancelled (best effort: no late message may land in a receive buffer); the group
+        should not be used again (its other ranks are in an unknown state)."""
+        timeout = None if self.current else timeout_seconds()  # outside a collective: timeout s from now
+        deadline = self.current.deadline if self.current else timeout and time.monotonic() + timeout
         statuses = list(statuses) or [MPI.Status() for _ in requests]
         if deadline is None:  # no timeout (debug mode's exchange without MINIDIST_TIMEOUT): just block
             MPI.Request.Waitall(list(requests), statuses)
             return
-        pending = list(range(len(requests)))
-        pause = 0.0
+        pending, pause = list(range(len(requests))), 0.0
         while True:
             pending = [i for i in pending if not requests[i].Test(statuses[i])]
             if not pending:
@@ -160,10 +142,8 @@ class CallTracker:
             time.sleep(pause)
             pause = min(max(2 * pause, 1e-5), MAX_PAUSE)
         for i in pending:
-            try:
+            with contextlib.suppress(MPI.Exception):  # cancelling is best effort; the error comes next
                 requests[i].Cancel()
-            except MPI.Exception:
-                pass  # cancelling is best effort; the real problem is reported next
         raise CollectiveTimeoutError(self.timeout_message([waiting_for[i] for i in pending]))
 
     def timeout_message(self, waiting_for: Sequence[str]) -> str:
@@ -195,11 +175,9 @@ def _world_ranks(mpi_comm: MPI.Comm) -> list[int]:
 
 
 def install_excepthook(world: MPI.Comm) -> None:
-    """Make an uncaught exception end every rank of ``world`` (``MPI_Abort``) instead of hanging the rest.
-
-    Idempotent. The hook prints the traceback and calls :func:`abort_job`. Raises ``ValueError`` (now,
-    so a typo shows at start-up) for a malformed ``MINIDIST_ABORT_GRACE``.
-    """
+    """Make an uncaught exception end every rank of ``world`` (``MPI_Abort``) instead of hanging the rest:
+    the hook prints the traceback and calls :func:`abort_job`. Idempotent. Raises ``ValueError`` now (a
+    typo shows at start-up) for a malformed ``MINIDIST_ABORT_GRACE``."""
     _grace()
     if getattr(sys.excepthook, "minidist_abort", False):
         return
@@ -212,11 +190,8 @@ def install_excepthook(world: MPI.Comm) -> None:
 
 
 def abort_job(world: MPI.Comm, text: str, code: int = 1) -> None:
-    """Print ``text`` with every line prefixed ``[rank r]``, wait the grace period, abort all ranks.
-
-    The grace period (``MINIDIST_ABORT_GRACE`` seconds, default 1) lets ranks that fail at the same
-    moment print their own errors before ``MPI_Abort`` ends them. Does not return.
-    """
+    """Print ``text`` with every line prefixed ``[rank r]``, wait the grace period (``MINIDIST_ABORT_GRACE``
+    s, default 1: ranks failing at the same moment print their errors too), ``MPI_Abort``. No return."""
     grace = _grace()
     lines = text.splitlines(keepends=True)
     lines.append(f"aborting all {world.Get_size()} ranks in {grace:g} s (MPI_Abort), so none waits forever\n")
@@ -232,11 +207,9 @@ def abort_job(world: MPI.Comm, text: str, code: int = 1) -> None:
 
 def abort(message: str, code: int = 1) -> None:
     """End the whole job from this rank: print ``message`` (prefixed ``[rank r]``), wait the grace period,
-    then ``MPI_Abort`` every rank of the world with exit ``code``. Does not return.
-
-    Use it for an error that may have happened on this rank only (a file missing on one node): a plain
-    ``sys.exit`` would leave the other ranks waiting forever in their next collective.
-    """
+    then ``MPI_Abort`` every rank of the world with exit ``code``. Does not return. For an error that may
+    have happened on this rank only (a file missing on one node): a plain ``sys.exit`` would leave the
+    other ranks waiting forever in their next collective."""
     abort_job(MPI.COMM_WORLD, message if message.endswith("\n") else message + "\n", code)
 
 

@@ -12,7 +12,8 @@ only where the test sets it). MODE is one of
   rank 3's data runs out one step early, so it leaves the training loop while rank 1 waits in the
   gradient all-reduce of its backward pass (run by DDP's communication thread);
 * ``broadcast-src`` (2 ranks): each rank thinks it is the ``src`` of a broadcast, then all ranks
-  all-reduce (the stale broadcast message used to be taken by the all-reduce: wrong numbers, exit 0);
+  all-reduce (its receive takes the stale broadcast message: it raises, naming it; before tags, wrong
+  numbers and exit 0);
 * ``op`` (2 ranks): rank 1 all-reduces with ``op="max"``, rank 0 with ``"sum"``;
 * ``dtype`` (2 ranks): rank 1 all-reduces int32, rank 0 float32 (the same number of bytes);
 * ``numpy-src`` (3 ranks, a correct program): the ranks pick the broadcast's ``src`` and the reduce's
