@@ -71,6 +71,20 @@ def exit_with_error(error: BaseException, code: int = 2) -> NoReturn:
     os._exit(code)  # (abort_job does not return; this line only makes that plain to the reader)
 
 
+def exit_interrupted(code: int = 130) -> NoReturn:
+    """End this rank after Ctrl-C: one line for the whole job (rank 0 prints it), exit ``code`` (130).
+
+    ``mpiexec`` passes Ctrl-C on to every rank, and a ``KeyboardInterrupt`` left alone prints a traceback
+    on each (about 95 lines for a 4-rank GPT run). Call it in an ``except KeyboardInterrupt`` around the
+    script's ``main()``. It leaves through ``os._exit``: a normal exit would run ``MPI_Finalize``, which
+    waits for ranks that were stopped in the middle of a collective.
+    """
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        _print("interrupted (Ctrl-C): every rank stopped; a checkpoint being written may be incomplete\n")
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def describe(texts: dict[int, str | None]) -> str:
     """The summary rank 0 prints: one line per distinct message, with the ranks that raised it.
 
