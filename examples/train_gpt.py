@@ -138,6 +138,9 @@ def main() -> None:
         with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
             args = parse_arguments()
     check_layout(args, world_size)  # fills in --dp; a layout that does not fit: ValueError on every rank
+    faults = FaultPlan(
+        rank
+    )  # MINIDIST_FAULT=kill:rank=R:step=S (fault.py); a bad value fails before any work
     # tp, pp or cp > 1 (or sequence parallelism): a ProcessMesh and the parallel GPT, train_gpt_layout.py
     mesh_run = None if is_data_parallel(args) else MeshTraining(args)
     mesh = mesh_run.mesh if mesh_run else None  # (None: data parallelism over the world, for checkpoints)
@@ -272,7 +275,6 @@ def main() -> None:
     bar = tqdm(total=args.max_iters, initial=step, disable=rank != 0, file=sys.stdout, unit="step")
     evaluated_at, estimate = None, None
     logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
-    faults = FaultPlan(rank)  # MINIDIST_FAULT: a rank fails on purpose (minidist_tools/fault.py)
     while step < args.max_iters:
         start, step_loss = time.perf_counter(), np.zeros(1)
         if mesh_run:  # the same step on a mesh, its gradients combined over the mesh's groups; the loss is

@@ -70,9 +70,11 @@ def test_an_injected_kill_is_restarted_and_the_launcher_names_the_dead_rank(tmp_
 
 @pytest.mark.mpi
 def test_an_injected_exit_code_is_named_with_the_rank(tmp_path):
-    run = Launcher(["-n", "2", "--max-restarts", "0", "--monitor-interval", "0.2"],
-                   ["python", EXAMPLE, *TRAIN, "--checkpoint-dir", str(tmp_path / "c")], tmp_path / "launch.log",
-                   env={"MINIDIST_FAULT": "exit:rank=1:step=3:code=3"})  # fmt: skip
+    command = ["python", EXAMPLE, *TRAIN, "--checkpoint-dir", str(tmp_path / "ckpt")]
+    args = ["-n", "2", "--max-restarts", "0", "--monitor-interval", "0.2"]
+    run = Launcher(
+        args, command, tmp_path / "launch.log", env={"MINIDIST_FAULT": "exit:rank=1:step=3:code=3"}
+    )
     try:
         assert run.wait(180) != 0, run.output()  # mpiexec's code: 3, or 9 when Hydra reports a rank it killed
         pids = run.events("ranks")[0]["pids"]
