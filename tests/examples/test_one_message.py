@@ -85,7 +85,7 @@ def test_ctrl_c_on_a_4_rank_gpt_run_prints_at_most_3_lines(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    after = lines(out.read_text()[before[0] :] + err.read_text()[before[1] :])
+    after = lines(out.read_text()[before[0] :] + "\n" + err.read_text()[before[1] :])  # (two files)
     # Hydra says it passes Ctrl-C on (2 lines), then rank 0 says the job stopped: the log lines of steps
     # finished meanwhile are training output, not a report of the interrupt.
     report = [line for line in after if not line.startswith("step ")]
