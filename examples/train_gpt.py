@@ -75,7 +75,7 @@ from train_gpt_layout import MeshTraining, check_layout, is_data_parallel
 
 import minidist as md
 import minidist.distributed as dist
-from minidist import checkpoint, memory, optim
+from minidist import backend, checkpoint, memory, optim
 from minidist.amp import GradScaler
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, load_text, train_val_split
 from minidist.models import GPT, GPTConfig
@@ -89,7 +89,8 @@ from minidist.parallel import (
     clip_grad_norm_,
 )
 from minidist.parallel.comm_hooks import register_by_name
-from minidist_tools.report import exit_with_error
+from minidist_tools.fault import FaultPlan
+from minidist_tools.report import exit_interrupted, exit_with_error
 
 
 def estimate_loss(gpt: GPT, splits: dict, eval_iters: int, autocast: md.autocast) -> dict[str, float]:
@@ -137,6 +138,9 @@ def main() -> None:
         with contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext():
             args = parse_arguments()
     check_layout(args, world_size)  # fills in --dp; a layout that does not fit: ValueError on every rank
+    faults = FaultPlan(
+        rank
+    )  # MINIDIST_FAULT=kill:rank=R:step=S (fault.py); a bad value fails before any work
     # tp, pp or cp > 1 (or sequence parallelism): a ProcessMesh and the parallel GPT, train_gpt_layout.py
     mesh_run = None if is_data_parallel(args) else MeshTraining(args)
     mesh = mesh_run.mesh if mesh_run else None  # (None: data parallelism over the world, for checkpoints)
@@ -336,6 +340,7 @@ def main() -> None:
                            "losses": losses, "scaler": scaler.state_dict()}, async_save=args.async_checkpoint,
                 )  # fmt: skip
             logged_at, seconds = step, 0.0  # evaluating and saving are not training time
+        faults.at_step(step)  # MINIDIST_FAULT=kill:rank=R:step=S kills rank R here (a teaching aid)
     bar.close()
     checkpoint.wait_pending()  # --async-checkpoint: the last save is committed (or its error raised) now
 
@@ -383,7 +388,10 @@ def report_and_sample(
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, checkpoint.CheckpointError, memory.OutOfMemoryError) as error:
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, not a traceback per rank
+        exit_interrupted()
+    except (ValueError, OSError, backend.DeviceUnavailableError, checkpoint.CheckpointError,
+            memory.OutOfMemoryError) as error:  # fmt: skip
         # Bad input, a missing data file, no checkpoint that loads: one message (not a traceback per rank)
         # and exit code 2 on every rank.
         exit_with_error(error, code=2)

@@ -15,6 +15,7 @@ layout trains the same model as one process, from the same seed.
     mpirun -n 8 python examples/train_mlp.py --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b  # 3D
     mpirun -n 4 python examples/train_mlp.py --recompute         # recompute activations in backward
     MINIDIST_SLOW_RANK=2:0.05 mpirun -n 4 python examples/train_mlp.py --straggler-report  # find rank 2
+    MINIDIST_FAULT=kill:rank=2:step=80 minidist launch -n 4 -- python examples/train_mlp.py --checkpoint-dir c
 
 Checkpoints: ``--checkpoint-dir`` saves every ``--checkpoint-every`` steps and when the run ends;
 ``--resume`` continues from the newest checkpoint there (skipping a damaged one), at the same epoch
@@ -63,7 +64,8 @@ from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 from minidist_tools import timeline  # noqa: E402
-from minidist_tools.report import exit_with_error  # noqa: E402
+from minidist_tools.fault import FaultPlan  # noqa: E402
+from minidist_tools.report import exit_interrupted, exit_with_error  # noqa: E402
 from minidist_tools.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
 
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> float:
         StragglerMonitor(every=args.straggler_every, group=mesh.dp_group) if args.straggler_report else None
     )
     delay = injected_delay(world.rank)  # MINIDIST_SLOW_RANK=RANK:SECONDS makes that rank slow (teaching aid)
+    faults = FaultPlan(world.rank)  # MINIDIST_FAULT=kill:rank=R:step=S: rank R fails on purpose after step S
 
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
     # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> float:
             bar.update()
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 saved_at = save_checkpoint(args, model, optimizer, mesh, sampler, step, loss_sum)
+            faults.at_step(step)
             if step == stop:
                 break
         if sampler.position < len(sampler):
@@ -363,7 +367,10 @@ def save_trace(args: argparse.Namespace, world: dist.Communicator, mesh: Process
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, checkpoint.CheckpointError, memory.OutOfMemoryError) as error:
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, not a traceback per rank
+        exit_interrupted()
+    except (ValueError, OSError, backend.DeviceUnavailableError, checkpoint.CheckpointError,
+            memory.OutOfMemoryError) as error:  # fmt: skip
         # Bad input, missing data, no checkpoint that loads, over --memory-budget: a message, not a
         # traceback, printed once ("error on ranks 0-7: ..."; "[rank r] error: ..." and MPI_Abort if only
         # some ranks raised it), exit code 2. (Any other error ends the job through dist's abort hook,

@@ -1,16 +1,15 @@
 """The array backend: NumPy on the CPU, CuPy on a GPU.
 
-Every array that minidist creates comes from ``xp()``, so the same autograd, layers and
-collectives run on either device. The choice is made once, from the environment variable
-``MINIDIST_DEVICE``:
+Every array that minidist creates comes from ``xp()``, so the same autograd, layers and collectives run
+on either device. The choice is made once, from the environment variable ``MINIDIST_DEVICE``:
 
 * ``cpu`` (default): NumPy.
-* ``cuda``: CuPy; raises ``RuntimeError`` if CuPy or a GPU is missing.
+* ``cuda``: CuPy; raises ``DeviceUnavailableError`` (a ``RuntimeError``) if CuPy or a GPU is missing.
 * ``auto``: CuPy when it imports and sees at least one GPU, else NumPy.
 
-On a multi-GPU node each rank should use its own GPU. ``dist.init()`` computes the node-local
-rank with an MPI shared-memory split and calls :func:`use_local_rank`, which selects GPU
-``local_rank % n_gpus``. This module imports nothing from MPI (it is the bottom layer).
+On a multi-GPU node each rank should use its own GPU. ``dist.init()`` computes the node-local rank with
+an MPI shared-memory split and calls :func:`use_local_rank`, which selects GPU ``local_rank % n_gpus``.
+This module imports nothing from MPI (it is the bottom layer).
 """
 
 from __future__ import annotations
@@ -23,6 +22,10 @@ import numpy as np
 
 _VALID_DEVICES = ("cpu", "cuda", "auto")
 _module: ModuleType | None = None  # numpy or cupy, chosen lazily on first use
+
+
+class DeviceUnavailableError(RuntimeError):
+    """``MINIDIST_DEVICE=cuda`` without CuPy or a GPU: a setting to fix (scripts report it once)."""
 
 
 def _try_import_cupy() -> ModuleType | None:
@@ -40,20 +43,16 @@ def _try_import_cupy() -> ModuleType | None:
 def _choose() -> ModuleType:
     wanted = os.environ.get("MINIDIST_DEVICE", "cpu").lower()
     if wanted not in _VALID_DEVICES:
-        raise ValueError(
-            f"MINIDIST_DEVICE={wanted!r} is not one of {_VALID_DEVICES}; "
-            "set it to 'cpu', 'cuda' or 'auto' (or unset it for the CPU)."
-        )
+        raise ValueError(f"MINIDIST_DEVICE={wanted!r} is not one of {_VALID_DEVICES} (unset: the CPU)")
     if wanted == "cpu":
         return np
     cupy = _try_import_cupy()
     if cupy is not None:
         return cupy
     if wanted == "cuda":
-        raise RuntimeError(
-            "MINIDIST_DEVICE=cuda but CuPy with a visible GPU is not available; "
-            'install it with `pip install -e ".[gpu]"` on a machine with a CUDA GPU, '
-            "or use MINIDIST_DEVICE=cpu."
+        raise DeviceUnavailableError(
+            'MINIDIST_DEVICE=cuda but CuPy with a visible GPU is not available; `pip install -e ".[gpu]"` '
+            "on a machine with a CUDA GPU, or use MINIDIST_DEVICE=cpu."
         )
     return np
 

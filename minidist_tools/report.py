@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from typing import NoReturn
@@ -69,6 +70,49 @@ def exit_with_error(error: BaseException, code: int = 2) -> NoReturn:
         sys.exit(code)
     abort_job(world, f"error: {own if own is not None else _text(error)}\n", code)
     os._exit(code)  # (abort_job does not return; this line only makes that plain to the reader)
+
+
+def exit_interrupted(code: int = 130) -> NoReturn:
+    """End this rank after Ctrl-C: one line for the whole job, then exit ``code`` (130).
+
+    ``mpiexec`` passes Ctrl-C on to every rank, and a ``KeyboardInterrupt`` left alone prints a traceback
+    on each (about 95 lines for a 4-rank GPT run). Call it in an ``except KeyboardInterrupt`` around the
+    script's ``main()``. No MPI message can be exchanged (a rank may be stuck in a collective its peers
+    have left), so the first rank of each machine to get here prints (:func:`_first_here`): on one
+    machine, one line. Every rank leaves at once, through ``os._exit``: ``MPI_Finalize`` would wait for
+    the ranks stuck in a collective, and once one rank has ended, mpiexec SIGKILLs those still running
+    (a rank that catches Ctrl-C late, on a loaded machine, then adds MPICH's 10-line banner).
+    """
+    if MPI.COMM_WORLD.Get_size() == 1 or _first_here():
+        _print("interrupted (Ctrl-C): every rank stopped; a checkpoint being written may be incomplete\n")
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _first_here() -> bool:
+    """Whether this rank is the first of its machine to claim the job's interrupt report.
+
+    The claim is an abstract Unix socket name (no file to clean up: the kernel drops it when the process
+    ends) made of the ranks' parent, Hydra's proxy, of which each machine has one per job, and its start
+    time, which tells it from an older process with the same pid.
+    """
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return MPI.COMM_WORLD.Get_rank() == 0  # no /proc (not Linux): rank 0 reports
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        claim.bind(f"\0minidist-interrupt-{parent}-{started}")
+    except OSError:  # another rank of this machine holds it
+        claim.close()
+        return False
+    _CLAIMS.append(claim)  # kept open until the process ends
+    return True
+
+
+_CLAIMS: list[socket.socket] = []
 
 
 def describe(texts: dict[int, str | None]) -> str:

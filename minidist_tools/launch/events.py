@@ -6,9 +6,12 @@ Every event is ``{"time": <unix seconds>, "event": <kind>, "run_id": ..., "messa
 ==========  ========================================================================================
 nodes       (on a cluster) nodes left out of the next attempt: ``dead`` = ``{node: problem}``
 start       an attempt begins: ``restart`` (0 first), ``n`` ranks, ``nodes`` (on a cluster), ``argv``
+ranks       every rank of the attempt runs: ``pids`` = ``{rank: pid}``, ``nodes`` = ``{rank: node}``
+            (on a cluster); printed ``rank 0: pid 123, rank 1: pid 124, ...`` (ranks.py)
 checkpoint  progress: a new committed checkpoint appeared (``step``, ``path``)
-failure     the attempt failed: ``reason`` (exit | stall | node), ``returncode``, ``detail``,
-            ``output_tail`` (the last lines the job printed: MPICH names the rank that died there)
+failure     the attempt failed: ``reason`` (exit | stall | node), ``returncode``, ``detail`` (for an
+            exit: ``rank 2 (pid 30449) was killed by signal 9``), ``dead_ranks`` (the rank(s) that
+            ended first), ``output_tail`` (the last lines the job printed)
 kill        every process of the attempt is gone: ``killed`` (how many were signalled),
             ``seconds`` (from the failure's detection until none was left)
 verify      the newest checkpoint that verifies (``path``, ``step``; both None: start from scratch)
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,16 +51,18 @@ class EventLog:
         self.run_id = run_id
         self.stream = stream
         self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # the rank watch (ranks.py) writes from a thread of its own
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, event: str, message: str, **fields: Any) -> dict[str, Any]:
         """Record ``event`` with ``fields`` (JSON-serialisable) and print ``message``; returns the record."""
         record = {"time": time.time(), "event": event, "run_id": self.run_id, **fields, "message": message}
-        with open(self.path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(record) + "\n")
-        self.events.append(record)
-        stream = self.stream if self.stream is not None else sys.stderr
-        print(f"[minidist launch] {message}", file=stream, flush=True)
+        with self._lock:
+            with open(self.path, "a", encoding="utf-8") as log:
+                log.write(json.dumps(record) + "\n")
+            self.events.append(record)
+            stream = self.stream if self.stream is not None else sys.stderr
+            print(f"[minidist launch] {message}", file=stream, flush=True)
         return record
 
 

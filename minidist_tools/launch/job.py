@@ -4,7 +4,7 @@ The launcher reads the job's stdout and stderr through pipes (one thread each) a
 on to its own stdout and stderr at once, unchanged (a progress bar's ``\\r`` updates too). Reading them
 itself gives it two things: the time of the last output, a heartbeat that needs no change to the
 script (``--stall-timeout``: a job silent for that long has stopped making progress), and the last
-lines printed, kept for the ``failure`` event (MPICH names the rank that died there).
+lines printed, kept for the ``failure`` event (ranks.py names the rank that died).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 
 from minidist_tools.cluster import Cluster
 from minidist_tools.cluster.launch import sigterm_raises
-from minidist_tools.launch import checkpoints, env, lock, nodes, processes, reaper
+from minidist_tools.launch import checkpoints, env, lock, nodes, processes, ranks, reaper
 from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import EventLog
 from minidist_tools.launch.job import Job
@@ -117,6 +117,7 @@ class _Supervisor:
         self.lifeline = lifeline
         self.ckpt, self.interval, self.stall_timeout, self.cwd = ckpt, interval, stall_timeout, cwd
         self.job: Job | None = None
+        self.ranks: ranks.RankWatch | None = None  # the current attempt's ranks (ranks.py)
         self.used: list[str] = []  # the cluster nodes of the current attempt
         self.newest_step = None if ckpt is None else checkpoints.newest_committed(ckpt)
 
@@ -186,6 +187,9 @@ class _Supervisor:
             argv=prefix + self.cmd,
         )
         self.job = Job(prefix + self.cmd, self.job_env(restart), self.cwd)
+        self.ranks = ranks.RankWatch(
+            self.events.run_id, restart, n, lambda: self.job.proc.poll() is None, self.report_ranks
+        )
         failure = self.watch()
         if failure is None:
             self.job.finish_output()  # the job's last lines before the launcher's "done"
@@ -213,8 +217,14 @@ class _Supervisor:
             if code == 0:
                 return None
             if code is not None:
-                why = f"mpiexec exited with code {code} {after}: a rank failed (MPICH ended the others; "
-                return _failure("exit", why + "its report above names the rank)", job, returncode=code)
+                job.finish_output(timeout=1.0)  # the ranks' last lines come before the launcher's
+                dead = self.ranks.dead()
+                named = [
+                    ranks.describe(r, self.ranks.pids[r], self.node_of(r), s, len(dead) == 1)
+                    for r, s in sorted(dead.items())
+                ]
+                why = (" and ".join(named) or "a rank failed") + f"; mpiexec exited with code {code} {after}"
+                return _failure("exit", why, job, returncode=code, dead_ranks=sorted(dead))
             self.note_progress()
             if self.stall_timeout is not None and job.silent_for() > self.stall_timeout:
                 why = (
@@ -225,6 +235,22 @@ class _Supervisor:
             if dead:
                 why = "; ".join(f"node {node} is dead: {problem}" for node, problem in dead.items())
                 return _failure("node", f"{why} ({after})", job, dead=dead)
+
+    def node_of(self, rank: int) -> str | None:
+        """The cluster node of ``rank`` (Hydra fills nodes in order, ``ranks_per_node`` each), else None."""
+        if self.plan.cluster is None or not self.used:
+            return None
+        return self.used[(rank // self.plan.cluster.ranks_per_node) % len(self.used)]
+
+    def report_ranks(self, pids: dict[int, int]) -> None:
+        """Print every rank's pid (and node) once all are running: what ``kill -9`` needs (ranks.py)."""
+        where = {rank: self.node_of(rank) for rank in pids}
+        listed = ", ".join(
+            f"rank {r}: pid {p}" + (f" on {where[r]}" if where[r] else "") for r, p in sorted(pids.items())
+        )
+        self.events.write(
+            "ranks", listed, pids={str(r): p for r, p in pids.items()}, nodes=where if self.used else None
+        )
 
     def note_progress(self) -> None:
         newest = None if self.ckpt is None else checkpoints.newest_committed(self.ckpt)
@@ -240,8 +266,6 @@ class _Supervisor:
     # ---- after a failure ------------------------------------------------------------------------------
     def end_job(self, failure: dict[str, Any]) -> int:
         """Log the failure, kill every process of the run; returns the exit code to report if we give up."""
-        if failure["reason"] == "exit":  # mpiexec's last lines (which rank died) are still in the pipes
-            self.job.finish_output(timeout=1.0)
         self.events.write(
             "failure", f"failure: {failure['detail']}", **failure, output_tail=self.job.output_tail()
         )

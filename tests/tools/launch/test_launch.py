@@ -62,10 +62,14 @@ def test_a_killed_rank_is_restarted_and_training_ends_bit_identical(launcher, tm
     os.kill(victim, signal.SIGKILL)  # cannot be caught: the rank flushes, saves and says nothing
     assert run.wait(180) == 0, run.output()
 
-    kinds = [e["event"] for e in run.events() if e["event"] != "checkpoint"]
+    kinds = [e["event"] for e in run.events() if e["event"] not in ("checkpoint", "ranks")]
     assert kinds == ["start", "failure", "kill", "verify", "restart", "start", "done"], kinds
     failure, kill, verify = run.events("failure")[0], run.events("kill")[0], run.events("verify")[0]
     assert failure["reason"] == "exit" and failure["returncode"] != 0
+    # The launcher printed every rank's pid before the kill, and names the rank that died, not MPICH's pick.
+    assert run.events("ranks")[0]["pids"]["1"] == victim
+    assert failure["dead_ranks"] == [1], failure
+    assert failure["detail"].startswith(f"rank 1 (pid {victim}) "), failure["detail"]
     # Bounded time from the rank's death to no process of the attempt left: MPICH ends the other ranks
     # within ~0.1 s, the launcher notices mpiexec's exit at once (it waits on it) and checks /proc.
     # Measured 0.3-0.6 s on 2 loaded cores; 10 s only catches a launcher that waits for a timeout.
@@ -108,7 +112,7 @@ def test_restarts_run_out_and_the_launcher_gives_up(launcher, tmp_path):
     command = [sys.executable, "-c", script, "--checkpoint-dir", str(tmp_path / "none")]
     run = launcher(["-n", "2", "--max-restarts", "1", "--monitor-interval", "0.2"], command)
     assert run.wait(120) == 3  # the command's own exit code
-    kinds = [e["event"] for e in run.events()]
+    kinds = [e["event"] for e in run.events() if e["event"] != "ranks"]  # (ranks may end before found)
     assert kinds == ["start", "failure", "kill", "verify", "restart", "start", "failure", "kill", "give_up"]
     assert run.events("verify")[0]["step"] is None  # nothing saved: from scratch
     give_up = run.events("give_up")[0]
