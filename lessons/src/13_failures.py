@@ -129,9 +129,10 @@ print("\nfrom the job's output:")
 print("\n".join(line for line in output.splitlines() if line.startswith(("resumed", "final test"))))
 
 # %% [markdown]
-# Read the log from the top: `start` (attempt 0), `checkpoint` events as the job commits steps, then
-# `failure`: MPICH saw rank 1 die and ended rank 0 itself (`mpiexec` exits non-zero and its report names
-# the rank). `kill` says every process of the job is gone: the launcher finds them by the run id in
+# Read the log from the top: `start` (attempt 0), `ranks` (each rank's pid), `checkpoint` events as the
+# job commits steps, then `failure`: the launcher saw rank 1 end first and names it, with its pid and how
+# it ended (MPICH then ended rank 0 itself, and `mpiexec` exits non-zero). `kill` says every process of
+# the job is gone: the launcher finds them by the run id in
 # their environment, because MPICH's ranks each lead their own session and no process group holds them
 # all. `verify` names the checkpoint the restart will resume from, and `restart` starts attempt 1, which
 # printed `resumed from ... step 10`. On the cluster, a second `failure` (the node) is followed by a
