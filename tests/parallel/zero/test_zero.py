@@ -241,7 +241,12 @@ ERROR_CASES = [
         ["group 0 elements (6 on ranks 0, 2; 4 on rank 1)"],
     ),
     ("parameter in two groups", "ValueError", "ValueError", ["more than one parameter group"]),
-    ("bad group value on rank 1", "ValueError", "ValueError", ["rank 1 of the group", "weight_decay (-1.0)"]),
+    (
+        "bad group value on rank 1",
+        "ValueError",
+        "ValueError",
+        ["rank 1 of the group", "Invalid weight_decay value: -1.0"],
+    ),
     (
         "max_norm differs",
         "ValueError",
