@@ -73,22 +73,28 @@ def test_the_broadcast_from_self_slip_before_ddp_is_refused_by_ddps_constructor(
     assert output.count("sent this rank a message") == 2, output
 
 
+def named_pair(mode: str, tmp_path, pattern: str) -> tuple[tuple[str, ...], str]:
+    """Run ``mode``, which must fail within the cycle bound, and return the groups of ``pattern`` (the
+    message naming both waits) and the output. Whichever rank judges first names both waits (the other
+    may be aborted before it does too), so one match is enough."""
+    result, output, seconds = run(mode, tmp_path)
+    assert result.returncode != 0, output
+    assert seconds < BOUND + CYCLE_AFTER, f"the job took {seconds:.0f} s"
+    found = re.search(pattern, output)
+    assert found, output
+    return found.groups(), output
+
+
 @pytest.mark.mpi
 def test_a_rank_done_with_ddp_and_one_still_in_it_are_named_waiting_for_each_other(tmp_path):
     # Rank 0 (one batch short) waits in the logging all-reduce on the world, rank 1 in DDP's gradient
     # all-reduce on DDP's channel: each rank's heartbeat tells the other, and after CYCLE_AFTER both
     # name the pair. It used to end only at MINIDIST_WATCHDOG's 300 s, with a generic message.
-    result, output, seconds = run("ddp-short-log", tmp_path)
-    assert result.returncode != 0, output
-    assert seconds < BOUND + CYCLE_AFTER, f"the job took {seconds:.0f} s"
-    # Whichever rank judges first names both waits (the other may be aborted before it does too).
     pattern = (
         r"rank (\d): rank (\d) has waited \d+ s for this rank in (.*), while this rank has waited \d+ s "
         r"for rank \d in (.*): neither can finish before the other"
     )
-    found = re.search(pattern, output)
-    assert found, output
-    me, them, theirs, mine = found.groups()
+    (me, them, theirs, mine), output = named_pair("ddp-short-log", tmp_path, pattern)
     # Rank 0's logging all-reduce is #4 on the world (DDP's constructor made three calls there), rank 1's
     # wait #4 on DDP's channel (its 4th step's gradients): the same words, on two groups of the same ranks.
     assert {me, them} == {"0", "1"}, output
@@ -99,17 +105,11 @@ def test_a_rank_done_with_ddp_and_one_still_in_it_are_named_waiting_for_each_oth
 
 @pytest.mark.mpi
 def test_two_ranks_each_sending_a_large_message_to_the_other_first_are_named(tmp_path):
-    result, output, seconds = run("send-send", tmp_path)
-    assert result.returncode != 0, output
-    assert seconds < BOUND + CYCLE_AFTER, f"the job took {seconds:.0f} s"
-    # Whichever rank judges first names both sends (the other may be aborted before it does too).
     pattern = (
         r"rank (\d): rank (\d) has waited \d+ s for this rank in a send to rank (\d), while this rank has "
         r"waited \d+ s for rank (\d) in a send to rank (\d): neither can finish before the other"
     )
-    found = re.search(pattern, output)
-    assert found, output
-    me, them, to_me, waited_for, to_them = found.groups()
+    (me, them, to_me, waited_for, to_them), output = named_pair("send-send", tmp_path, pattern)
     assert {me, them} == {"0", "1"} and to_me == me and waited_for == to_them == them, output
     assert "let one rank receive first, or use sendrecv" in output, output
 
