@@ -56,8 +56,7 @@ def fold_answers(nb):
     opens it) folded into an HTML ``<details>`` block, so the site keeps the answer closed until the
     reader clicks its first line, which gives nothing away."""
     for cell in nb.cells:
-        answer = cell.cell_type == "markdown" and "reveal" in cell.metadata.get("tags", [])
-        if answer and not cell.source.startswith("<details>"):  # not folded before
+        if cell.cell_type == "markdown" and "reveal" in cell.metadata.get("tags", []):
             first, _, rest = cell.source.partition("\n")
             summary = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", first)
             cell.source = f"<details><summary>{summary}</summary>\n\n{rest}\n\n</details>"
@@ -74,19 +73,21 @@ def render_lessons(execute: bool = True, timeout: int = 300) -> None:
 
     RENDERED.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minidist-docs-") as tmp:
-        copy = Path(tmp) / "lessons"
-        subprocess.run([sys.executable, str(LESSONS / "copy_lessons.py"), str(copy)], check=True)
-        # The kernel and its MPI engines import this checkout's minidist, whatever is installed.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        copy = None  # the student's copy, made once and only if a lesson must run
         for notebook in sorted(LESSONS.glob("[0-9][0-9]_*.ipynb")):
             target, sha = RENDERED / notebook.name, _sha(notebook)
             if not execute:
                 nbformat.write(fold_answers(nbformat.read(notebook, as_version=4)), target)
                 continue
-            if target.exists() and (done := nbformat.read(target, as_version=4)).metadata.get(KEY) == sha:
-                nbformat.write(fold_answers(done), target)
+            if target.exists() and nbformat.read(target, as_version=4).metadata.get(KEY) == sha:
                 print(f"{notebook.name}: up to date")
                 continue
+            if copy is None:
+                copy = Path(tmp) / "lessons"
+                subprocess.run([sys.executable, str(LESSONS / "copy_lessons.py"), str(copy)], check=True)
+                # The kernel and its MPI engines import this checkout's minidist, whatever is installed.
+                paths = [str(REPO), os.environ.get("PYTHONPATH")]
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
             start = time.perf_counter()
             nb = nbformat.read(copy / notebook.name, as_version=4)
             build.execute(nb, timeout=timeout, cwd=copy)
