@@ -88,6 +88,7 @@ from minidist.parallel import (
     clip_grad_norm_,
 )
 from minidist.parallel.comm_hooks import register_by_name
+from minidist_tools.checkpoint_info import seed_mismatch
 from minidist_tools.fault import FaultPlan
 from minidist_tools.header import header_lines, modes, plural
 from minidist_tools.metrics import MetricsLog, max_rss_mib
@@ -240,6 +241,13 @@ def main() -> None:
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
     if args.resume:
+        # Checkpoints of another --seed: one message naming the flag (load_latest would report each one as
+        # a checkpoint that does not load, as if the files were damaged), on every rank alike.
+        mismatch = world.mpi.bcast(
+            seed_mismatch(args.checkpoint_dir, args.seed) if rank == 0 else None, root=0
+        )
+        if mismatch:
+            raise ValueError(mismatch)
         info = checkpoint.load_latest(
             args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, fallback=True, missing_ok=True
         )  # (saved on another layout: resharded, by GPT's parameter names; a damaged one is skipped)

@@ -63,6 +63,7 @@ from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 from minidist_tools import timeline  # noqa: E402
+from minidist_tools.checkpoint_info import seed_mismatch  # noqa: E402
 from minidist_tools.fault import FaultPlan  # noqa: E402
 from minidist_tools.header import header_lines, modes, plural  # noqa: E402
 from minidist_tools.metrics import MetricsLog, max_rss_mib  # noqa: E402
@@ -309,6 +310,14 @@ def resume(args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMe
     epoch, on dp rank 0 only, because the epoch summary sums loss_sum over the dp group. None there:
     (0, zeros), a fresh start. A checkpoint that fails to verify is skipped for the one before it.
     """
+    # Checkpoints of another --seed: one message naming the flag (load_latest would report each one as a
+    # checkpoint that does not load, as if the files were damaged), on every rank alike.
+    world = dist.group_or_world(None)
+    mismatch = world.mpi.bcast(
+        seed_mismatch(args.checkpoint_dir, args.seed) if mesh.rank == 0 else None, root=0
+    )
+    if mismatch:
+        raise ValueError(mismatch)
     info = checkpoint.load_latest(
         args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=sampler, fallback=True, missing_ok=True
     )
