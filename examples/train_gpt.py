@@ -269,7 +269,9 @@ def main() -> None:
                     f"{new!r} instead); resume with the --data it was trained on."
                 )
             if rank == 0:  # (a checkpoint of another layout was resharded to this one: say from which)
-                saved = " x ".join(f"{dim}={size}" for dim, size in info["saved_mesh"].items())
+                saved = " x ".join(
+                    f"{dim}={info['saved_mesh'].get(dim, 1)}" for dim in ("dp", "tp", "pp", "cp")
+                )
                 how = f" (saved on {saved}, resharded)" if info["resharded"] else ""
                 print(f"resumed from {info['path']}{how} at step {step}")
         elif rank == 0:
