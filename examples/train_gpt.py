@@ -293,7 +293,7 @@ def main() -> None:
     # --- training loop
     peak = matmul_rate(world)  # FLOP/s, for the MFU
     flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
-    # A live bar on a terminal; in a log file or a pipe, a plain line every tenth of the run (no \\r frames)
+    # A live bar on a terminal; in a log file or a pipe, a plain line every tenth of the run (no \r frames)
     bar = progress(total=args.max_iters, initial=step, enabled=rank == 0, desc="train")
     evaluated_at, estimate = None, None
     logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then

@@ -5,10 +5,11 @@
 * first a header record, ``{"kind": "header", "script", "label", "world_size", "layout", "modes",
   "flags", "started"}``: what ran (the layout as a dict, e.g. ``{"dp": 2, "tp": 2}``, the modes of
   ``minidist_tools.header``, every flag);
-* then step records, ``{"kind": "step", "step", "wall_time", ...}`` with what the script measured at that
-  step: ``loss``, ``val_loss``, ``lr``, ``tokens_per_s`` or ``samples_per_s``, ``max_rss_mib`` (the
-  process's peak resident memory, where the system tells it), ``accuracy``. A key that was not measured
-  is left out, never written as null. ``wall_time`` is seconds since the header.
+* then step records, ``{"kind": "step", "step", "wall_time", ...}`` with what the script measured at
+  that step: ``loss``, ``train_loss`` and ``val_loss`` (an evaluation), ``accuracy``, ``lr``,
+  ``tokens_per_s`` or ``samples_per_s``, ``mfu``, ``max_rss_mib`` (rank 0's peak resident memory, where
+  the system tells it). A key that was not measured is left out, never written as null. ``wall_time`` is
+  seconds since the header.
 
 The file is appended to: a resumed run adds a new header and continues the steps, so one file holds the
 whole history (``read_run`` keeps the records in order). Off by default: a record nobody asked for would
@@ -25,7 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-STEP_KEYS = ("step", "wall_time", "loss", "val_loss", "lr", "tokens_per_s", "samples_per_s", "max_rss_mib")
+# What the examples record (a step record holds those measured at its step, after kind, step, wall_time).
+STEP_KEYS = (
+    "loss",
+    "train_loss",
+    "val_loss",
+    "accuracy",
+    "lr",
+    "tokens_per_s",
+    "samples_per_s",
+    "mfu",
+    "max_rss_mib",
+)
 HEADER_KEYS = ("kind", "script", "label", "world_size", "layout", "modes", "flags", "started")
 
 
