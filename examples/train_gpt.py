@@ -176,6 +176,7 @@ def main() -> None:
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.param_dtype,
     )  # fmt: skip
     gpt = GPT(config)
+    n_params = gpt.num_parameters()  # (counted now: FSDP below moves the weights into its shards)
     if mesh_run:  # every rank keeps its pieces of this model (tp shards, pp stage); gpt itself is not trained
         mesh_run.build(gpt)
     # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
@@ -211,7 +212,7 @@ def main() -> None:
     metrics = MetricsLog(args.metrics if rank == 0 else None)
     if rank == 0:
         first = (
-            f"GPT: {gpt.num_parameters():,} parameters, {plural(tokenizer.vocab_size, 'character')}, "
+            f"GPT: {n_params:,} parameters, {plural(tokenizer.vocab_size, 'character')}, "
             f"{plural(world_size, 'rank')} ({mesh_run.describe() if mesh_run else f'dp {args.dp}'})"
         )
         print("\n".join(header_lines(first, active)))
