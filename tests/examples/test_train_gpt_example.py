@@ -244,27 +244,6 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--eval-interval", "0"], "argument --eval-interval: must be an integer >= 1, got 0"),
-        (["--log-interval", "-1"], "argument --log-interval: must be an integer >= 1, got -1"),
-        (["--sample-tokens", "-1"], "argument --sample-tokens: must be an integer >= 0, got -1"),
-        (["--max-iters", "-1"], "argument --max-iters: must be an integer >= 0, got -1"),
-        (["--resume"], "--resume needs --checkpoint-dir"),
-        (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
-        (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
-        (
-            ["--fsdp", "--zero", "1"],
-            "--fsdp shards the parameters, gradients and AdamW state itself: drop --zero",
-        ),
-        (
-            ["--fsdp", "--comm-hook", "bf16"],
-            "--comm-hook bf16 is a DDP hook; --fsdp reduce-scatters without DDP",
-        ),
-        (["--dtype", "bfloat16", "--tp", "2"], "--dtype bfloat16 runs with DDP, --zero or --fsdp"),  # (21)
-    ],
-)
 def test_resume_with_another_seed_is_one_message_naming_the_flag(tmp_path):
     """Before: each checkpoint was reported as "skipping a checkpoint that does not load" (its sampler has
     another seed), as if the files were damaged, then "no checkpoint loads"."""
@@ -290,6 +269,27 @@ def test_help_states_each_default_once():
     assert "--dp DP" in help_text and "(default: ranks/(tp pp cp))" in help_text
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--eval-interval", "0"], "argument --eval-interval: must be an integer >= 1, got 0"),
+        (["--log-interval", "-1"], "argument --log-interval: must be an integer >= 1, got -1"),
+        (["--sample-tokens", "-1"], "argument --sample-tokens: must be an integer >= 0, got -1"),
+        (["--max-iters", "-1"], "argument --max-iters: must be an integer >= 0, got -1"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
+        (["--checkpoint-dir", __file__], f"--checkpoint-dir {__file__} is a file; pass a folder"),
+        (
+            ["--fsdp", "--zero", "1"],
+            "--fsdp shards the parameters, gradients and AdamW state itself: drop --zero",
+        ),
+        (
+            ["--fsdp", "--comm-hook", "bf16"],
+            "--comm-hook bf16 is a DDP hook; --fsdp reduce-scatters without DDP",
+        ),
+        (["--dtype", "bfloat16", "--tp", "2"], "--dtype bfloat16 runs with DDP, --zero or --fsdp"),  # (21)
+    ],
+)
 def test_bad_flag_values_are_argparse_errors(capsys, flags, message):
     """In this process: the example's own checks, before any MPI (an interval of 0 would divide by zero
     in the middle of training)."""
