@@ -312,8 +312,7 @@ def resume(args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMe
     """
     # Checkpoints of another --seed: one message naming the flag (load_latest would report each one as a
     # checkpoint that does not load, as if the files were damaged), on every rank alike.
-    world = dist.group_or_world(None)
-    mismatch = world.mpi.bcast(
+    mismatch = mesh.world.mpi.bcast(
         seed_mismatch(args.checkpoint_dir, args.seed) if mesh.rank == 0 else None, root=0
     )
     if mismatch:

@@ -165,3 +165,16 @@ def test_help_states_each_default_once():
     assert "(default: world/(tp*pp))" in by_name["--dp"] and "(default: 4)" in by_name["--microbatches"]
     assert "(default: 30)" in by_name["--epochs"] and "(default" not in by_name["--resume"]
     assert "(default: 0)" in by_name["--seed"] and "(default: 0)" in by_name["--zero"]  # 0 is not False
+
+
+def test_resuming_with_another_seed_is_one_message_naming_the_flag(tmp_path):
+    # Before: "skipping a checkpoint that does not load" for each checkpoint (its sampler has another
+    # seed), as if the files were damaged, then "no checkpoint loads".
+    args = ("--epochs", "1", "--hidden", "8", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "5")
+    assert run_one(*args).returncode == 0  # steps 5, 10 and 11 saved, with --seed 0
+    again = run_one(*args, "--resume", "--seed", "3")
+    shown = again.stdout + again.stderr
+    assert again.returncode == 2, shown
+    assert "skipping" not in shown and "Traceback" not in shown, shown
+    assert f"the checkpoints in {tmp_path} were trained with --seed 0, and this run has --seed 3" in shown
+    assert shown.count("--seed 0") == 2, shown  # one message: "trained with" and "resume with"
