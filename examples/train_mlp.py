@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> float:
     world = dist.init()
     rank = world.rank
     mesh = build_mesh(args, world)
+    # MINIDIST_FAULT=kill:rank=R:step=S: rank R fails on purpose after step S (a bad value: one error, now)
+    faults = FaultPlan(world.rank)
     if mesh.pp > 1:
         check_pipeline_args(args, mesh.dp)
     dp_size = mesh.dp  # the batch is split over the dp replicas only: a tp group shares its samples
@@ -179,7 +181,6 @@ def main(argv: list[str] | None = None) -> float:
         StragglerMonitor(every=args.straggler_every, group=mesh.dp_group) if args.straggler_report else None
     )
     delay = injected_delay(world.rank)  # MINIDIST_SLOW_RANK=RANK:SECONDS makes that rank slow (teaching aid)
-    faults = FaultPlan(world.rank)  # MINIDIST_FAULT=kill:rank=R:step=S: rank R fails on purpose after step S
 
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
     # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
