@@ -65,7 +65,6 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 # Tests load this file by its path; `python examples/train_gpt.py` puts the folder on the path itself.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +88,11 @@ from minidist.parallel import (
     clip_grad_norm_,
 )
 from minidist.parallel.comm_hooks import register_by_name
+from minidist_tools.checkpoint_info import seed_mismatch
 from minidist_tools.fault import FaultPlan
+from minidist_tools.header import header_lines, modes, plural
+from minidist_tools.metrics import MetricsLog, max_rss_mib
+from minidist_tools.progress import progress
 from minidist_tools.report import exit_interrupted, exit_with_error
 
 
@@ -173,14 +176,9 @@ def main() -> None:
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias, dtype=args.param_dtype,
     )  # fmt: skip
     gpt = GPT(config)
+    n_params = gpt.num_parameters()  # (counted now: FSDP below moves the weights into its shards)
     if mesh_run:  # every rank keeps its pieces of this model (tp shards, pp stage); gpt itself is not trained
         mesh_run.build(gpt)
-    if rank == 0:
-        print(
-            f"GPT: {gpt.num_parameters():,} parameters, {tokenizer.vocab_size} characters, {world_size} ranks"
-            + (f" ({mesh_run.describe()})" if mesh_run else "")
-        )
-
     # --- optimizer: AdamW, weight decay on the matrices only (biases and LayerNorm gains are not decayed:
     # pulling them toward 0 regularises nothing and fights the normalisation).
     params = mesh_run.params if mesh_run else list(gpt.parameters())  # on a mesh: this rank's pieces
@@ -206,6 +204,19 @@ def main() -> None:
         optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
     if isinstance(model, DistributedDataParallel):  # --comm-hook: compress what DDP sends (PowerSGD's
         register_by_name(model, args.comm_hook, powersgd_rank=args.powersgd_rank)  # state is not saved)
+    # The header names every mode that is on (FSDP and its units, ZeRO, hooks, precision, layout, debug
+    # mode...: minidist_tools/header.py); --metrics FILE records it, then the measurements, as JSON lines.
+    fsdp = model if isinstance(model, FullyShardedDataParallel) else None
+    active = modes(args, world_size, fsdp_units=len(fsdp.units) if fsdp else None)
+    layout = {"dp": args.dp, "tp": args.tp, "pp": args.pp, "cp": args.cp}
+    metrics = MetricsLog(args.metrics if rank == 0 else None)
+    if rank == 0:
+        first = (
+            f"GPT: {n_params:,} parameters, {plural(tokenizer.vocab_size, 'character')}, "
+            f"{plural(world_size, 'rank')} ({mesh_run.describe() if mesh_run else f'dp {args.dp}'})"
+        )
+        print("\n".join(header_lines(first, active)))
+        metrics.header("train_gpt.py", args, world_size, layout, active)
     # Linear warmup (large early updates of a random transformer diverge easily), then a cosine decay.
     # A run shorter than the warmup (a quick look) warms up over its first half instead.
     # Mixed precision (--dtype bfloat16|float16): the forward under autocast; float16 also scales the loss
@@ -231,6 +242,13 @@ def main() -> None:
     # --- resume: weights, AdamW state, the position in the data stream, the schedule, the dropout streams.
     step, losses = 0, []
     if args.resume:
+        # Checkpoints of another --seed: one message naming the flag (load_latest would report each one as
+        # a checkpoint that does not load, as if the files were damaged), on every rank alike.
+        mismatch = world.mpi.bcast(
+            seed_mismatch(args.checkpoint_dir, args.seed) if rank == 0 else None, root=0
+        )
+        if mismatch:
+            raise ValueError(mismatch)
         info = checkpoint.load_latest(
             args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=batches, fallback=True, missing_ok=True
         )  # (saved on another layout: resharded, by GPT's parameter names; a damaged one is skipped)
@@ -251,8 +269,12 @@ def main() -> None:
                     f"the checkpoint was trained on another vocabulary (this text lacks {lost!r} and has "
                     f"{new!r} instead); resume with the --data it was trained on."
                 )
-            if rank == 0:
-                print(f"resumed from {info['path']} at step {step}")
+            if rank == 0:  # (a checkpoint of another layout was resharded to this one: say from which)
+                saved = " x ".join(
+                    f"{dim}={info['saved_mesh'].get(dim, 1)}" for dim in ("dp", "tp", "pp", "cp")
+                )
+                how = f" (saved on {saved}, resharded)" if info["resharded"] else ""
+                print(f"resumed from {info['path']}{how} at step {step}")
         elif rank == 0:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
 
@@ -272,7 +294,8 @@ def main() -> None:
     # --- training loop
     peak = matmul_rate(world)  # FLOP/s, for the MFU
     flops_per_step = gpt.flops_per_token() * args.batch_size * args.block_size
-    bar = tqdm(total=args.max_iters, initial=step, disable=rank != 0, file=sys.stdout, unit="step")
+    # A live bar on a terminal; in a log file or a pipe, a plain line every tenth of the run (no \r frames)
+    bar = progress(total=args.max_iters, initial=step, enabled=rank == 0, desc="train")
     evaluated_at, estimate = None, None
     logged_at, seconds = step, 0.0  # the step of the last log line, and the training seconds since then
     while step < args.max_iters:
@@ -325,6 +348,10 @@ def main() -> None:
             loss_now = np.mean(losses[-steps:])  # the mean over the steps since the last line
             if rank == 0:  # (tqdm.write prints on every rank, also where the bar is disabled)
                 bar.write(f"step {step:5d}: loss {loss_now:.4f}, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
+                lr = optimizer.param_groups[0]["lr"]
+                metrics.step(
+                    step, loss=loss_now, lr=lr, tokens_per_s=tokens_per_s, mfu=mfu, max_rss_mib=max_rss_mib()
+                )
             logged_at, seconds = step, 0.0
         if step % args.eval_interval == 0 or step == args.max_iters:
             estimate = evaluate(batches, val_batches)
@@ -333,6 +360,7 @@ def main() -> None:
                 bar.write(
                     f"step {step:5d}: train loss {estimate['train']:.4f}, val loss {estimate['val']:.4f}"
                 )
+                metrics.step(step, train_loss=estimate["train"], val_loss=estimate["val"])
             if args.checkpoint_dir:  # collective and atomic; keeps the newest 2
                 checkpoint.save(
                     args.checkpoint_dir, model, optimizer, step=step, mesh=mesh, sampler=batches, keep_last=2,

@@ -31,9 +31,21 @@ def non_negative(text: str) -> int:
     return value
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's ``(default: X)``, appended once: not to a help text that already states its default (a
+    default computed from other flags, such as --dp's), nor for None or False (a flag without a value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # By identity: `0 in (None, False)` is True, and --zero's default 0 is worth showing.
+        if "(default" in text or any(action.default is d for d in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
 parser = argparse.ArgumentParser(
     description="Train a character-level GPT data-parallel (flags follow nanoGPT's names).",
-    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    formatter_class=HelpFormatter,
 )
 parser.add_argument("--data", default=None, help="a UTF-8 text file (default: the bundled Shakespeare)")
 parser.add_argument("--max-iters", type=non_negative, default=1000, help="optimizer steps")
@@ -57,7 +69,9 @@ parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per
 parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2], help="ZeRO stage instead of DDP")
 parser.add_argument("--fsdp", action="store_true", help="fully sharded (ZeRO-3) per block instead of DDP")
 HOOKS = ["none", "fp16", "bf16", "powersgd"]  # DDP gradient compression (minidist.parallel.comm_hooks)
-parser.add_argument("--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (none)")
+parser.add_argument(
+    "--comm-hook", choices=HOOKS, help="compress DDP's gradients, print bytes/step (default: none)"
+)
 parser.add_argument("--powersgd-rank", type=positive, default=1, help="with --comm-hook powersgd: rank R")
 parser.add_argument("--seed", type=int, default=1337, help="weights, data windows and dropout")
 parser.add_argument(
@@ -74,6 +88,11 @@ parser.add_argument(
 parser.add_argument("--async-checkpoint", action="store_true", help="save in the background (async_save)")
 parser.add_argument("--sample-tokens", type=non_negative, default=300, help="characters to sample at the end")
 parser.add_argument("--out", default=None, help="(tests) save losses and final weights to this .npz")
+parser.add_argument(
+    "--metrics", default=None, metavar="FILE",
+    help="append the run's record here as JSON lines: a header (layout, modes, flags), then loss, val loss, "
+    "lr, tokens/s and memory per log line (minidist plot FILE draws it; default: no record)",
+)  # fmt: skip
 parser.add_argument("--memory", action="store_true", help="print each rank's memory table at the end (peaks)")
 parser.add_argument(
     "--memory-budget",

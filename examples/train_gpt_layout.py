@@ -69,7 +69,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--pp", type=int, default=1, help="pipeline stages")
     layout.add_argument("--cp", type=int, default=1, help="context-parallel size (ring attention)")
     layout.add_argument("--sequence-parallel", action="store_true", help="LayerNorm/dropout on T/tp (tp > 1)")
-    layout.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches (default 2 pp)")
+    layout.add_argument(
+        "--microbatches", type=int, default=None, help="pipeline microbatches (default: 2 pp)"
+    )
     schedules = ["1f1b", "gpipe", "interleaved"]
     layout.add_argument("--schedule", default="1f1b", choices=schedules, help="pipeline schedule")
     layout.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
@@ -88,9 +90,15 @@ def check_layout(args: argparse.Namespace, world_size: int) -> None:
     model_parallel = args.tp * args.pp * args.cp
     if args.dp is None:
         args.dp = world_size // model_parallel if world_size % model_parallel == 0 else 0
+    if args.dp == 0:  # (no --dp, and tp x pp x cp does not divide the world: no dp to name)
+        raise ValueError(
+            f"the layout does not fit the {world_size} ranks: tp x pp x cp = "
+            f"{args.tp} x {args.pp} x {args.cp} = {model_parallel} does not "
+            f"divide them; launch a multiple of {model_parallel} ranks (mpirun -n) or change the sizes"
+        )
     if args.dp < 1 or args.dp * model_parallel != world_size:
         raise ValueError(
-            f"the layout does not fit the {world_size} ranks: dp x tp x pp x cp = {args.dp or '?'} x "
+            f"the layout does not fit the {world_size} ranks: dp x tp x pp x cp = {args.dp} x "
             f"{args.tp} x {args.pp} x {args.cp} must equal the number of ranks; change the sizes or mpirun -n"
         )
     # 2 microbatches per stage: the 1F1B bubble is (p - 1) / (m + p - 1) of a step, 1/5 for pp = 2 (1/3 with

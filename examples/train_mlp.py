@@ -51,7 +51,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 from train_mlp_args import build_mesh, check_batch_args, check_pipeline_args, load_data, parse_args  # noqa: E402
 
 import minidist as md  # noqa: E402
@@ -64,7 +63,11 @@ from minidist.parallel.comm_hooks import register_by_name  # noqa: E402
 from minidist.parallel.pipeline import PipelineParallel  # noqa: E402
 from minidist.parallel.tensor_parallel import model_parallel_manual_seed  # noqa: E402
 from minidist_tools import timeline  # noqa: E402
+from minidist_tools.checkpoint_info import seed_mismatch  # noqa: E402
 from minidist_tools.fault import FaultPlan  # noqa: E402
+from minidist_tools.header import header_lines, modes, plural  # noqa: E402
+from minidist_tools.metrics import MetricsLog, max_rss_mib  # noqa: E402
+from minidist_tools.progress import progress  # noqa: E402
 from minidist_tools.report import exit_interrupted, exit_with_error  # noqa: E402
 from minidist_tools.straggler import StragglerMonitor, align, clock_offsets, injected_delay, straggler_report  # noqa: E402
 
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> float:
     world = dist.init()
     rank = world.rank
     mesh = build_mesh(args, world)
+    # MINIDIST_FAULT=kill:rank=R:step=S: rank R fails on purpose after step S (a bad value: one error, now)
+    faults = FaultPlan(world.rank)
     if mesh.pp > 1:
         check_pipeline_args(args, mesh.dp)
     dp_size = mesh.dp  # the batch is split over the dp replicas only: a tp group shares its samples
@@ -120,6 +125,19 @@ def main(argv: list[str] | None = None) -> float:
     n_classes = int(y_train.max()) + 1
     # Linear/ReLU, or column/row pairs; --recompute: keep only each hidden block's input (Chen et al. 2016)
     mlp = MLP(x_train.shape[1], args.hidden, n_classes, mesh=mesh, recompute=args.recompute)
+    # The header names every mode that is on (ZeRO, hooks, recompute, layout, debug mode...:
+    # minidist_tools/header.py); --metrics FILE records it, then each epoch's measurements, as JSON lines.
+    active = modes(args, world.size)
+    metrics = MetricsLog(args.metrics if rank == 0 else None)
+    if rank == 0:
+        sizes = "-".join(str(n) for n in (x_train.shape[1], *args.hidden, n_classes))
+        print("\n".join(header_lines(
+            f"MLP {sizes} on {args.dataset} ({plural(len(x_train), 'training sample')}), "
+            f"{plural(world.size, 'rank')} (dp {mesh.dp} x tp {mesh.tp} x pp {mesh.pp})", active,
+        )))  # fmt: skip
+        metrics.header(
+            "train_mlp.py", args, world.size, {"dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp}, active
+        )
     if rank == 0 and (mesh.tp > 1 or mesh.pp > 1):
         print(mesh)  # the dp x tp grid of ranks, per pipeline stage
     if mesh.pp > 1:
@@ -163,7 +181,6 @@ def main(argv: list[str] | None = None) -> float:
         StragglerMonitor(every=args.straggler_every, group=mesh.dp_group) if args.straggler_report else None
     )
     delay = injected_delay(world.rank)  # MINIDIST_SLOW_RANK=RANK:SECONDS makes that rank slow (teaching aid)
-    faults = FaultPlan(world.rank)  # MINIDIST_FAULT=kill:rank=R:step=S: rank R fails on purpose after step S
 
     # --- checkpoints: --resume restores the weights, the optimizer state and the sampler's epoch and
     # position (a mesh of another shape gets them resharded), so the loop below continues mid-epoch.
@@ -178,9 +195,11 @@ def main(argv: list[str] | None = None) -> float:
         print(f"the run is already complete ({step} of {total} steps); raise --epochs to train further")
     # One bar, on rank 0, on stdout with the epoch lines: mpirun forwards a rank's stdout and stderr
     # through separate pipes, so a bar on stderr (tqdm's default) would interleave with the lines in any
-    # order. bar.write clears the bar, prints the line and redraws the bar: one stream, in order.
+    # order. bar.write clears the bar, prints the line and redraws the bar: one stream, in order. In a log
+    # file or a pipe (not a terminal) the bar is a plain line every tenth of the run: no \r frames.
     quiet = rank != 0 or step >= total
-    bar = tqdm(total=total, initial=step, disable=quiet, file=sys.stdout, desc="train", unit="step")
+    bar = progress(total=total, initial=step, enabled=not quiet, desc="train")
+    epoch_start, epoch_first_step = time.perf_counter(), step  # for the samples/s of the epoch record
     accuracy, evaluated_at = None, None
     for epoch in range(sampler.epoch, args.epochs):  # sampler.epoch: 0, or the epoch we resumed in
         if step >= stop:
@@ -220,6 +239,13 @@ def main(argv: list[str] | None = None) -> float:
                 f"epoch {epoch + 1:3d}  train loss {loss_sum[0] / loss_sum[1]:.4f}  "
                 f"test accuracy {accuracy:.4f}"
             )
+            seconds = time.perf_counter() - epoch_start  # (evaluation included: the epoch as it took)
+            samples_per_s = (step - epoch_first_step) * args.batch_size / seconds if seconds > 0 else None
+            metrics.step(
+                step, loss=loss_sum[0] / loss_sum[1], accuracy=accuracy, lr=args.lr,
+                samples_per_s=samples_per_s, max_rss_mib=max_rss_mib(),
+            )  # fmt: skip
+        epoch_start, epoch_first_step = time.perf_counter(), step
         loss_sum = np.zeros(2)
     bar.close()
     if args.checkpoint_dir and saved_at != step:
@@ -285,6 +311,13 @@ def resume(args: argparse.Namespace, model: Any, optimizer: Any, mesh: ProcessMe
     epoch, on dp rank 0 only, because the epoch summary sums loss_sum over the dp group. None there:
     (0, zeros), a fresh start. A checkpoint that fails to verify is skipped for the one before it.
     """
+    # Checkpoints of another --seed: one message naming the flag (load_latest would report each one as a
+    # checkpoint that does not load, as if the files were damaged), on every rank alike.
+    mismatch = mesh.world.mpi.bcast(
+        seed_mismatch(args.checkpoint_dir, args.seed) if mesh.rank == 0 else None, root=0
+    )
+    if mismatch:
+        raise ValueError(mismatch)
     info = checkpoint.load_latest(
         args.checkpoint_dir, model, optimizer, mesh=mesh, sampler=sampler, fallback=True, missing_ok=True
     )

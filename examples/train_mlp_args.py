@@ -115,6 +115,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     )  # fmt: skip
     p.add_argument("--memory", action="store_true", help="print each rank's memory table at the end (peaks)")
     p.add_argument(
+        "--metrics", default=None, metavar="FILE",
+        help="append the run's record here as JSON lines: a header (layout, modes, flags), then each "
+        "epoch's loss, test accuracy, samples/s and memory (minidist plot FILE draws it; default: no record)",
+    )  # fmt: skip
+    p.add_argument(
         "--memory-budget", default=None, metavar="SIZE",
         help="per-rank budget, e.g. 64MiB: more is an out-of-memory error (or MINIDIST_MEMORY_BUDGET)",
     )  # fmt: skip

@@ -5,6 +5,7 @@
     minidist checkpoint interval --node-mtbf ...  how often to checkpoint (Young, Daly, exact)
     minidist cluster up|run|status|down           a cluster of network namespaces on this machine (root)
     minidist launch -n N -- COMMAND               run COMMAND on N ranks; restart it after a failure
+    minidist plot RUN.jsonl ... --out plot.png    loss and throughput of runs recorded with --metrics
     minidist assignments list|release|grade|...   the graded coursework of lessons/assignments/
 
 Each subcommand is a module of ``minidist_tools`` or ``minidist_course`` with its own ``main(argv)`` and
@@ -25,6 +26,7 @@ COMMANDS = {
     "checkpoint": ("minidist_tools.checkpoint_info", "list and verify checkpoints; how often to save"),
     "cluster": ("minidist_tools.cluster.__main__", "a cluster of network namespaces over TCP (root)"),
     "launch": ("minidist_tools.launch.__main__", "run a job on N ranks and restart it after a failure"),
+    "plot": ("minidist_tools.plot", "draw the loss and throughput of runs recorded with --metrics FILE"),
     "assignments": ("minidist_course.assignments.__main__", "release, grade and batch-grade assignments"),
 }
 
@@ -35,6 +37,9 @@ LIBRARIES = {
     "minidist_tools.perfmodel": "models of a step's time, memory, network traffic and failures",
     "minidist_tools.timeline": "every rank's trace spans in one Perfetto file; communication hidden",
     "minidist_tools.gantt": "a pipeline step as a text grid or a Gantt chart, simulated or measured",
+    "minidist_tools.header": "modes(args, world_size): every non-default mode, for a run's header",
+    "minidist_tools.progress": "progress(...): a tqdm bar on a terminal, plain lines in a log file",
+    "minidist_tools.metrics": "MetricsLog and read_run: a run's metrics as JSON lines (--metrics FILE)",
     "minidist_tools.report": "exit_with_error: a training script's error printed once, for all ranks",
     "minidist_tools.cluster": "Cluster: the namespace cluster from Python (cluster_available, up, down)",
     "minidist_tools.launch": "launch(...) and read_log(...): the elastic launcher from Python",

@@ -118,3 +118,37 @@ def summary(folder: Path, manifest: dict) -> str:
             pieces = " (" + "+".join(str(s["shape"][t["tp_dim"]]) for s in t["shards"]) + ")"
         lines.append(f"{key:<44} {shape:<16} {t['dtype']:<9} {tp_dim:<6} {len(t['shards'])}{pieces}")
     return "\n".join(lines)
+
+
+def seed_mismatch(root: str | Path, seed: int) -> str | None:
+    """Why no checkpoint under ``root`` can resume a run with ``seed``, or None.
+
+    A sampler saved with another seed would draw another order, so ``checkpoint.load_latest(fallback=True)``
+    refuses each checkpoint in turn, reporting every one as "a checkpoint that does not load": a damaged
+    file is not the cause, the flag is. When every readable checkpoint's sampler has one other seed (and
+    none has ``seed``), this says so once, naming the flag to give. Unreadable manifests are left to
+    ``load_latest``, which reports them; a root without checkpoints gives None.
+    """
+    seeds = set()
+    try:
+        folders = atomic.list_checkpoints(Path(root))
+    except (CheckpointError, OSError):
+        return None
+    for _, folder in folders:
+        try:
+            ranks = fmt.read_manifest(folder).get("ranks") or []
+        except (CheckpointError, OSError, ValueError):
+            continue
+        seeds |= {
+            r["sampler"]["seed"]
+            for r in ranks
+            if isinstance(r.get("sampler"), dict) and "seed" in r["sampler"]
+        }
+    if not seeds or seed in seeds:
+        return None
+    saved = ", ".join(str(s) for s in sorted(seeds))
+    return (
+        f"the checkpoints in {root} were trained with --seed {saved}, and this run has --seed {seed}: "
+        f"its data order would differ from theirs; resume with --seed {saved}, or start afresh in another "
+        "--checkpoint-dir"
+    )

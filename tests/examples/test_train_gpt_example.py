@@ -141,7 +141,11 @@ def test_resume_on_another_layout(trained, tmp_path, n, flags):
     root = checkpoint_at_step_2(ckpt, tmp_path / "ckpt")
     out = tmp_path / "resumed.npz"
     result = launch(n, *TINY, *flags, "--checkpoint-dir", str(root), "--resume", "--out", str(out))
-    assert "at step 2" in result.stdout
+    # The line says the checkpoint came from another layout, as the MLP example's does.
+    assert (
+        f"{root / 'step_000000002'} (saved on dp=2 x tp=1 x pp=1 x cp=1, resharded) at step 2"
+        in result.stdout
+    )
     with np.load(out) as resumed:
         assert_same_training(dict(resumed), full)
 
@@ -238,6 +242,31 @@ def test_bad_flags_end_every_rank_with_one_message(tmp_path, flags, message):
     assert result.returncode == 2
     assert result.stderr.startswith(message.format(latin1)), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_resume_with_another_seed_is_one_message_naming_the_flag(tmp_path):
+    """Before: each checkpoint was reported as "skipping a checkpoint that does not load" (its sampler has
+    another seed), as if the files were damaged, then "no checkpoint loads"."""
+    root = tmp_path / "ckpt"
+    launch(1, *TINY, "--checkpoint-dir", str(root), "--sample-tokens", "0")  # steps 2 and 4 saved
+    result = launch(1, *TINY, "--checkpoint-dir", str(root), "--resume", "--seed", "7", check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "skipping" not in result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert (
+        f"the checkpoints in {root} were trained with --seed 1337, and this run has --seed 7" in result.stderr
+    )
+
+
+def test_help_states_each_default_once():
+    """argparse's ArgumentDefaultsHelpFormatter appended "(default: None)" to help texts that state their
+    own default (--dp: ranks/(tp pp cp)), and a second one to --microbatches's."""
+    help_text = load_example().parser.format_help()
+    options = re.split(r"\n  (?=-)", help_text.split("options:", 1)[1])
+    doubled = [option for option in options if option.count("(default") > 1]
+    assert not doubled, doubled
+    assert "(default: None)" not in help_text and "(default: False)" not in help_text
+    assert "--dp DP" in help_text and "(default: ranks/(tp pp cp))" in help_text
 
 
 @pytest.mark.parametrize(

@@ -128,7 +128,8 @@ def test_a_layout_that_does_not_fit_the_ranks_ends_every_rank_with_one_message()
     result = launch(2, "--tp", "4", check=False)
     assert result.returncode == 2
     assert result.stderr.startswith(
-        "error on ranks 0-1: the layout does not fit the 2 ranks: dp x tp x pp x cp = ? x 4 x 1 x 1"
+        "error on ranks 0-1: the layout does not fit the 2 ranks: tp x pp x cp = 4 x 1 x 1 = 4 does not "
+        "divide them"
     ), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
 

@@ -167,6 +167,10 @@ def test_links_stay_inside_the_documentation_and_reach_their_anchor(page):
             if not (REPO / "lessons" / linked.name).exists():
                 problems.append(f"{target}: no such lesson in lessons/")
             continue
+        if file.endswith((".png", ".svg")) and DOCS.resolve() in linked.parents:
+            if not linked.exists():  # a picture shown on the page: MkDocs copies the images of docs/ too
+                problems.append(f"{target}: no such image in docs/")
+            continue
         if not file.endswith(".md") and file:
             problems.append(f"{target}: not a documentation page (name a file as a `code span`)")
         elif DOCS.resolve() not in linked.parents and linked != DOCS.resolve():
