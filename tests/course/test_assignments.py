@@ -400,6 +400,26 @@ def test_a_test_graded_by_property_scores_each_part_and_hints_at_the_failed_one(
     assert entry["score"] == report.points_of("A8.1") and entry["max_score"] == 4
 
 
+def test_a1_scores_each_op_of_a_test_on_its_own(tmp_path, compiled):
+    """A1.2's arithmetic test holds Mul and Div: a Div with the wrong sign for b keeps Mul's point, and
+    the hint is Div's (the sign and the power of b), not Mul's."""
+    copy = tmp_path / "student"
+    shutil.copytree(REPO / "minidist", copy / "minidist")
+    target = copy / "minidist/ops/arithmetic.py"
+    old = "grad_b = -grad * ((self.a / self.b) / self.b)"
+    assert target.read_text().count(old) == 1
+    target.write_text(target.read_text().replace(old, "grad_b = grad * ((self.a / self.b) / self.b)"))
+    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    report = grade("A1", copy, only_tasks=["A1.2"], include_hidden=False)
+    by_name = {r.spec.name: r for r in report.tasks[0].results}
+    parts = {p.name: p for p in by_name["test_mul_div_backward"].spec.parts}
+    assert set(parts) == {"Mul", "Div"}
+    lost = report.tasks[0].max_points - report.points_of("A1.2")
+    assert lost == parts["Div"].points, report.table()  # Mul's point and MatMul's test are kept
+    feedback = report.feedback_of("A1.2")
+    assert parts["Div"].hint in feedback and parts["Mul"].hint not in feedback, feedback
+
+
 def test_task_files_check_that_parts_add_up(tmp_path):
     folder = tmp_path / "A0"
     (folder / "public").mkdir(parents=True)
