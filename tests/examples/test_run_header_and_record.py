@@ -3,10 +3,15 @@ without ``\\r`` frames when stdout is a file, and the run record of ``--metrics 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
 
 import pytest
 from mpi_utils import REPO, mpi_env, mpiexec_path
@@ -110,3 +115,31 @@ def test_minidist_plot_draws_two_recorded_runs(tmp_path):
     assert done.stdout.strip() == f"wrote {out} (2 runs)"
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size == (1100, 700)
+
+
+def test_a_terminal_gets_the_live_bar_and_no_plain_lines(tmp_path):
+    """The same example on a terminal (a pseudo-terminal here, as a user's shell gives it): tqdm's bar
+    redraws itself with ``\\r`` in place, and no plain ``train: step`` line is printed."""
+    main, sub = pty.openpty()
+    # A new pseudo-terminal is 0 x 0 characters, and tqdm draws a bar of width 0 (nothing): give it a
+    # terminal's usual 24 rows of 80 columns.
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with subprocess.Popen(
+        [sys.executable, str(MLP), "--epochs", "1", "--hidden", "32"],
+        stdout=sub, stderr=sub, env=mpi_env(), cwd=REPO,
+    ) as proc:  # fmt: skip
+        os.close(sub)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal closed: the run ended (Linux raises EIO here)
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=120) == 0
+    os.close(main)
+    text = b"".join(chunks).decode()
+    assert "\r" in text and re.search(r"\| \d+/\d+ ", text), text[:2000]
+    assert "train: step" not in text, text[:2000]
