@@ -4,7 +4,8 @@ Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> distributed
 ``minidist.distributed`` (MPI) is imported only when you use it: ``import minidist.distributed as dist``.
 """
 
-from minidist import host_memory, nn, optim  # nn and optim import minidist.autograd themselves
+# nn and optim import minidist.autograd themselves; compile is md.compile.Replay (record a step, replay it)
+from minidist import compile, host_memory, nn, optim  # noqa: A004
 from minidist.autograd import Function, Tensor, is_grad_enabled, no_grad, tensor
 from minidist.autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from minidist.random import manual_seed
@@ -25,6 +26,7 @@ __all__ = [
     "get_autocast_dtype",
     "nn",
     "optim",
+    "compile",
     "__version__",
 ]
 
