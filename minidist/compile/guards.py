@@ -42,11 +42,13 @@ _ASIDE = {
 
 def unsupported_layout(model: Any, optimizer: Any) -> str | None:
     """The reason ``model``/``optimizer`` run eagerly, or None if one process or DDP (replayed)."""
+    if not hasattr(model, "modules"):  # PipelineParallel: a trainer with its own train_step, no Module
+        return f"{type(model).__name__} is not a Module: it runs its own step (train_step), not a loss_fn"
     for obj in [optimizer, *model.modules()]:
         where = type(obj).__module__
         for prefix, why in _ASIDE.items():
             if where.startswith(prefix):
-                return f"{type(obj).__name__}: {why}, outside the recorded ops; it runs eagerly"
+                return f"{type(obj).__name__}: {why}, outside the recorded ops"
     for p in model.parameters():
         if p.sharded_over is not None:
             return "a parameter is a tensor-parallel shard: its layers communicate inside their ops"
