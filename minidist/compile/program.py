@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from minidist.autograd import Tensor, function, grad_mode, graph
+from minidist.compile.kernels import KERNELS
 
 
 class _Meta:
@@ -39,11 +40,12 @@ class Op:
     token ids, class targets), filled in at each replay.
     """
 
-    __slots__ = ("cls", "args", "options", "patches", "out", "metas")
+    __slots__ = ("cls", "kernel", "args", "options", "patches", "out", "metas")
 
     def __init__(self, cls: type, args: tuple, options: dict, patches: list, out: int, metas: tuple) -> None:
         self.cls, self.args, self.options, self.patches = cls, args, options, patches
         self.out, self.metas = out, metas
+        self.kernel = KERNELS.get(cls, cls)  # what the replay runs: the op or its variant (kernels.py)
 
     def __repr__(self) -> str:
         opts = {k: _short(v) for k, v in self.options.items()}
@@ -162,7 +164,7 @@ class Program:
                 env[slot] = x if x.shape == src[2] else x.reshape(src[2])
         fns = []
         for op in self.ops:
-            fn = op.cls()
+            fn = op.kernel()
             fn.inputs = op.metas
             options = op.options
             if op.patches:
@@ -179,6 +181,10 @@ class Program:
 
     def _backward(self, fns: list, grad: Any) -> None:
         pending = {self.root: grad}
+        # Slots whose pending gradient is an array nothing else refers to (a sum made here, or the result
+        # of an op that ``returns_new_arrays``): the next gradient is added into it in place, which gives
+        # the bits of eager's ``a + b`` without a new array (eager's walk may not know it is alone).
+        owned: set[int] = set()
         ops, grad_inputs = self.ops, self.grad_inputs
         for entry in self.tape:
             if entry[0] == "op":
@@ -188,18 +194,27 @@ class Program:
                     continue
                 grads = fns[i].backward(g)
                 fns[i] = None  # its saved arrays go now, as eagerly (Function.release)
+                new = ops[i].cls.returns_new_arrays
                 for (slot, needs, dtype), gi in zip(grad_inputs[i], grads):
                     if gi is None or not needs:
                         continue
                     if gi.dtype != dtype:
                         gi = gi.astype(dtype)
-                    pending[slot] = gi if slot not in pending else graph._add_gradients(pending[slot], gi)
+                    if slot not in pending:
+                        pending[slot] = gi
+                        if new:
+                            owned.add(slot)
+                    elif slot in owned and dtype.itemsize > 2:  # (2-byte sums go through float32)
+                        pending[slot] += gi
+                    else:
+                        pending[slot] = graph._add_gradients(pending[slot], gi)
+                        owned.add(slot)
             else:
-                _, slot, leaf, owned = entry
+                _, slot, leaf, alone = entry
                 g = pending.pop(slot, None)
                 if g is None:
                     continue
-                leaf.grad = g if owned else g.copy()
+                leaf.grad = g if alone else g.copy()  # a copy where eager's walk made one
                 for hook in leaf._post_accumulate_hooks:
                     hook(leaf)
 
