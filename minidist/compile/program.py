@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from minidist.autograd import Tensor, function, grad_mode, graph
+from minidist.autograd import Tensor, autocast, function, grad_mode, graph
 from minidist.compile.kernels import KERNELS
 
 
@@ -100,6 +100,8 @@ class Program:
         """``Function.apply``'s report of one op (``autograd/function.py``)."""
         if grad_mode._in_backward and self.invalid is None:  # recomputation (nn.recompute) in backward
             self.invalid = f"{cls.__name__} ran inside backward (activation recomputation)"
+        if autocast.low_dtype is not None:  # apply runs such ops on float32 copies: not what forward does
+            self.invalid = "autocast is on (its ops run on float32 copies inside Function.apply)"
         args = tuple(self._slot_of(t) for t in tensors)
         static, patches = {}, []
         for key, value in options.items():

@@ -148,3 +148,20 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly():
         for x, y in mlp_batches(3):
             step(x, y)
     assert step.replays == 0
+
+
+def test_recomputation_and_autocast_are_not_recorded():
+    md.manual_seed(0)
+    model = MLP(16, [32, 32], 10, recompute=True)  # its hidden blocks run forward again inside backward
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    step = Replay(model, opt, lambda x, y: F.cross_entropy(model(x), y))
+    with pytest.warns(ReplayFallbackWarning, match="inside backward"):
+        for x, y in mlp_batches(3):
+            step(x, y)
+    assert step.replays == 0
+    model, opt, loss_fn = make("mlp", "sgd")
+    step = Replay(model, opt, loss_fn)
+    with md.autocast(np.float16), pytest.warns(ReplayFallbackWarning, match="autocast is on"):
+        for x, y in mlp_batches(3):
+            step(x, y)
+    assert step.replays == 0
