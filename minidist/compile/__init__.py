@@ -13,13 +13,13 @@ Design (decided here): **the replay is bit-identical to eager**. Recording runs 
 backward and set each leaf's ``.grad`` (``program.py``). A replay calls the very same ``forward`` and
 ``backward`` methods on arrays in that order, summing gradients in the order eager summed them, running
 the leaves' hooks (DDP's bucket all-reduces) at the same points and the end-of-pass callbacks after, and
-updates with AdamW or SGD as one in-place loop over shared scratch arrays (``fused.py``). Dropout draws
+updates AdamW as one in-place loop over shared scratch arrays (``fused.py``). Dropout draws
 from minidist's generator inside the ops' ``forward``, in the same order, so it draws the same masks.
 What the replay leaves out is the per-op bookkeeping and checks, not arithmetic; the guards
 (``guards.py``) decide when it is valid, and any other call runs eagerly with a one-line reason.
 
-Reading order: ``program.py`` (record, replay), ``guards.py`` (when), ``fused.py`` (the optimizer),
-``replay.py`` (``Replay``, the API).
+Reading order: ``program.py`` (record, replay), ``kernels.py`` (ops a replay runs with fewer arrays),
+``guards.py`` (when), ``fused.py`` (the optimizer), ``replay.py`` (``Replay``, the API).
 """
 
 from minidist.compile.program import Program

@@ -33,7 +33,7 @@ class Replay:
 
     Args:
         model: the ``Module`` whose parameters the step trains (a ``DistributedDataParallel`` too).
-        optimizer: its optimizer; AdamW and SGD are replayed as one fused update (``fused.py``), any
+        optimizer: its optimizer; AdamW is replayed as one fused update (``fused.py``), any
             other runs its own ``step()``.
         loss_fn: ``loss_fn(*inputs) -> Tensor``, the scalar loss, computed from the inputs with minidist
             ops (arrays made from an input outside the ops are refused at recording).
