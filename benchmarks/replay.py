@@ -2,23 +2,24 @@
 
     OMP_NUM_THREADS=1 python benchmarks/replay.py                     # GPT (baby config) and the small MLP
     OMP_NUM_THREADS=1 python benchmarks/replay.py --gpt-batch 32      # the README's default GPT batch
-    OMP_NUM_THREADS=1 python benchmarks/replay.py --only mlp --rounds 40
+    OMP_NUM_THREADS=1 python benchmarks/replay.py --only mlp --rounds 60
 
 Workloads: the GPT of ``benchmarks/gpt.py`` (nanoGPT's CPU baby GPT: 4 layers x 4 heads x width 128,
 block 64, batch 12, AdamW with decay on the matrices, gradients clipped to 1, dropout 0) against its
 PyTorch eager twin (``benchmarks/torch_gpt.py``, same initial weights, torch's AdamW, ``foreach=False``);
 and the small MLP of ``benchmarks/small_mlp.py`` (64-256-256-10, batch 128, SGD) against the
-hand-written NumPy step (``benchmarks/numpy_reference.py``) and PyTorch eager.
+hand-written NumPy step (``benchmarks/numpy_reference.py``).
 
-Every round runs ``--block`` steps of each contender in turn, in a rotated order, so that load from other
-processes falls on all alike; a step's time is this process's CPU time (one thread: the seconds it
-computed). The report gives ratios to the anchor (median over rounds, the first round left out, and
-their range), not absolute times, and MFU (model FLOPs utilisation, Chowdhery et al. 2022, appendix B:
-``GPT.flops_per_token()`` x tokens per CPU second over the float32 sgemm rate measured here, a 512^3
-NumPy product on one thread, between rounds). It prints the machine (CPU model, BLAS and the kernel it
-picked) and the load average before and after: above 0.5 per core the machine was busy, and the
-report says its ratios are indicative only (the quiet-machine guard; ``--require-quiet`` refuses to
-run instead). All contenders' parameters are checked to agree after the warm-up round.
+Every round runs ``--block`` steps of each contender in turn (ten times as many for the MLP), in a
+rotated order, so that load from other processes falls on all alike; a step's time is this process's
+CPU time (one thread: the seconds it computed). The report gives ratios to the anchor and replay /
+eager (medians over rounds, the first round left out, and their range), not absolute times, and MFU
+(model FLOPs utilisation, Chowdhery et al. 2022, appendix B: ``GPT.flops_per_token()`` x tokens per CPU
+second over the float32 sgemm rate measured here first, a 512^3 NumPy product on one thread). It prints
+the machine (CPU model, BLAS and the kernel it picked) and the load average before and after: above 0.5
+per core the machine was busy, and the report says its ratios are indicative only (the quiet-machine
+guard; ``--require-quiet`` refuses to run instead). All contenders' parameters are compared after the
+warm-up round (eager and replay: exactly equal).
 """
 
 from __future__ import annotations
@@ -161,13 +162,15 @@ def report(title: str, times: dict, anchor: str, flops: int, tokens: int, peak: 
         if flops:
             line += f", MFU {flops * tokens / float(np.median(t)) / peak:.1%}"
         print(line)
+    gain = times["replay"] / times["eager"]
+    print(f"  replay / eager: {np.median(gain):.3f} (range {gain.min():.3f}-{gain.max():.3f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["gpt", "mlp"], default=None)
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (one more warms up)")
-    parser.add_argument("--block", type=int, default=5, help="steps of one contender per round")
+    parser.add_argument("--rounds", type=int, default=30, help="timed rounds (one more warms up)")
+    parser.add_argument("--block", type=int, default=2, help="GPT steps of one contender per round")
     parser.add_argument(
         "--gpt-batch", type=int, default=12, help="GPT batch (12: nanoGPT's; 32: the README's)"
     )
@@ -188,8 +191,9 @@ def main() -> None:
         report(title, times, "torch", flops, 64 * args.gpt_batch, peak)
     if args.only in (None, "mlp"):
         steps, batches, params, _ = mlp_contenders(args)
-        times = measure(steps, batches, params, args.rounds * 4)
-        report(f"MLP 64-256-256-10, batch 128, SGD; {args.rounds * 4} rounds", times, "numpy", 0, 0, peak)
+        args.block *= 10  # the MLP's steps are ~100x shorter: 10x the steps per block, 2x the rounds
+        times = measure(steps, batches, params, args.rounds * 2)
+        report(f"MLP 64-256-256-10, batch 128, SGD; {args.rounds * 2} rounds", times, "numpy", 0, 0, peak)
     after = os.getloadavg()[0]
     print(f"load average {after:.2f} after" + (" (BUSY)" if after > BUSY * (os.cpu_count() or 1) else ""))
 
