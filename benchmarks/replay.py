@@ -18,8 +18,8 @@ eager (medians over rounds, the first round left out, and their range), not abso
 second over the float32 sgemm rate measured here first, a 512^3 NumPy product on one thread). It prints
 the machine (CPU model, BLAS and the kernel it picked) and the load average before and after: above 0.5
 per core the machine was busy, and the report says its ratios are indicative only (the quiet-machine
-guard; ``--require-quiet`` refuses to run instead). All contenders' parameters are compared after the
-warm-up round (eager and replay: exactly equal).
+guard; ``--require-quiet`` refuses to run instead). All contenders' parameters are compared at the end
+(eager and replay: exactly equal).
 """
 
 from __future__ import annotations
@@ -144,13 +144,11 @@ def measure(steps: dict, batches: list, params: dict, rounds: int) -> dict:
             for x, y in batches:
                 steps[name](x, y)
             times[name].append((time.process_time() - start) / len(batches))
-        if r == 0:  # after the warm-up round: every contender trained the same model alike
-            ref = params[names[0]]()
-            for name in names[1:]:
-                diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, params[name]()))
-                print(
-                    f"  after {len(batches)} steps, max |{names[0]} - {name}| over the parameters: {diff:.2e}"
-                )
+    # Every contender trained the same model on the same batches: eager and replay to the bit.
+    ref, steps_run = params[names[0]](), (rounds + 1) * len(batches)
+    for name in names[1:]:
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, params[name]()))
+        print(f"  after {steps_run} steps, parameters' max |{names[0]} - {name}|: {diff:.2e}")
     return {n: np.array(t[1:]) for n, t in times.items()}
 
 
