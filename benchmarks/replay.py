@@ -188,8 +188,8 @@ def main() -> None:
         title = f"GPT 4x4x128, block 64, batch {args.gpt_batch}, AdamW, clip 1.0; {args.rounds} rounds"
         report(title, times, "torch", flops, 64 * args.gpt_batch, peak)
     if args.only in (None, "mlp"):
-        steps, batches, params, _ = mlp_contenders(args)
         args.block *= 10  # the MLP's steps are ~100x shorter: 10x the steps per block, 2x the rounds
+        steps, batches, params, _ = mlp_contenders(args)
         times = measure(steps, batches, params, args.rounds * 2)
         report(f"MLP 64-256-256-10, batch 128, SGD; {args.rounds * 2} rounds", times, "numpy", 0, 0, peak)
     after = os.getloadavg()[0]
