@@ -396,25 +396,25 @@ batches = [windows.next() for _ in range(4)]
 for xb, yb in batches[:2]:  # calls 1 and 2: eager, recorded
     replayed_step(xb, yb)
 program = repr(replayed_step.program).splitlines()
+ops = 1 + len(replayed_step.program.sources)  # the header line, then one line per source
 backward = program.index(next(line for line in program if line.startswith("backward from")))
-print("\n".join(program[:10] + ["..."] + program[backward : backward + 6] + ["..."]))
+shown = program[:4] + ["..."] + program[ops : ops + 8] + ["..."] + program[backward : backward + 6]
+print("\n".join(shown + ["..."]))
 
 # %% [markdown]
 # `%n` is a slot: an array the replay fills. Sources first (the parameters; a step input that an op
-# takes as an option, as the token ids, shows as `input0` in that op's line), then one line per op, then the backward as a fixed list. Now the time per step, eager against replayed, in
-# turns so that both see the same load (CPU time, medians), and PyTorch's eager twin of the same model
-# where it is installed (`benchmarks/torch_gpt.py` beside a checkout of minidist):
+# takes as an option, as the token ids, shows as `input0` in that op's line), then one line per op
+# (`ReplayGELU` is GELU with fewer temporaries, the same bits: `minidist/compile/kernels.py`), then the
+# backward as a fixed list. Now the time per step, eager against replayed, one step of each in turn so
+# that both see the same load (CPU time, medians), and PyTorch's eager twin of the same model where it is
+# installed (`benchmarks/torch_gpt.py` beside a checkout of minidist):
 
 
 # %%
-def cpu_ms(step, rounds=15):
-    times = []
-    for r in range(rounds):
-        xb, yb = batches[r % len(batches)]
-        start = time.process_time()
-        step(xb, yb)
-        times.append(time.process_time() - start)
-    return 1000 * float(np.median(times))
+def cpu_seconds(step, xb, yb):
+    start = time.process_time()
+    step(xb, yb)
+    return time.process_time() - start
 
 
 contenders = {"eager minidist": eager_step, "replayed minidist": replayed_step}
@@ -441,12 +441,13 @@ try:
     contenders["PyTorch eager"] = torch_step
 except ImportError:
     print("(PyTorch, or benchmarks/torch_gpt.py beside minidist, is not here: minidist only)")
-results = {name: [] for name in contenders}
-for _ in range(3):  # three turns each
+times = {name: [] for name in contenders}
+for r in range(40):  # one step of each in turn: neighbouring steps see the same load
     for name, step in contenders.items():
-        results[name].append(cpu_ms(step))
-for name, ms in results.items():
-    print(f"{name:18s} {np.median(ms):6.2f} ms per step")
+        times[name].append(cpu_seconds(step, *batches[r % len(batches)]))
+eager = np.array(times["eager minidist"])
+for name, t in times.items():
+    print(f"{name:18s} {1000 * np.median(t):6.2f} ms per step, {np.median(np.array(t) / eager):.2f}x eager")
 print(f"replayed steps so far: {replayed_step.replays}")
 
 # %% [markdown]
@@ -479,14 +480,15 @@ for (path, line, fn), v in top:
     print(f"  {v[2] / total:6.1%}  {fn:28s} {Path(path).name}:{line}")
 
 # %% [markdown]
-# Compare the two measurements. The replay removes the bookkeeping around the ops but keeps every call
-# the ops make: on this tiny model (width 32, 512 tokens a step) each NumPy call costs about a
-# microsecond whatever its size, so the ops' share of the profile is partly call overhead too, and the
-# optimizer still loops over every parameter. On the 4-layer, 128-wide GPT of `benchmarks/gpt.py` the
-# arithmetic is over 90 % of an eager step (docs/performance.md, "GPT"), and the replay saves the few
-# percent that were Python. What remains there is arithmetic NumPy does more slowly than PyTorch's
-# kernels (exact GELU's `erf`, elementwise passes a compiler would fuse into one loop): a replay cannot
-# change that without changing the numbers. `python benchmarks/replay.py` measures both against PyTorch.
+# Compare the two measurements. The profile overstates the bookkeeping: cProfile adds a fixed cost to
+# every Python call it sees, and bookkeeping is many small calls; the timing is the fair measure. On
+# this tiny model (width 32, 512 tokens a step) the NumPy calls themselves are short, so each op's call
+# overhead inside its own `forward` and `backward` (a microsecond or so per NumPy call, whatever its
+# size) weighs too, and a replay keeps those. On the 4-layer, 128-wide GPT of `benchmarks/gpt.py` the
+# replay saves 4-8 % of an eager step (docs/performance.md, "Capture once, replay"). What remains is
+# arithmetic NumPy does more slowly than PyTorch's kernels (exact GELU's `erf` leads the profile above;
+# elementwise passes a compiler would fuse into one loop): a replay cannot change that without changing
+# the numbers. `python benchmarks/replay.py` measures both models against PyTorch.
 #
 # A replay is valid only while what it recorded holds: the guards compare the inputs' shapes, grad mode,
 # every module's `training` flag and the parameters before each call, and run the step eagerly, with a
