@@ -6,8 +6,8 @@ everything the recording depended on is unchanged. ``Guard.check`` compares, bef
 * the step inputs' number, shapes and dtypes (a new batch shape is a new program);
 * grad mode (on) and autocast (off: a recording under autocast is refused altogether);
 * every module's ``training`` flag (``model.eval()`` removes dropout ops from the step);
-* the model's parameters, by identity, shape and dtype (a new, removed or replaced parameter), and the
-  optimizer's parameter list;
+* the model's parameters, by identity, shape, dtype and ``requires_grad`` (a new, removed, replaced or
+  frozen parameter), and the optimizer's parameter list;
 * that no parameter holds a gradient when the step starts (the replay sets ``.grad``, it does not
   accumulate into one: gradient accumulation runs eagerly).
 
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from minidist.autograd import autocast, grad_mode
+from minidist.backend import is_gpu_array
 
 # Layouts that communicate outside the recorded ops, by the module their class lives in.
 _ASIDE = {
@@ -52,6 +53,8 @@ def unsupported_layout(model: Any, optimizer: Any) -> str | None:
     for p in model.parameters():
         if p.sharded_over is not None:
             return "a parameter is a tensor-parallel shard: its layers communicate inside their ops"
+        if is_gpu_array(p._data):  # (kernels.py and fused.py are written for NumPy's ufuncs)
+            return "the GPU backend is not replayed: the replay's kernels are NumPy's"
     return None
 
 
@@ -68,7 +71,7 @@ class Guard:
         self.modules = list(model.modules())
         self.training = [m.training for m in self.modules]
         self.params = list(model.parameters())
-        self.param_signature = [(p._data.shape, p._data.dtype) for p in self.params]
+        self.param_signature = [(p._data.shape, p._data.dtype, p.requires_grad) for p in self.params]
         self.optimizer_params = list(optimizer.params)
 
     def check(self, inputs: tuple) -> str | None:
@@ -86,9 +89,9 @@ class Guard:
         params = list(self.model.parameters())
         if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
             return "the model's parameters changed since the recording (added, removed or replaced)"
-        for p, (shape, dtype) in zip(params, self.param_signature):
-            if p._data.shape != shape or p._data.dtype != dtype:
-                return f"a parameter's shape or dtype changed since the recording: {tuple(p.shape)} {p.dtype}"
+        for p, (shape, dtype, needs) in zip(params, self.param_signature):
+            if p._data.shape != shape or p._data.dtype != dtype or p.requires_grad != needs:
+                return f"a parameter's shape, dtype or requires_grad changed since the recording: {p.shape}"
             if p.grad is not None:
                 return "a parameter holds a gradient when the step starts (accumulation runs eagerly)"
         if list(self.optimizer.params) != self.optimizer_params:

@@ -52,7 +52,7 @@ class Op:
         opts.update({k: f"input{i}" for k, i, _ in self.patches})
         args = ", ".join(f"%{a}" for a in self.args)
         return (
-            f"%{self.out} = {self.cls.__name__}({args}{', ' if opts else ''}"
+            f"%{self.out} = {self.kernel.__name__}({args}{', ' if opts else ''}"
             + ", ".join(f"{k}={v}" for k, v in opts.items())
             + ")"
         )
@@ -125,6 +125,7 @@ class Program:
                 self.tape.append(("op", op_of[slot]))
         self._slot.clear()
         self._keep.clear()
+        self.inputs = ()  # (the recorded batch need not stay alive)
 
     def _new_slot(self, t: Tensor) -> int:
         self._slot[id(t)] = slot = self._n
@@ -155,8 +156,14 @@ class Program:
 
     # -- replaying ---------------------------------------------------------------------------------
     def replay(self, inputs: tuple) -> Any:
-        """Run the step's forward and backward on ``inputs``; returns the loss array. Leaves' ``.grad`` are
-        set (their hooks run) inside one backward pass (``grad_mode.run_pass``), as ``loss.backward()``."""
+        """Run the step's forward and backward on ``inputs`` (arrays of the recorded shapes and dtypes: the
+        guards check that first); returns the loss array (the recorded loss's shape, usually ``()``).
+
+        Leaves' ``.grad`` are set (their hooks run) inside one backward pass (``grad_mode.run_pass``), as
+        ``loss.backward()`` does. The ops' argument checks ran when the step was recorded, on its shapes and
+        dtypes, not on each replay's values: a token id or class target out of range is not checked again
+        (too large, NumPy's lookup raises ``IndexError``; negative, it counts from the end, as NumPy does).
+        """
         env: list[Any] = [None] * self._n
         for slot, src in self.sources:
             if src[0] == "tensor":

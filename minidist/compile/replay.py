@@ -40,8 +40,14 @@ class Replay:
         max_grad_norm: clip the gradients' 2-norm over ``model.parameters()`` to this (``clip_grad_norm_``)
             before the update; None: no clipping.
 
+    What the step reads besides its inputs and the parameters' arrays (Python numbers such as a loss
+    scale, arrays it builds such as positions or masks, the branches its Python takes) is fixed when the
+    step is recorded, as in any trace: calls 1 and 2 must agree on it, or the step never replays. The ops'
+    checks of values (token ids and targets in range) run on the recorded calls only (``Program.replay``).
+
     Calling it with the step inputs (NumPy arrays or Tensors, e.g. token ids (B, T) and targets (B, T))
-    trains one step and returns the loss as a Tensor without a graph. Attributes: ``program`` (the
+    trains one step and returns the loss as a Tensor without a graph. A call that runs eagerly raises what
+    the eager step raises; a replayed one, what the kernels raise (see above). Attributes: ``program`` (the
     recording, printable), ``replays`` (how many calls were replayed), ``fallback_reason`` (why the last
     call ran eagerly, or None).
     """

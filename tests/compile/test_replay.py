@@ -165,3 +165,25 @@ def test_recomputation_and_autocast_are_not_recorded():
         for x, y in mlp_batches(3):
             step(x, y)
     assert step.replays == 0
+
+
+def test_a_frozen_parameter_falls_back():
+    model, opt, loss_fn = make("mlp", "sgd")
+    step = Replay(model, opt, loss_fn)
+    batches = mlp_batches(3)
+    for x, y in batches:
+        step(x, y)
+    model[0].weight.requires_grad = False
+    assert "requires_grad changed" in fallback(step, *batches[0])
+
+
+def test_the_gpu_backend_runs_eagerly_and_says_so(monkeypatch):
+    from cupy_stand_in import install  # noqa: PLC0415  (tests/helpers: device arrays that refuse np.)
+
+    install(monkeypatch)
+    model, opt, loss_fn = make("mlp", "sgd")  # its parameters are device arrays now
+    step = Replay(model, opt, loss_fn)
+    with pytest.warns(ReplayFallbackWarning, match="GPU backend"):
+        for x, y in mlp_batches(3):
+            step(x, y)
+    assert step.replays == 0
