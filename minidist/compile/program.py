@@ -252,6 +252,8 @@ def record_step(forward: Any, inputs: tuple) -> tuple[Any, Program | str]:
         function._recorder, graph._tape = None, None
     if not recorded:
         return loss, "the step's loss was not computed by minidist ops"
+    if not tape:  # a run_backward without the tape's two lines (an assignment's own graph walk, say)
+        return loss, "the graph walk reported nothing to record (autograd/graph.py's _tape)"
     if program.invalid is not None:
         return loss, program.invalid
     program.record_backward(tape, loss)

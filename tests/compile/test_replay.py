@@ -187,3 +187,28 @@ def test_the_gpu_backend_runs_eagerly_and_says_so(monkeypatch):
         for x, y in mlp_batches(3):
             step(x, y)
     assert step.replays == 0
+
+
+def test_a_graph_walk_that_reports_nothing_is_not_replayed(monkeypatch):
+    """An assignment's own run_backward lacks the tape's lines: the step must run eagerly, not replay
+    a backward with no steps (which would leave every gradient unset)."""
+    import sys  # noqa: PLC0415
+
+    from minidist.autograd import graph  # noqa: PLC0415
+
+    tensor = sys.modules["minidist.autograd.tensor"]  # (the package's name `tensor` is the function)
+
+    def walk_without_tape(root, grad, retain_graph=False):
+        tape, graph._tape = graph._tape, None
+        try:
+            graph.run_backward(root, grad, retain_graph)
+        finally:
+            graph._tape = tape
+
+    monkeypatch.setattr(tensor, "run_backward", walk_without_tape)
+    model, opt, loss_fn = make("mlp", "sgd")
+    step = Replay(model, opt, loss_fn)
+    with pytest.warns(ReplayFallbackWarning, match="reported nothing"):
+        for x, y in mlp_batches(3):
+            step(x, y)
+    assert step.replays == 0

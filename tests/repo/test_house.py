@@ -24,9 +24,9 @@ from mpi_utils import REPO
 FRAMEWORK = REPO / "minidist"
 PACKAGES = ("minidist", "minidist_tools", "minidist_course", "minidist_cli")
 MAX_LINES = 300  # per framework file: one concept, read in one sitting
-# The whole package a student installs and reads: 24,000 lines, plus the 717 that the one addition since,
+# The whole package a student installs and reads: 24,000 lines, plus the 719 that the one addition since,
 # the capture/replay package (minidist/compile/ and its two reporting hooks in autograd), needs.
-MAX_FRAMEWORK_LINES = 24_717
+MAX_FRAMEWORK_LINES = 24_719
 # The one circle kept on purpose (minidist/autograd/__init__.py says why): Tensor's operators call
 # the ops, and the ops build Tensors.
 ALLOWED_CIRCLE = {"minidist.autograd", "minidist.ops"}
