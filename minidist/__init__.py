@@ -4,6 +4,8 @@ Reading order: backend -> autograd (+ ops) -> nn -> optim -> data -> distributed
 ``minidist.distributed`` (MPI) is imported only when you use it: ``import minidist.distributed as dist``.
 """
 
+from typing import Any
+
 from minidist import host_memory, nn, optim  # nn and optim import minidist.autograd themselves
 from minidist.autograd import Function, Tensor, is_grad_enabled, no_grad, tensor
 from minidist.autograd.autocast import autocast, get_autocast_dtype, is_autocast_enabled
@@ -25,16 +27,24 @@ __all__ = [
     "get_autocast_dtype",
     "nn",
     "optim",
+    "compile",
     "__version__",
 ]
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
     """``__version__``, on first use: a checkout's own pyproject.toml (an editable install's metadata lags it
-    until reinstalled), else the installed distribution's (``importlib.metadata`` takes ~60 ms to import)."""
+    until reinstalled), else the installed distribution's (``importlib.metadata`` takes ~60 ms to import).
+
+    ``compile`` (``md.compile.Replay``), on first use too: ``minidist.compile`` sits above ``nn`` and
+    ``optim`` in the layers (pyproject.toml), so the package's top, which lower layers import, must not
+    import it."""
+    import importlib
+
+    if name == "compile":
+        return importlib.import_module("minidist.compile")
     if name != "__version__":
         raise AttributeError(f"module 'minidist' has no attribute {name!r}")
-    import importlib
     import pathlib
     import re
 

@@ -11,7 +11,9 @@
 # 4. derive LayerNorm's backward and check it against finite differences and minidist's op;
 # 5. count a GPT's parameters and its training FLOPs per token from its config;
 # 6. train a tiny GPT, sample text from it, and train it data-parallel on 2 real ranks with the same
-#    losses as on one.
+#    losses as on one;
+# 7. say where an eager training step's time goes, and what recording the step once and replaying it
+#    (what `torch.compile`, CUDA graphs and tinygrad's `TinyJit` do) removes and what it cannot.
 #
 # Lessons 01-09 trained a small MLP. The models that distributed training exists for are transformers
 # (Vaswani et al. 2017, "Attention Is All You Need"); `minidist.models.GPT` is the decoder-only kind
@@ -358,6 +360,151 @@ print(f"max |weight difference| after training = {np.abs(runs[1]['params'] - run
 # the smallest gradients' rounding differences become full-size steps. That is why minidist's
 # equivalence tests compare in float64.
 #
+# ## 8. Where an eager step's time goes, and a step recorded once and replayed
+#
+# Every op of an eager step pays for what makes eager friendly: `Function.apply` makes a `Tensor`,
+# records the op in the graph and its inputs' versions, the functions check their arguments, and
+# `backward()` counts each tensor's consumers, walks the graph and checks every gradient an op returns.
+# None of it is arithmetic. A compiler records the step once and afterwards runs only the arithmetic:
+# `torch.compile` (Ansel et al. 2024) captures a graph guarded by the inputs' shapes, CUDA graphs
+# relaunch the recorded kernels with one call, tinygrad's `TinyJit` replays the kernels of a function's
+# second call.
+#
+# `md.compile.Replay` does this for a minidist step. Its first two calls run eagerly with a recorder on:
+# `Function.apply` reports each op, the graph walk reports the order in which it ran each backward and
+# set each `.grad`. From the third call it replays: the same `forward` and `backward` methods on bare
+# arrays, in the recorded order, so every number comes out with the same bits as eagerly. First, the
+# recorded program of our tiny GPT:
+
+# %%
+from minidist.compile import Replay
+
+
+def loss_of(x, y):
+    return F.cross_entropy(gpt(x).reshape(-1, config.vocab_size), y.reshape(-1))
+
+
+def eager_step(x, y):
+    loss = loss_of(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+replayed_step = Replay(gpt, optimizer, loss_of)
+batches = [windows.next() for _ in range(4)]
+for xb, yb in batches[:2]:  # calls 1 and 2: eager, recorded
+    replayed_step(xb, yb)
+program = repr(replayed_step.program).splitlines()
+ops = 1 + len(replayed_step.program.sources)  # the header line, then one line per source
+backward = program.index(next(line for line in program if line.startswith("backward from")))
+shown = program[:4] + ["..."] + program[ops : ops + 8] + ["..."] + program[backward : backward + 6]
+print("\n".join(shown + ["..."]))
+
+# %% [markdown]
+# `%n` is a slot: an array the replay fills. Sources first (the parameters; a step input that an op
+# takes as an option, as the token ids, shows as `input0` in that op's line), then one line per op
+# (`ReplayGELU` is GELU with fewer temporaries, the same bits: `minidist/compile/kernels.py`), then the
+# backward as a fixed list. Now the time per step, eager against replayed, one step of each in turn so
+# that both see the same load (CPU time, medians), and PyTorch's eager twin of the same model where it is
+# installed (`benchmarks/torch_gpt.py` beside a checkout of minidist):
+
+
+# %%
+def cpu_seconds(step, xb, yb):
+    start = time.process_time()
+    step(xb, yb)
+    return time.process_time() - start
+
+
+contenders = {"eager minidist": eager_step, "replayed minidist": replayed_step}
+bench = Path(md.__file__).resolve().parents[1] / "benchmarks"
+try:
+    import torch
+
+    sys.path.insert(0, str(bench))
+    from torch_gpt import TorchGPT, load_minidist
+
+    torch.set_num_threads(1)
+    twin = TorchGPT(config.vocab_size, config.block_size, config.n_layer, config.n_head, config.n_embd)
+    load_minidist(twin, {name: p.numpy() for name, p in gpt.named_parameters()})
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, foreach=False)
+
+    def torch_step(x, y):
+        logits = twin(torch.from_numpy(x))
+        targets = torch.from_numpy(y).reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), targets)
+        loss.backward()
+        twin_opt.step()
+        twin_opt.zero_grad()
+
+    contenders["PyTorch eager"] = torch_step
+except ImportError:
+    print("(PyTorch, or benchmarks/torch_gpt.py beside minidist, is not here: minidist only)")
+times = {name: [] for name in contenders}
+for r in range(40):  # one step of each in turn: neighbouring steps see the same load
+    for name, step in contenders.items():
+        times[name].append(cpu_seconds(step, *batches[r % len(batches)]))
+eager = np.array(times["eager minidist"])
+for name, t in times.items():
+    print(f"{name:18s} {1000 * np.median(t):6.2f} ms per step, {np.median(np.array(t) / eager):.2f}x eager")
+print(f"replayed steps so far: {replayed_step.replays}")
+
+# %% [markdown]
+# And where the eager step's time went: a profile of a few eager steps, each function's own time, split
+# into the ops' `forward` and `backward` methods (the arithmetic a replay keeps) and everything else
+# (what it removes).
+
+# %%
+import cProfile
+import pstats
+
+profiler = cProfile.Profile()
+profiler.runcall(lambda: [eager_step(xb, yb) for xb, yb in batches])
+stats = pstats.Stats(profiler).stats  # (file, line, function) -> (calls, ..., own, total, callers)
+# The time inside each op's forward and backward (NumPy's work there included), as called by
+# Function.apply and by the graph walk: the arithmetic a replay keeps.
+in_ops = sum(
+    timing[3]
+    for (path, _, fn), v in stats.items()
+    if "minidist/ops/" in path and fn in ("forward", "backward")
+    for caller, timing in v[4].items()
+    if caller[2] in ("apply", "_checked_backward")
+)
+total = sum(v[2] for v in stats.values())
+share = in_ops / total
+print(f"the ops' forward and backward: {share:.0%} of the eager step; the other {1 - share:.0%}:")
+print("bookkeeping, checks, modules, the optimizer, and NumPy calls made outside the ops. Own time, top 8:")
+top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:8]
+for (path, line, fn), v in top:
+    print(f"  {v[2] / total:6.1%}  {fn:28s} {Path(path).name}:{line}")
+
+# %% [markdown]
+# Compare the two measurements. The profile overstates the bookkeeping: cProfile adds a fixed cost to
+# every Python call it sees, and bookkeeping is many small calls; the timing is the fair measure. On
+# this tiny model (width 32, 512 tokens a step) the NumPy calls themselves are short, so each op's call
+# overhead inside its own `forward` and `backward` (a microsecond or so per NumPy call, whatever its
+# size) weighs too, and a replay keeps those. On the 4-layer, 128-wide GPT of `benchmarks/gpt.py` the
+# replay saves 4-8 % of an eager step (docs/performance.md, "Capture once, replay"). What remains is
+# arithmetic NumPy does more slowly than PyTorch's kernels (exact GELU's `erf` leads the profile above;
+# elementwise passes a compiler would fuse into one loop): a replay cannot change that without changing
+# the numbers. `python benchmarks/replay.py` measures both models against PyTorch.
+#
+# A replay is valid only while what it recorded holds: the guards compare the inputs' shapes, grad mode,
+# every module's `training` flag and the parameters before each call, and run the step eagerly, with a
+# one-line `ReplayFallbackWarning`, when one differs. `model.eval()` is such a change (no dropout):
+
+# %%
+import warnings
+
+gpt.eval()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    replayed_step(*batches[0])  # runs eagerly, and says why
+gpt.train()
+print(caught[0].message)
+
+# %% [markdown]
 # ## Summary
 # - Attention is scores = q k^T / sqrt(d), a row-wise softmax, and a weighted sum of values: three
 #   products on (B, heads, T, d) arrays. The causal mask makes position t blind to what follows it.
@@ -367,6 +514,8 @@ print(f"max |weight difference| after training = {np.abs(runs[1]['params'] - run
 # - A GPT's parameters and FLOPs follow from four numbers (V, T, L, C); training costs about 6 FLOPs
 #   per parameter per token.
 # - Data parallelism trains the same transformer as one process: same losses, same weights.
+# - An eager step pays per op for bookkeeping; recorded once and replayed (`md.compile.Replay`) it keeps
+#   only the arithmetic, with the same bits, while its guards hold. What is left is the kernels' speed.
 #
 # Next: lesson 11 splits this GPT over tensor, sequence and pipeline parallelism (lessons
 # 06 and 07 showed the pieces on an MLP).

@@ -24,6 +24,10 @@ from minidist.autograd import autocast, grad_mode
 from minidist.autograd.tensor import Tensor
 from minidist.memory import activations, counters
 
+# Called as ``_recorder(cls, tensors, options, out)`` by every ``apply`` while a step is captured
+# (``minidist/compile``); None otherwise, so eager pays one global test per op.
+_recorder: Any = None
+
 
 class Function:
     """One differentiable operation: ``forward`` on arrays, ``backward`` = vector-Jacobian product.
@@ -152,6 +156,8 @@ class Function:
                 fn._output, fn._output_version = weakref.ref(out), out._version_counter[0]
             if counters._active:  # memory accounting: one flag check when off (minidist.memory)
                 activations.record(fn, tensors)
+        if _recorder is not None:
+            _recorder(cls, tensors, options, out)
         return out
 
 

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from minidist.autograd.function import Function
     from minidist.autograd.tensor import Tensor
 
+# While a step is captured (``minidist/compile``) a list that the walk appends to, in the order things
+# happen: ``(leaf, owned)`` when a leaf's ``.grad`` is set, before its hooks; ``(node, called)`` for each
+# op reached. None otherwise (one global test per node).
+_tape: list | None = None
+
 
 def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
     """The graph walk: backpropagate ``grad`` (d something / d ``root``) to every leaf below ``root``.
@@ -60,12 +65,16 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool = False) -> None:
                     node.grad = g if id(node) in owned else g.copy()
                 else:
                     node.grad = node.grad + g
+                if _tape is not None:
+                    _tape.append((node, id(node) in owned))
                 for hook in node._post_accumulate_hooks:
                     hook(node)
             continue
         fn = node._ctx
         inputs = fn.inputs
         input_grads = _checked_backward(fn, g) if g is not None else (None,) * len(inputs)
+        if _tape is not None:
+            _tape.append((node, g is not None))
         if not retain_graph:
             fn.release()
         for inp, g_inp in zip(inputs, input_grads):
