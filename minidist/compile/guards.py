@@ -3,22 +3,20 @@
 A replay runs the recorded ops on new arrays without any of eager's checks, so it is valid only while
 everything the recording depended on is unchanged. ``Guard.check`` compares, before every replay:
 
-* the step inputs' number, shapes and dtypes (a new batch shape is a new program);
-* grad mode (on) and autocast (off: a recording under autocast is refused altogether);
+* the step inputs' number, shapes and dtypes (a new batch shape is a new program), and no negative
+  integer input (NumPy would read it from the end; the eager ops refuse it); grad mode on, autocast off;
 * every module's ``training`` flag (``model.eval()`` removes dropout ops from the step);
 * the model's parameters, by identity, shape, dtype and ``requires_grad`` (a new, removed, replaced or
   frozen parameter), and the optimizer's parameter list;
 * that no parameter holds a gradient when the step starts (the replay sets ``.grad``, it does not
   accumulate into one: gradient accumulation runs eagerly).
 
-``unsupported_layout`` names the parallel layouts that are not replayed: they communicate in forward
-hooks, inside ops or in their optimizer, outside what the recording sees (see its docstring).
-``differs`` compares two recordings of the same step; a difference means the step depends on
+``unsupported_layout`` names the layouts not replayed: they communicate outside what the recording
+sees. ``differs`` compares two recordings of the same step; a difference means the step depends on
 something a fixed program cannot follow (data-dependent Python, arrays made outside the ops).
 
 The same idea as ``torch.compile``'s guards (Ansel et al. 2024, "PyTorch 2", §4: a captured graph is
-valid while its guards on the inputs and globals hold, else the frame runs again) and tinygrad's
-``TinyJit``, which replays only for inputs of the shapes and dtypes it captured with.
+valid while its guards hold) and tinygrad's ``TinyJit`` (replays only for the shapes it captured with).
 """
 
 from __future__ import annotations
@@ -80,6 +78,8 @@ class Guard:
             got = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
             want = ", ".join(f"{tuple(s)} {d}" for s, d in self.inputs)
             return f"the step's inputs are {got}, recorded with {want}"
+        if any(x.dtype.kind == "i" and x.size and x.min() < 0 for x in inputs):  # NumPy would wrap it
+            return "an integer input (token ids, targets) is negative: the eager step checks it"
         if not grad_mode._grad_enabled:
             return "grad mode is off (no_grad)"
         if autocast.low_dtype is not None:

@@ -42,8 +42,8 @@ class Replay:
 
     What the step reads besides its inputs and the parameters' arrays (Python numbers such as a loss
     scale, arrays it builds such as positions or masks, the branches its Python takes) is fixed when the
-    step is recorded, as in any trace: calls 1 and 2 must agree on it, or the step never replays. The ops'
-    checks of values (token ids and targets in range) run on the recorded calls only (``Program.replay``).
+    step is recorded, as in any trace: calls 1 and 2 must agree on it, or the step never replays. A negative
+    integer input runs eagerly (whose ops raise for it); an id too large fails in NumPy's indexing.
 
     Calling it with the step inputs (NumPy arrays or Tensors, e.g. token ids (B, T) and targets (B, T))
     trains one step and returns the loss as a Tensor without a graph. A call that runs eagerly raises what

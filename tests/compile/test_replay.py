@@ -128,6 +128,23 @@ def test_guards_fall_back_with_a_reason_and_replay_resumes():
     assert "parameters changed" in fallback(step, *batches[0])
 
 
+def test_a_negative_target_runs_eagerly_and_gets_the_eager_error():
+    """NumPy would read target -1 as the last class, silently; the eager step refuses it."""
+    model, opt, loss_fn = make("mlp", "sgd")
+    step = Replay(model, opt, loss_fn)
+    batches = mlp_batches(3)
+    for x, y in batches:
+        step(x, y)
+    assert step.replays == 1
+    x, y = batches[0]
+    y = y.copy()
+    y[3] = -1
+    with pytest.warns(ReplayFallbackWarning, match="integer input .* is negative"):
+        with pytest.raises((IndexError, ValueError)):
+            step(x, y)
+    assert step.replays == 1
+
+
 def test_a_step_that_cannot_be_recorded_runs_eagerly():
     model, opt, _ = make("mlp", "sgd")
 
