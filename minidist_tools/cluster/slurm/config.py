@@ -1,0 +1,112 @@
+"""Where a Slurm cluster in a box keeps its files, and the ``slurm.conf`` that describes it.
+
+Everything lives in one folder beside the cluster's state file, ``<state dir>/<name>.slurm/``, so that
+``down`` removes it with one ``rmtree`` and two clusters never share a file::
+
+    slurm.conf              the configuration every daemon and command reads (SLURM_CONF points here)
+    munge.key, munge.sock   the cluster's own munge key and socket (munged signs every Slurm message)
+    munged.log, *.pid       the daemons' logs and pid files; slurmd's are per node (%n: the node name)
+    slurmctld.log, slurmd.<node>.log
+    ctld/, spool/<node>/    slurmctld's saved state, each slurmd's spool (job scripts, step sockets)
+
+The configuration is the smallest that runs jobs on one machine without cgroups or accounting: Linux's
+process list tracks a job's processes (``proctrack/linuxproc``), tasks are not bound to CPUs
+(``task/none``), no accounting daemon. Each node claims ``ranks_per_node`` CPUs whatever the machine has
+(``config_overrides``): Slurm then places ``ranks_per_node`` tasks on each node, as on a real cluster
+whose nodes have that many cores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# slurmctld listens in the host's network namespace, where two clusters' controllers would share ports:
+# cluster K (its subnet) gets port BASE_PORT + K. Every slurmd has a namespace of its own: one port.
+BASE_PORT = 16817
+SLURMD_PORT = 6818
+PARTITION = "box"
+
+
+def plan(record: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The Slurm part of a cluster's state: its folder, controller name and port, and the pids of the
+    daemons started so far (filled in as each starts, so that ``down`` finds every one)."""
+    return {
+        "folder": str(folder),
+        "controller": f"{record['name']}ctl",
+        "port": BASE_PORT + record["subnet"],
+        "partition": PARTITION,
+        "pids": {},
+    }
+
+
+def conf_path(slurm: dict[str, Any]) -> Path:
+    return Path(slurm["folder"]) / "slurm.conf"
+
+
+def munge_socket(slurm: dict[str, Any]) -> Path:
+    return Path(slurm["folder"]) / "munge.sock"
+
+
+def slurm_conf(record: dict[str, Any]) -> str:
+    """The text of ``slurm.conf`` for the cluster ``record`` (its nodes, addresses, ranks per node)."""
+    slurm, folder = record["slurm"], record["slurm"]["folder"]
+    ranks = record["ranks_per_node"]
+    lines = [
+        "# Written by `minidist cluster up --scheduler slurm`; removed by `minidist cluster down`.",
+        f"ClusterName={record['name']}",
+        # The controller runs in the host's namespace under its own hostname, on the bridge's address:
+        # the one address every node's namespace reaches.
+        f"SlurmctldHost={slurm['controller']}({record['bridge_ip']})",
+        f"SlurmctldPort={slurm['port']}",
+        f"SlurmdPort={SLURMD_PORT}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={munge_socket(slurm)}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={folder}/ctld",
+        f"SlurmdSpoolDir={folder}/spool/%n",
+        f"SlurmctldPidFile={folder}/slurmctld.pid",
+        f"SlurmdPidFile={folder}/slurmd.%n.pid",
+        f"SlurmctldLogFile={folder}/slurmctld.log",
+        f"SlurmdLogFile={folder}/slurmd.%n.log",
+        # No cgroups (a container often has none to give) and no accounting database.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        # A node that comes back (its slurmd answers again) returns to service by itself; a node set DOWN by
+        # hand stays DOWN until `scontrol update ... state=resume`. A job on a failed node is requeued
+        # when it asked for it (sbatch --requeue).
+        "ReturnToService=2",
+        "JobRequeue=0",
+        # Short timeouts: a test waits for them. A real cluster uses minutes.
+        "SlurmdTimeout=30",
+        "SlurmctldTimeout=30",
+        "MessageTimeout=10",
+        "KillWait=5",
+        "MinJobAge=30",
+        "InactiveLimit=0",
+        "Waittime=0",
+    ]
+    for node, address in zip(record["nodes"], record["addresses"]):
+        lines.append(f"NodeName={node} NodeAddr={address} CPUs={ranks} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def write(record: dict[str, Any]) -> None:
+    """Make the folder (munged wants it readable by all), its subfolders and ``slurm.conf``."""
+    folder = Path(record["slurm"]["folder"])
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    (folder / "ctld").mkdir(exist_ok=True)
+    for node in record["nodes"]:
+        (folder / "spool" / node).mkdir(parents=True, exist_ok=True)
+    conf_path(record["slurm"]).write_text(slurm_conf(record))
