@@ -7,6 +7,7 @@ Everything lives in one folder beside the cluster's state file, ``<state dir>/<n
     munge.key, munge.sock   the cluster's own munge key and socket (munged signs every Slurm message)
     munged.log, *.pid       the daemons' logs and pid files; slurmd's are per node (%n: the node name)
     slurmctld.log, slurmd.<node>.log
+    task_prolog.sh          what every task and job script finds in its environment (TASK_PROLOG)
     ctld/, spool/<node>/    slurmctld's saved state, each slurmd's spool (job scripts, step sockets)
 
 The configuration is the smallest that runs jobs on one machine without cgroups or accounting: Linux's
@@ -26,6 +27,18 @@ from typing import Any
 BASE_PORT = 16817
 SLURMD_PORT = 6818
 PARTITION = "box"
+
+# Slurm runs the TaskProlog before every task (and every job script) and adds the variables its "export"
+# lines name to the task's environment. In the box the nodes share one kernel, so UCX (MPICH's network
+# layer) would pass messages between two nodes through shared memory; tcp,self makes them cross the links,
+# as everything `minidist cluster run` starts does (launch.run_env). One BLAS thread per rank, likewise.
+TASK_PROLOG = """#!/bin/sh
+# Written by `minidist cluster up --scheduler slurm`: every task's environment gets these (TaskProlog).
+echo export UCX_TLS=tcp,self
+echo export OMP_NUM_THREADS=1
+echo export OPENBLAS_NUM_THREADS=1
+echo export MKL_NUM_THREADS=1
+"""
 
 
 def plan(record: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -62,7 +75,9 @@ def slurm_conf(record: dict[str, Any]) -> str:
         f"SlurmdPort={SLURMD_PORT}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={munge_socket(slurm)}",
+        # cred_expire: how long a job's credentials live, and so how long a requeued job waits before it
+        # may start again (default 120 s); short, so that a test's requeued job restarts at once.
+        f"AuthInfo=socket={munge_socket(slurm)},cred_expire=10",
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={folder}/ctld",
@@ -71,6 +86,7 @@ def slurm_conf(record: dict[str, Any]) -> str:
         f"SlurmdPidFile={folder}/slurmd.%n.pid",
         f"SlurmctldLogFile={folder}/slurmctld.log",
         f"SlurmdLogFile={folder}/slurmd.%n.log",
+        f"TaskProlog={folder}/task_prolog.sh",
         # No cgroups (a container often has none to give) and no accounting database.
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
@@ -82,10 +98,10 @@ def slurm_conf(record: dict[str, Any]) -> str:
         "SlurmdParameters=config_overrides",
         "MpiDefault=none",
         "MailProg=/bin/true",
-        # A node that comes back (its slurmd answers again) returns to service by itself; a node set DOWN by
-        # hand stays DOWN until `scontrol update ... state=resume`. A job on a failed node is requeued
-        # when it asked for it (sbatch --requeue).
-        "ReturnToService=2",
+        # A node that stopped answering returns to service when its slurmd answers again; a node set DOWN
+        # by hand (scontrol) stays DOWN until `scontrol update nodename=... state=resume`. A job on a
+        # failed node is requeued when it asked for it (sbatch --requeue).
+        "ReturnToService=1",
         "JobRequeue=0",
         # Short timeouts: a test waits for them. A real cluster uses minutes.
         "SlurmdTimeout=30",
@@ -95,6 +111,9 @@ def slurm_conf(record: dict[str, Any]) -> str:
         "MinJobAge=30",
         "InactiveLimit=0",
         "Waittime=0",
+        # Look at the queue every second (defaults: 60 s, backfill 30 s): a requeued job starts as soon as
+        # it may.
+        "SchedulerParameters=sched_interval=1,bf_interval=1",
     ]
     for node, address in zip(record["nodes"], record["addresses"]):
         lines.append(f"NodeName={node} NodeAddr={address} CPUs={ranks} State=UNKNOWN")
@@ -109,4 +128,7 @@ def write(record: dict[str, Any]) -> None:
     (folder / "ctld").mkdir(exist_ok=True)
     for node in record["nodes"]:
         (folder / "spool" / node).mkdir(parents=True, exist_ok=True)
+    prolog = folder / "task_prolog.sh"
+    prolog.write_text(TASK_PROLOG)
+    prolog.chmod(0o755)
     conf_path(record["slurm"]).write_text(slurm_conf(record))
