@@ -18,7 +18,7 @@ from cluster_utils import skip_reason as cluster_skip_reason
 from mpi_utils import REPO, mpi_env
 
 from minidist_tools.cluster import Cluster, netns
-from minidist_tools.cluster.slurm import packages
+from minidist_tools.cluster.slurm import node_states, packages
 
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
@@ -119,9 +119,21 @@ def wait_for_job(cluster: Cluster, job: str, timeout: float = 120) -> str:
     return state
 
 
-def wait_for(condition: Any, what: str, timeout: float = 120) -> None:
+def wait_for(condition: Any, what: str, cluster: Cluster, job: str, timeout: float = 120) -> None:
+    """Wait until ``condition()`` holds while ``job`` runs; fail if the job ends first or on timeout."""
     deadline = time.monotonic() + timeout
     while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
+        if time.monotonic() > deadline or job_state(cluster, job) in DONE:
+            pytest.fail(f"{what} did not happen (job {job}: {job_state(cluster, job)}, {timeout} s at most)")
         time.sleep(0.1)
+
+
+def wait_for_idle(cluster: Cluster, timeout: float = 60) -> None:
+    """Wait until every node of ``cluster`` is idle (no job, not down)."""
+    deadline = time.monotonic() + timeout
+    while set((states := node_states(cluster._state)).values()) != {"idle"} or len(states) < len(
+        cluster.nodes
+    ):
+        if time.monotonic() > deadline:
+            pytest.fail(f"nodes not idle after {timeout} s: {states}")
+        time.sleep(0.2)

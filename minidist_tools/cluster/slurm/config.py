@@ -31,10 +31,15 @@ PARTITION = "box"
 # Slurm runs the TaskProlog before every task (and every job script) and adds the variables its "export"
 # lines name to the task's environment. In the box the nodes share one kernel, so UCX (MPICH's network
 # layer) would pass messages between two nodes through shared memory; tcp,self makes them cross the links,
-# as everything `minidist cluster run` starts does (launch.run_env). One BLAS thread per rank, likewise.
+# as everything `minidist cluster run` starts does (launch.run_env). UCX_NET_DEVICES=eth0: the node's
+# link only, not lo too. Each rank publishes its UCX address through Slurm's PMI-2, and with both
+# interfaces the address is long enough that slurmstepd 22.05 at times reads a request in two pieces
+# ("mpi/pmi2: invalid client request", then MPI_Init fails): 2 srun launches in 8 failed so, 0 in 24
+# with eth0 alone. One BLAS thread per rank, as everywhere in minidist.
 TASK_PROLOG = """#!/bin/sh
 # Written by `minidist cluster up --scheduler slurm`: every task's environment gets these (TaskProlog).
 echo export UCX_TLS=tcp,self
+echo export UCX_NET_DEVICES=eth0
 echo export OMP_NUM_THREADS=1
 echo export OPENBLAS_NUM_THREADS=1
 echo export MKL_NUM_THREADS=1
