@@ -35,11 +35,13 @@ PARTITION = "box"
 # link only, not lo too. Each rank publishes its UCX address through Slurm's PMI-2, and with both
 # interfaces the address is long enough that slurmstepd 22.05 at times reads a request in two pieces
 # ("mpi/pmi2: invalid client request", then MPI_Init fails): 2 srun launches in 8 failed so, 0 in 24
-# with eth0 alone. One BLAS thread per rank, as everywhere in minidist.
+# with eth0 alone. HYDRA_IFACE=eth0: mpiexec inside a job calls its helpers back on the node's address
+# (as `-iface eth0`; the nodes' names are in no host table). One BLAS thread per rank, as in minidist.
 TASK_PROLOG = """#!/bin/sh
 # Written by `minidist cluster up --scheduler slurm`: every task's environment gets these (TaskProlog).
 echo export UCX_TLS=tcp,self
 echo export UCX_NET_DEVICES=eth0
+echo export HYDRA_IFACE=eth0
 echo export OMP_NUM_THREADS=1
 echo export OPENBLAS_NUM_THREADS=1
 echo export MKL_NUM_THREADS=1

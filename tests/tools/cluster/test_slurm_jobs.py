@@ -4,9 +4,10 @@ One cluster of 2 nodes x 2 ranks with Slurm (``Cluster.up(..., scheduler="slurm"
 its fixture checks at the end that no daemon, namespace, link or file of it is left. Skipped with the
 reason where there is no root or no Slurm (``scripts/install_slurm.sh`` installs it).
 
-* ``srun --mpi=pmi2`` direct launch, and ``mpiexec`` inside an allocation (``salloc`` on the host,
-  ``sbatch`` on the first node): two ranks per node, and minidist counts two nodes (its node layout,
-  which the hierarchical all-reduce and the mesh placement use).
+* ``srun --mpi=pmi2`` direct launch, ``mpiexec`` inside an allocation (``salloc`` on the host,
+  ``sbatch`` on the first node) and ``minidist launch`` inside ``sbatch``: two ranks per node, and
+  minidist counts two nodes (its node layout, which the hierarchical all-reduce and the mesh placement
+  use).
 * ``sbatch examples/slurm/train_gpt.sbatch``: the same weights and validation loss as ``mpiexec -n 4``
   on one machine, bit for bit (the same four ranks, the same data windows and reductions).
 * A node set DOWN with ``scontrol`` after the checkpoint at step 20 of 40: the job is requeued
@@ -57,31 +58,31 @@ def test_srun_direct_launch_puts_two_ranks_on_each_node(slurm_cluster, tmp_path)
     assert proc.stderr == "", proc.stderr
 
 
-def test_mpiexec_inside_an_allocation_salloc_and_sbatch(slurm_cluster, tmp_path):
-    """Hydra finds the allocation's nodes in SLURM_* and starts its proxies with srun; ``-iface`` tells
-    the proxies which address to call back: the bridge's under salloc (mpiexec runs on this host), the
-    node's eth0 in a batch job (the script runs on the first node)."""
+def test_mpiexec_and_minidist_launch_inside_an_allocation(slurm_cluster, tmp_path):
+    """Hydra finds the allocation's nodes in SLURM_* and starts its proxies with srun; the proxies call
+    back on the address of ``-iface``: the bridge's under salloc (mpiexec runs on this host), the node's
+    eth0 in a batch job (HYDRA_IFACE, set by the cluster's TaskProlog). ``minidist launch`` in the batch
+    job takes its ranks from the allocation (no -n) and says so."""
     worker = REPO / "tests" / "workers" / NODES_WORKER
-    on_host, in_batch = tmp_path / "salloc", tmp_path / "sbatch"
-    on_host.mkdir(), in_batch.mkdir()
+    on_host, in_batch, launched = tmp_path / "salloc", tmp_path / "sbatch", tmp_path / "launch"
+    for folder in (on_host, in_batch, launched):
+        folder.mkdir()
     bridge = f"{slurm_cluster.name}-br"
-    mpiexec = ["mpiexec", "-n", "4", "-ppn", "2", "python", str(worker)]
-    slurm(
-        slurm_cluster,
-        "salloc",
-        "-N2",
-        "--exclusive",
-        *mpiexec[:1],
-        "-iface",
-        bridge,
-        *mpiexec[1:],
-        str(on_host),
-    )
+    salloc = ["salloc", "-N2", "--exclusive", "mpiexec", "-iface", bridge, "-n", "4", "-ppn", "2"]
+    slurm(slurm_cluster, *salloc, "python", str(worker), str(on_host))
     check_two_nodes(on_host, slurm_cluster)
-    wrap = " ".join([*mpiexec[:1], "-iface", "eth0", *mpiexec[1:], str(in_batch)])
-    job = submit(slurm_cluster, "-N2", "--exclusive", "-o", str(tmp_path / "job.out"), "--wrap", wrap)
-    assert wait_for_job(slurm_cluster, job) == "COMPLETED", (tmp_path / "job.out").read_text()
+    wrap = (
+        f"mpiexec -n 4 -ppn 2 python {worker} {in_batch} && "
+        f"python -m minidist_tools.launch --log {tmp_path / 'launch.log'} -- python {worker} {launched}"
+    )
+    out = tmp_path / "job.out"
+    job = submit(slurm_cluster, "-N2", "--ntasks-per-node=2", "-o", str(out), "--wrap", wrap)
+    assert wait_for_job(slurm_cluster, job) == "COMPLETED", out.read_text()
     check_two_nodes(in_batch, slurm_cluster)
+    check_two_nodes(launched, slurm_cluster)
+    nodes = f"{slurm_cluster.name}n[0-1]"
+    assert f"[minidist launch] inside Slurm job {job}: 2 node(s) {nodes}, 4 tasks" in out.read_text()
+    assert f"attempt 0: 4 ranks on the nodes of Slurm job {job} ({nodes})" in out.read_text()
 
 
 @pytest.fixture(scope="module")
