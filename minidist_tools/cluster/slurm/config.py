@@ -35,8 +35,9 @@ PARTITION = "box"
 # link only, not lo too. Each rank publishes its UCX address through Slurm's PMI-2, and with both
 # interfaces the address is long enough that slurmstepd 22.05 at times reads a request in two pieces
 # ("mpi/pmi2: invalid client request", then MPI_Init fails): 2 srun launches in 8 failed so, 0 in 24
-# with eth0 alone (a GPT's larger requests still fail at times: the job script uses mpiexec). HYDRA_IFACE=eth0: mpiexec inside a job calls its helpers back on the node's address
-# (as `-iface eth0`; the nodes' names are in no host table). One BLAS thread per rank, as in minidist.
+# with eth0 alone (a GPT's larger requests still fail at times: the job script uses mpiexec).
+# HYDRA_IFACE=eth0: mpiexec inside a job calls its helpers back on the node's address (as `-iface eth0`;
+# the nodes' names are in no host table). One BLAS thread per rank, as everywhere in minidist.
 TASK_PROLOG = """#!/bin/sh
 # Written by `minidist cluster up --scheduler slurm`: every task's environment gets these (TaskProlog).
 echo export UCX_TLS=tcp,self
