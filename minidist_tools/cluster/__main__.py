@@ -25,6 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--ranks-per-node", type=int, default=2, help="MPI ranks per node (default 2)")
     up.add_argument("--bandwidth", default=None, help='link rate in tc syntax ("100mbit", "1gbit") or "none"')
     up.add_argument("--name", default=None, help="cluster name (1-8 of a-z0-9; default md<subnet>)")
+    up.add_argument(
+        "--scheduler",
+        choices=["none", "slurm"],
+        default="none",
+        help="slurm: also run Slurm on the nodes (munged, slurmctld, a slurmd per node) for sbatch/srun",
+    )
     up.add_argument("--subnet", type=int, default=None, help="K of 198.18.K.0/24 (default: the first free)")
     run = commands.add_parser("run", help="run COMMAND on every rank: run [--name NAME] -- COMMAND...")
     run.add_argument("--name", default=None, help="the cluster (default: the only one that is up)")
@@ -59,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.action == "up":
-            cluster = Cluster.up(args.nodes, args.ranks_per_node, args.bandwidth, args.name, args.subnet)
+            cluster = Cluster.up(
+                args.nodes, args.ranks_per_node, args.bandwidth, args.name, args.subnet, args.scheduler
+            )
             print(cluster.status())
             print(f"run a job: minidist cluster run --name {cluster.name} -- python script.py")
+            if cluster.scheduler == "slurm":
+                print(f"or with Slurm: export SLURM_CONF={cluster.slurm_env()['SLURM_CONF']}; "
+                      "sbatch examples/slurm/train_gpt.sbatch")  # fmt: skip
         elif args.action == "run":
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:

@@ -9,7 +9,8 @@
 Leaving the ``with`` block (also on an exception, Ctrl-C or SIGTERM) removes everything ``up`` made.
 Without ``with`` the cluster stays until :meth:`Cluster.down` (the CLI's ``up`` works that way);
 :meth:`Cluster.load` finds it again by name. The network is built in netns.py, shaped in shaping.py,
-recorded in state.py and used by launch.py.
+recorded in state.py and used by launch.py. With ``scheduler="slurm"`` the nodes also run a real Slurm
+(slurm/: munged, slurmctld, a slurmd per node), for ``sbatch``, ``srun`` and ``salloc``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minidist_tools.cluster import launch, netns, shaping, state
+from minidist_tools.cluster import launch, netns, shaping, slurm, state
 from minidist_tools.cluster.errors import ClusterError, cluster_available
 
 MAX_NODES = 64  # addresses 198.18.K.10 ... .73; far more namespaces than one host's cores can feed
@@ -44,14 +45,17 @@ class Cluster:
         bandwidth: str | None = None,
         name: str | None = None,
         subnet: int | None = None,
+        scheduler: str | None = None,
     ) -> Cluster:
         """Make ``nodes`` namespaces on one bridge, each link shaped to ``bandwidth`` (a tc rate such as
         ``"1gbit"``; ``None`` or ``"none"``: unshaped).
 
         ``name``: at most 8 lowercase letters and digits, starting with a letter; ``None`` picks
         ``md<subnet>``, which no other cluster has. ``subnet``: K of 198.18.K.0/24 (0..255); ``None``
-        picks the first free one. Raises ``ClusterError`` for bad arguments, a taken name or subnet,
-        missing privileges, or a failed step (after removing what was made).
+        picks the first free one. ``scheduler="slurm"``: also start Slurm on the nodes (installing it
+        from the distribution's packages when missing; slurm/). Raises ``ClusterError`` for bad
+        arguments, a taken name or subnet, missing privileges, or a failed step (after removing what
+        was made).
         """
         for value, what in ((nodes, "nodes"), (ranks_per_node, "ranks_per_node")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -63,6 +67,8 @@ class Cluster:
                 f"cluster name {name!r} must be 1-8 lowercase letters or digits starting with a letter "
                 "(interface names made from it must fit Linux's 15 characters)"
             )
+        if scheduler not in (None, *slurm.SCHEDULERS):
+            raise ClusterError(f"scheduler {scheduler!r} is not one of {', '.join(slurm.SCHEDULERS)}")
         rate = shaping.parse_rate(bandwidth)
         ok, reason = cluster_available()
         if not ok:
@@ -77,6 +83,8 @@ class Cluster:
             name = name if name is not None else f"md{k}"
             record = _plan(name, k, nodes, ranks_per_node, rate)
             _check_free(record)
+            if scheduler == "slurm":  # in the state file from the start: `down` then finds its daemons
+                record["slurm"] = slurm.plan(record, state.STATE_DIR / f"{name}.slurm")
             state.write(record)  # first: whatever follows can be found and removed
             cluster = cls(record)
             try:
@@ -90,8 +98,16 @@ class Cluster:
                 if isinstance(error, ClusterError):
                     raise ClusterError(f"could not bring up cluster {name!r}: {error}") from None
                 raise
-            record["status"] = "up"
-            state.write(record)
+        if "slurm" in record:  # after the lock: waiting for the daemons must not hold up other clusters
+            try:
+                slurm.start(record, lambda: state.write(record))
+            except BaseException as error:
+                cluster.down()
+                if isinstance(error, ClusterError):
+                    raise ClusterError(f"could not start Slurm on cluster {name!r}: {error}") from None
+                raise
+        record["status"] = "up"
+        state.write(record)
         return cluster
 
     @classmethod
@@ -116,6 +132,8 @@ class Cluster:
             except ClusterError as error:
                 errors.append(str(error))
 
+        if record.get("slurm"):  # first: slurmctld and munged run outside the namespaces
+            attempt(slurm.stop, record["slurm"])
         attempt(netns.kill_processes, record["nodes"])
         for node, veth in zip(record["nodes"], record["veths"]):
             attempt(netns.remove_node, node, veth)
@@ -157,6 +175,17 @@ class Cluster:
     def addresses(self) -> list[str]:
         """IPv4 address of each node's ``eth0``."""
         return list(self._state["addresses"])
+
+    @property
+    def scheduler(self) -> str:
+        """``"slurm"`` when Slurm runs on the nodes, else ``"none"``."""
+        return "slurm" if self._state.get("slurm") else "none"
+
+    def slurm_env(self) -> dict[str, str]:
+        """``{"SLURM_CONF": ...}``: what sbatch, srun, sinfo... need to use this cluster's Slurm."""
+        if not self._state.get("slurm"):
+            raise ClusterError(f"cluster {self.name!r} runs no Slurm: make it with scheduler='slurm'")
+        return slurm.client_env(self._state["slurm"])
 
     @property
     def ranks_per_node(self) -> int:
@@ -268,6 +297,11 @@ class Cluster:
             except ClusterError:
                 counters = "link missing"
             lines.append(f"  node   {node} {address} ({ranks}): {counters}")
+        if self._state.get("slurm"):
+            lines.append(
+                f"  slurm  export SLURM_CONF={self.slurm_env()['SLURM_CONF']}  (then sbatch, srun, sinfo)"
+            )
+            lines += ["  " + line for line in slurm.sinfo(self._state["slurm"]).splitlines()]
         return "\n".join(lines)
 
     def _alive(self) -> bool:

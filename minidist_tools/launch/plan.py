@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minidist_tools.cluster import Cluster, ClusterError
+from minidist_tools.launch import slurm
 from minidist_tools.launch.errors import LaunchError
 
 
@@ -42,8 +43,14 @@ def check_arguments(cmd, n, max_restarts, node_range, cluster, interval, stall_t
     if node_range is not None and cluster is None:
         raise ValueError("--nodes MIN:MAX needs --cluster NAME: on one machine there are no nodes to lose")
     if cluster is None:
+        inside = slurm.allocation()
+        if n is None and inside is not None and inside.ntasks is not None:
+            return Plan(inside.ntasks, None, None)  # one rank per task of the Slurm allocation
         if n is None:
-            raise ValueError("-n (the number of ranks) is required without --cluster")
+            raise ValueError(
+                "-n (the number of ranks) is required without --cluster (inside a Slurm allocation "
+                "it defaults to SLURM_NTASKS, which this one does not set)"
+            )
         return Plan(n, None, None)
     try:
         c = cluster if isinstance(cluster, Cluster) else Cluster.load(cluster)

@@ -30,7 +30,7 @@ from typing import Any
 
 from minidist_tools.cluster import Cluster
 from minidist_tools.cluster.launch import sigterm_raises
-from minidist_tools.launch import checkpoints, env, lock, nodes, processes, ranks, reaper
+from minidist_tools.launch import checkpoints, env, lock, nodes, processes, ranks, reaper, slurm
 from minidist_tools.launch.errors import LaunchError
 from minidist_tools.launch.events import EventLog
 from minidist_tools.launch.job import Job
@@ -98,6 +98,13 @@ def launch(
         lifeline = reaper.Lifeline(run_id, events.path, holds=None if folder is None else folder.fd)
         if folder is not None:
             folder.record(reaper=lifeline.proc.pid)
+        if (inside := slurm.allocation()) is not None and plan.cluster is None:
+            events.write(
+                "slurm",
+                f"inside {inside.describe()}: mpiexec runs the ranks on its nodes, restarts stay in it",
+                job_id=inside.job_id, nodelist=inside.nodelist, num_nodes=inside.num_nodes,
+                ntasks=inside.ntasks, slurm_restart_count=inside.restart_count,
+            )  # fmt: skip
         supervisor = _Supervisor(
             list(cmd), plan, max_restarts, events, ckpt, monitor_interval, stall_timeout, cwd, lifeline
         )
@@ -161,6 +168,8 @@ class _Supervisor:
     def attempt(self, restart: int) -> dict[str, Any] | None:
         """Start attempt ``restart`` and watch it; None if it succeeded, else the failure event."""
         prefix, n, where = [mpiexec_path(), "-n", str(self.plan.n)], self.plan.n, "this machine"
+        if (inside := slurm.allocation()) is not None:  # mpiexec starts the ranks on its nodes (srun)
+            where = f"the nodes of Slurm job {inside.job_id} ({inside.nodelist})"
         if self.plan.cluster is not None:
             c = self.plan.cluster
             wanted, minimum = self.plan.n // c.ranks_per_node, self.plan.node_range[0]
