@@ -173,6 +173,90 @@ print(f"from the first failure to the next saved step: {restart_cost:.1f} s")
 # checkpoint to read). The steps between the last checkpoint and the failure are computed twice. Both
 # costs come back in section 3.
 #
+# ### The same failure on a Slurm cluster
+#
+# On a university or lab cluster nobody runs `minidist launch` by hand: a scheduler, usually **Slurm**,
+# owns the nodes. You submit a *job script* (`sbatch`), Slurm starts it when nodes are free, and a node
+# that fails is set DOWN by Slurm (or by an administrator, with `scontrol`). A job submitted with
+# `--requeue` then goes back into the queue, keeps its id, and starts again on the nodes it gets; its
+# script sees `SLURM_RESTART_COUNT=1` and resumes from its checkpoints. Read
+# `examples/slurm/train_gpt.sbatch`, commented for you: it is the script you would submit on a real cluster.
+#
+# The cell below makes the same 2-node cluster with a real Slurm on it (munge, slurmctld and a slurmd
+# per node: `minidist cluster up --scheduler slurm`; it needs root, and installs Slurm from the
+# distribution's packages if missing), submits a small GPT job of 40 steps, and once step 20 is saved,
+# sets node 1 DOWN. Watch the job's own output: the requeue, the second start on the one node left, the
+# resume from step 20, resharded from 4 ranks to 2.
+
+# %%
+from minidist_tools.cluster.slurm import packages  # noqa: E402
+
+GPT = ["--max-iters", "40", "--eval-interval", "10", "--eval-iters", "2", "--n-layer", "1", "--n-embd", "32",
+       "--n-head", "2", "--block-size", "32", "--batch-size", "16", "--sample-tokens", "0"]  # fmt: skip
+
+
+def slurm_job_state(env, job):
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True)
+    return shown.stdout.split("JobState=", 1)[1].split()[0] if "JobState=" in shown.stdout else "?"
+
+
+def run_on_slurm():
+    """Submit the job script, set node 1 DOWN after step 20 is saved, wait for the job; its output."""
+    folder = WORK / "slurm"
+    folder.mkdir()
+    with Cluster.up(nodes=2, ranks_per_node=2, scheduler="slurm") as slurm_cluster:
+        env = {
+            **os.environ,
+            **slurm_cluster.env(),
+            **slurm_cluster.slurm_env(),
+            "CHECKPOINT_DIR": str(folder / "ckpt"),
+        }
+        print(subprocess.run(["sinfo"], env=env, capture_output=True, text=True).stdout)
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", "-o", str(folder / "job.out"), "examples/slurm/train_gpt.sbatch", *GPT],
+            env=env, cwd=REPO, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        job, lost = submitted.stdout.strip().split(";")[0], slurm_cluster.nodes[1]
+        deadline = time.monotonic() + 240
+        while not (folder / "ckpt" / "step_000000020").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={lost}", "state=down", "reason=lesson"], env=env, check=True
+        )
+        print(f"job {job}: set {lost} DOWN after step 20 was saved")
+        while slurm_job_state(env, job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "?"):
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", job], env=env)
+                break
+            time.sleep(0.2)
+        print(f"job {job} ended {slurm_job_state(env, job)}")
+    return (folder / "job.out").read_text()
+
+
+slurm_reason = reason if not available else None
+if slurm_reason is None and packages.missing() and os.geteuid() != 0:
+    slurm_reason = "Slurm is not installed, and installing it needs root"
+if slurm_reason is None:
+    job_output = run_on_slurm()
+    keep = ("job ", "slurmstepd", "resumed from", "val loss")
+    print(
+        "\n".join(line for line in job_output.splitlines() if line.startswith(keep) or "NODE FAILURE" in line)
+    )
+else:
+    print(
+        f"no Slurm cluster here ({slurm_reason.split(':')[0]}); on one, you would see: the job's first start"
+    )
+    print("on 2 nodes, Slurm cancelling it DUE TO NODE FAILURE, its second start on 1 node, 'resumed from")
+    print(".../step_000000020', and the same final validation loss as an uninterrupted run.")
+
+# %% [markdown]
+# The job ends at the validation loss of an uninterrupted run: the checkpoint at step 20 was resharded from
+# 4 ranks to 2 (lesson 08), and no step was trained twice. The time lost here is mostly Slurm's: a
+# requeued job waits until its old credentials expire (10 s in this box, `cred_expire`; Slurm's default
+# is 120 s). On your university's cluster the commands are the same (`sbatch`, `squeue`, `scontrol show
+# job`, `scancel`); add the partition and account its documentation asks for (see the job script's
+# header, and `docs/many-machines.md`, "Slurm").
+#
 # ## 2. Find the straggler
 #
 # A rank need not die to hurt: one that is merely slower (a throttled GPU, a busy neighbour, a bad
