@@ -14,6 +14,10 @@ reason where there is no root or no Slurm (``scripts/install_slurm.sh`` installs
   (``--requeue``), resumes from that checkpoint and ends where the uninterrupted run ends: bit for bit
   when the node is back before the restart (the same layout), allclose on the one node left (2 ranks:
   the checkpoint is resharded).
+* The time limit: Slurm signals the job script (``--signal=B:USR1@60``) a minute before the limit, and
+  the script requeues itself. The test sends that signal itself after step 20 (``scancel --batch
+  --signal=USR1``, what Slurm does at that moment) rather than wait for a limit, which Slurm counts in
+  whole minutes: the job comes back and ends where the uninterrupted run ends, bit for bit.
 """
 
 from __future__ import annotations
@@ -164,3 +168,26 @@ def test_a_node_set_down_mid_run_requeues_the_job_which_resumes(
 
 def job_info(cluster, job) -> str:
     return slurm(cluster, "scontrol", "show", "job", "-o", job).stdout
+
+
+def test_the_time_limit_signal_requeues_the_job_which_resumes(slurm_cluster, one_machine, tmp_path):
+    wait_for_idle(slurm_cluster)
+    job, out = sbatch_gpt(slurm_cluster, tmp_path)
+    wait_for(
+        lambda: (tmp_path / "ckpt" / "step_000000020").is_dir(),
+        "the checkpoint at step 20",
+        slurm_cluster,
+        job,
+    )
+    slurm(slurm_cluster, "scancel", "--batch", "--signal=USR1", job)  # as Slurm does 60 s before the limit
+    assert wait_for_job(slurm_cluster, job) == "COMPLETED", out.read_text()
+    text = out.read_text()
+    assert f"time limit near: requeueing job {job}" in text, text
+    # Both nodes are free again, so the job should come back on both; if Slurm starts it while one still
+    # cleans up, it runs on the other (--nodes=1-2) and the checkpoint is resharded.
+    ranks = re.findall(rf"job {job} \(start 2\): (\d) ranks on", text)
+    assert ranks in (["4"], ["2"]), text
+    resumed = re.findall(r"resumed from \S+step_(\d+)", text)
+    assert resumed and int(resumed[0]) >= 20, text
+    assert val_loss(text) == one_machine[1], text
+    assert_same_run(tmp_path / "gpt.npz", one_machine[0], exact=ranks == ["4"])
