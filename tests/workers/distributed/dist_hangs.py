@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 from ddp_common import make_model
-from dist_worker_utils import write_json
+from dist_worker_utils import report_misbehaviour
 
 import minidist as md
 import minidist.distributed as dist
@@ -83,16 +83,7 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
 
 
 def main(mode: str, out_dir: str) -> None:
-    world = dist.init()
-    start = time.monotonic()
-    try:
-        result = misbehave(mode, world)
-    except dist.DistributedError as error:
-        report = {"type": type(error).__name__, "message": str(error), "steps": progress["steps"],
-                  "seconds": time.monotonic() - start}  # fmt: skip
-        write_json(out_dir, f"rank{world.rank}.json", report)
-        raise
-    write_json(out_dir, f"rank{world.rank}.json", result)
+    report_misbehaviour(misbehave, mode, out_dir, extra=lambda: {"steps": progress["steps"]})
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import sys
 import time
 
 import numpy as np
-from dist_worker_utils import write_json
+from dist_worker_utils import report_misbehaviour
 
 import minidist.distributed as dist
 
@@ -138,15 +138,7 @@ def misbehave(mode: str, world: dist.Communicator) -> dict:
 
 
 def main(mode: str, out_dir: str) -> None:
-    world = dist.init()
-    start = time.monotonic()
-    try:
-        result = misbehave(mode, world)
-    except dist.DistributedError as error:
-        report = {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
-        write_json(out_dir, f"rank{world.rank}.json", report)
-        raise
-    write_json(out_dir, f"rank{world.rank}.json", result)
+    report_misbehaviour(misbehave, mode, out_dir)
 
 
 if __name__ == "__main__":
