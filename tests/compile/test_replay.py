@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from replay_steps import train_steps
 
 import minidist as md
 from minidist import nn, optim
@@ -12,7 +13,6 @@ from minidist.compile import Replay, ReplayFallbackWarning
 from minidist.models import GPT, GPTConfig
 from minidist.models.mlp import MLP
 from minidist.nn import functional as F
-from minidist.nn.utils import clip_grad_norm_
 
 
 def mlp_batches(n, rows=32):
@@ -56,17 +56,7 @@ def train(kind, optimizer, batches, replay, dropout=0.0):
     """Losses and final parameters of eager steps, or of ``Replay`` steps, from the same seed."""
     model, opt, loss_fn = make(kind, optimizer, dropout)
     step = Replay(model, opt, loss_fn, max_grad_norm=0.5)
-    losses = []
-    for x, y in batches:
-        if replay:
-            losses.append(step(x, y).item())
-            continue
-        loss = loss_fn(x, y)
-        loss.backward()
-        clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = train_steps(step, batches, replay)
     return losses, [p.data.copy() for p in model.parameters()], opt, step
 
 
@@ -107,13 +97,19 @@ def fallback(step, *inputs):
     return step.fallback_reason
 
 
-def test_guards_fall_back_with_a_reason_and_replay_resumes():
+def replaying_mlp():
+    """An MLP step recorded on its first two batches and replayed on the third: (model, step, batches)."""
     model, opt, loss_fn = make("mlp", "sgd")
     step = Replay(model, opt, loss_fn)
     batches = mlp_batches(3)
     for x, y in batches:
         step(x, y)
     assert step.replays == 1
+    return model, step, batches
+
+
+def test_guards_fall_back_with_a_reason_and_replay_resumes():
+    model, step, batches = replaying_mlp()
     x, y = mlp_batches(1, rows=8)[0]
     assert "inputs are (8, 16) float32" in fallback(step, x, y)
     model.eval()
@@ -130,12 +126,7 @@ def test_guards_fall_back_with_a_reason_and_replay_resumes():
 
 def test_a_negative_target_runs_eagerly_and_gets_the_eager_error():
     """NumPy would read target -1 as the last class, silently; the eager step refuses it."""
-    model, opt, loss_fn = make("mlp", "sgd")
-    step = Replay(model, opt, loss_fn)
-    batches = mlp_batches(3)
-    for x, y in batches:
-        step(x, y)
-    assert step.replays == 1
+    model, step, batches = replaying_mlp()
     x, y = batches[0]
     y = y.copy()
     y[3] = -1
@@ -185,11 +176,7 @@ def test_recomputation_and_autocast_are_not_recorded():
 
 
 def test_a_frozen_parameter_falls_back():
-    model, opt, loss_fn = make("mlp", "sgd")
-    step = Replay(model, opt, loss_fn)
-    batches = mlp_batches(3)
-    for x, y in batches:
-        step(x, y)
+    model, step, batches = replaying_mlp()
     model[0].weight.requires_grad = False
     assert "requires_grad changed" in fallback(step, *batches[0])
 

@@ -13,6 +13,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/workers: the shared worker modules
 from dist_worker_utils import run_worker, write_json  # noqa: E402
+from replay_steps import train_steps  # noqa: E402  (tests/helpers, on the ranks' PYTHONPATH)
 
 import minidist as md  # noqa: E402
 import minidist.distributed as dist  # noqa: E402
@@ -20,7 +21,6 @@ from minidist import nn, optim  # noqa: E402
 from minidist.compile import Replay, ReplayFallbackWarning  # noqa: E402
 from minidist.models import GPT, GPTConfig  # noqa: E402
 from minidist.nn import functional as F  # noqa: E402
-from minidist.nn.utils import clip_grad_norm_  # noqa: E402
 from minidist.parallel import (  # noqa: E402
     ColumnParallelLinear,
     DistributedDataParallel,
@@ -42,18 +42,8 @@ def gpt_run(world, replay: bool, steps: int = 6):
 
     step = Replay(model, opt, loss_fn, max_grad_norm=0.5)
     rng = np.random.default_rng(5 + world.rank)  # each rank its own batches
-    losses = []
-    for _ in range(steps):
-        x, y = rng.integers(0, 40, (2, 16)), rng.integers(0, 40, (2, 16))
-        if replay:
-            losses.append(step(x, y).item())
-            continue
-        loss = loss_fn(x, y)
-        loss.backward()
-        clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    batches = [(rng.integers(0, 40, (2, 16)), rng.integers(0, 40, (2, 16))) for _ in range(steps)]
+    losses = train_steps(step, batches, replay)
     return losses, [p.data.copy() for p in model.parameters()], step.replays
 
 
