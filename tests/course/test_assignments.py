@@ -357,20 +357,26 @@ MUTANTS = [
 ]  # fmt: skip
 
 
+def mutant_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    """A student's copy of ``minidist/`` under ``tmp_path`` with ``old`` (once in ``file``) made ``new``."""
+    copy = tmp_path / "student"
+    shutil.copytree(REPO / "minidist", copy / "minidist")  # with the bytecode (mtimes kept), see compiled
+    target = copy / file
+    source = target.read_text()
+    assert source.count(old) == 1, f"{old!r} must occur once in {file}"
+    target.write_text(source.replace(old, new))
+    # The patched file's bytecode goes: the mutant is certainly compiled from its patched source.
+    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    return copy
+
+
 @pytest.mark.parametrize(
     "assignment, task, file, old, new, words, timeout", MUTANTS, ids=[f"{m[1]}-{m[5]}" for m in MUTANTS]
 )
 def test_a_plausible_mistake_loses_the_task_and_is_named(
     tmp_path, assignment, task, file, old, new, words, timeout, compiled
 ):
-    copy = tmp_path / "student"
-    shutil.copytree(REPO / "minidist", copy / "minidist")  # with the bytecode (mtimes kept), see compiled
-    target = copy / file
-    source = target.read_text()
-    assert source.count(old) == 1, f"mutant for {task}: {old!r} must occur once in {file}"
-    target.write_text(source.replace(old, new))
-    # The patched file's bytecode goes: the mutant is certainly compiled from its patched source.
-    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    copy = mutant_copy(tmp_path, file, old, new)
     report = grade(assignment, copy, only_tasks=[task], include_hidden=False, timeout=timeout)
     assert report.points_of(task) < report.tasks[0].max_points, report.table()
     assert words in report.feedback_of(task), report.table()
@@ -381,13 +387,10 @@ def test_a_plausible_mistake_loses_the_task_and_is_named(
 def test_a_test_graded_by_property_scores_each_part_and_hints_at_the_failed_one(tmp_path, compiled):
     """A8.1's public test grades dx, dgamma and dbeta separately: a dgamma off by a factor keeps the
     points of dx and dbeta, and the hint is dgamma's, not the one about dx's three paths."""
-    copy = tmp_path / "student"
-    shutil.copytree(REPO / "minidist", copy / "minidist")
-    target = copy / "minidist/ops/layer_norm.py"
     old = "(ones @ dy_xhat).reshape(inputs[1].shape)"
-    assert target.read_text().count(old) == 1
-    target.write_text(target.read_text().replace(old, "(2 * (ones @ dy_xhat)).reshape(inputs[1].shape)"))
-    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    copy = mutant_copy(
+        tmp_path, "minidist/ops/layer_norm.py", old, "(2 * (ones @ dy_xhat)).reshape(inputs[1].shape)"
+    )
     report = grade("A8", copy, only_tasks=["A8.1"], include_hidden=False)
     (result,) = report.tasks[0].results
     parts = {p.name: p for p in result.spec.parts}
@@ -403,13 +406,10 @@ def test_a_test_graded_by_property_scores_each_part_and_hints_at_the_failed_one(
 def test_a1_scores_each_op_of_a_test_on_its_own(tmp_path, compiled):
     """A1.2's arithmetic test holds Mul and Div: a Div with the wrong sign for b keeps Mul's point, and
     the hint is Div's (the sign and the power of b), not Mul's."""
-    copy = tmp_path / "student"
-    shutil.copytree(REPO / "minidist", copy / "minidist")
-    target = copy / "minidist/ops/arithmetic.py"
     old = "grad_b = -grad * ((self.a / self.b) / self.b)"
-    assert target.read_text().count(old) == 1
-    target.write_text(target.read_text().replace(old, "grad_b = grad * ((self.a / self.b) / self.b)"))
-    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)
+    copy = mutant_copy(
+        tmp_path, "minidist/ops/arithmetic.py", old, "grad_b = grad * ((self.a / self.b) / self.b)"
+    )
     report = grade("A1", copy, only_tasks=["A1.2"], include_hidden=False)
     by_name = {r.spec.name: r for r in report.tasks[0].results}
     parts = {p.name: p for p in by_name["test_mul_div_backward"].spec.parts}
